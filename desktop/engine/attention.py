@@ -1,0 +1,49 @@
+"""Causal attention with FA3 ``(left, 0)`` sliding windows, over an optional KV cache.
+
+The SDPA path mirrors nanochat's fallback branch for branch (same calls, same masks), so on CPU
+float32 it computes the same numbers nanochat does. flash-attn's KV-cache kernel is used on
+Hopper when installed (spec §1.6).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+@functools.cache
+def flash_attn_kvcache_fn():  # pragma: no cover - only on CUDA machines with flash-attn
+    """Return flash-attn's ``flash_attn_with_kvcache`` if it is importable, else None."""
+    for module in ("flash_attn_interface", "flash_attn"):
+        try:
+            mod = __import__(module)
+            return mod.flash_attn_with_kvcache
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """``q``: (B, H, Tq, D); ``k``/``v``: (B, Hkv, Tk, D) holding every key up to the last query.
+
+    A query at absolute position p sees keys ``p - window .. p``.
+    """
+    tq, tk = q.size(2), k.size(2)
+    gqa = q.size(1) != k.size(1)
+    if window >= tq and tq == tk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if tq == 1:
+        if window < tk:
+            start = max(0, tk - (window + 1))
+            k, v = k[:, :, start:], v[:, :, start:]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=gqa)
+    # A chunk appended to a cache, or a window shorter than the chunk: an explicit offset mask
+    # (``is_causal`` would align top-left for Tq != Tk).
+    row = (tk - tq) + torch.arange(tq, device=q.device).unsqueeze(1)
+    col = torch.arange(tk, device=q.device).unsqueeze(0)
+    mask = col <= row
+    if window < tk:
+        mask = mask & ((row - col) <= window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)

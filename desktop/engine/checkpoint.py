@@ -1,0 +1,118 @@
+"""Find and read nanochat-family checkpoint files safely (spec §1.1, §5.1, §5.4).
+
+Weights are read with ``torch.load(weights_only=True, mmap=True)``: no pickled code can run and
+the tensors stay file-backed until they are used.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError, UnsupportedFormatError
+
+MODEL_RE = re.compile(r"model_(\d+)\.pt")
+META_RE = re.compile(r"meta_(\d+)\.json")
+COMPILE_PREFIX = "_orig_mod."
+
+
+def model_steps(directory: Path) -> list[int]:
+    """Steps with a ``model_<step>.pt`` file, ascending (stray files are ignored)."""
+    try:
+        names = [p.name for p in directory.iterdir()]
+    except OSError:
+        return []
+    return sorted({int(m.group(1)) for n in names if (m := MODEL_RE.fullmatch(n))})
+
+
+def model_file(directory: Path, step: int) -> Path:
+    for name in (f"model_{step:06d}.pt", f"model_{step}.pt"):
+        if (directory / name).is_file():
+            return directory / name
+    raise CheckpointError(f"{directory}: no model file for step {step}")
+
+
+def meta_file(directory: Path, step: int) -> Path:
+    for name in (f"meta_{step:06d}.json", f"meta_{step}.json"):
+        if (directory / name).is_file():
+            return directory / name
+    raise CheckpointError(f"{directory}: no meta_{step:06d}.json next to the model file")
+
+
+def detect_unsupported(path: Path) -> None:
+    """Raise a clear error for formats we recognise but do not load yet (spec §5.1)."""
+    if path.is_file() and path.suffix == ".gguf":
+        raise UnsupportedFormatError(f"{path}: GGUF files are not supported yet")
+    if not path.is_dir():
+        return
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        raise UnsupportedFormatError(f"{path}: Hugging Face checkpoints are not supported yet")
+    if any(path.glob("*.gguf")):
+        raise UnsupportedFormatError(f"{path}: GGUF files are not supported yet")
+    if (path / ".metadata").is_file() or any(path.glob("step_*/.metadata")) or any(path.glob("pp*/.metadata")):
+        raise UnsupportedFormatError(
+            f"{path}: KempnerForge DCP checkpoints are not supported yet (they also need the training TOML)")
+    if any(path.glob("dist_ckpt_*")) and not model_steps(path):
+        raise UnsupportedFormatError(
+            f"{path}: TPU dist_ckpt checkpoint; convert it with torch.distributed.checkpoint first")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_state_dict(path: Path) -> dict[str, Any]:
+    """Memory-map a ``model_*.pt`` with ``weights_only=True`` and strip torch.compile's prefix."""
+    import torch
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            sd = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: refused to load: the file contains pickled code or objects "
+                              f"that are not tensors ({first[:160]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: file is truncated or corrupt ({_first_line(exc)})") from None
+    if not isinstance(sd, dict):
+        raise CheckpointError(f"{path}: expected a dict of tensors, found {type(sd).__name__}")
+    out = {}
+    for key, value in sd.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{path}: entry {key!r} is not a named tensor")
+        out[key.removeprefix(COMPILE_PREFIX)] = value
+    return out
+
+
+def check_finite(sd: dict[str, Any], path: Path) -> None:
+    import torch
+
+    bad = [k for k, t in sd.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise CheckpointError(f"{path}: non-finite values (NaN/Inf) in {', '.join(bad[:5])}"
+                              + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]

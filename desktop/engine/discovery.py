@@ -1,0 +1,140 @@
+"""Find checkpoints under the nanochat base dir and summarise them without loading weights."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import checkpoint as ckpt
+from .classify import classify
+from .errors import NanoscopeError
+
+# Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
+PHASES = {"base_checkpoints": "base", "mid_checkpoints": "mid", "chatsft_checkpoints": "sft",
+          "chatrl_checkpoints": "rl", "sft_checkpoints": "sft", "rl_checkpoints": "rl",
+          "gspo_checkpoints": "rl"}
+SOURCE_ORDER = ("base", "mid", "sft", "rl", "folder")
+
+
+def nanochat_base_dir() -> Path:
+    return Path(os.environ.get("NANOCHAT_BASE_DIR") or Path.home() / ".cache" / "nanochat").expanduser()
+
+
+@dataclass
+class CheckpointEntry:
+    source: str  # base | mid | sft | rl | folder
+    tag: str
+    path: Path
+    steps: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+@dataclass
+class CheckpointSummary:
+    path: Path
+    step: int
+    era: str
+    params: int
+    sequence_len: int
+    vocab_size: int
+    n_layer: int
+    n_embd: int
+    stored_dtype: str
+    file_bytes: int
+    kv_bytes_per_token: int  # at the stored precision, for memory estimates
+    error: str = ""
+
+    def memory_estimate(self, bytes_per_param: int = 4, context: int | None = None) -> int:
+        """Weights at the compute precision plus a KV cache for ``context`` tokens (default sequence_len)."""
+        ctx = self.sequence_len if context is None else context
+        kv = self.kv_bytes_per_token // 4 * bytes_per_param * ctx if self.kv_bytes_per_token else 0
+        return self.params * bytes_per_param + kv
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def discover(base_dir: Path | None = None, extra_dirs: list[Path] | None = None) -> list[CheckpointEntry]:
+    """Every ``<phase>_checkpoints/<tag>/`` under the base dir, plus any extra checkpoint folders."""
+    base = base_dir or nanochat_base_dir()
+    entries: list[CheckpointEntry] = []
+    for phase, source in PHASES.items():
+        root = base / phase
+        if not root.is_dir():
+            continue
+        for tag_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            steps = ckpt.model_steps(tag_dir)
+            if steps:
+                entries.append(CheckpointEntry(source, tag_dir.name, tag_dir, steps))
+    for d in extra_dirs or []:
+        steps = ckpt.model_steps(d)
+        if steps and all(e.path != d for e in entries):
+            entries.append(CheckpointEntry("folder", d.name, d, steps))
+    entries.sort(key=lambda e: (SOURCE_ORDER.index(e.source), e.tag))
+    return entries
+
+
+def resolve_spec(spec: str, base_dir: Path | None = None) -> tuple[Path, int | None]:
+    """``SOURCE[/TAG[/STEP]]`` or a directory -> (checkpoint dir, step or None)."""
+    p = Path(spec).expanduser()
+    if p.exists():
+        return p, None
+    parts = spec.strip("/").split("/")
+    source = parts[0]
+    if source not in SOURCE_ORDER[:-1]:
+        raise NanoscopeError(f"{spec}: not a directory, and not SOURCE[/TAG[/STEP]] with SOURCE in base|mid|sft|rl")
+    candidates = [e for e in discover(base_dir) if e.source == source]
+    if len(parts) > 1:
+        candidates = [e for e in candidates if e.tag == parts[1]]
+    if not candidates:
+        raise NanoscopeError(f"{spec}: no such checkpoint under {base_dir or nanochat_base_dir()}")
+    entry = max(candidates, key=_tag_rank) if len(parts) == 1 else candidates[0]
+    step = None
+    if len(parts) > 2:
+        try:
+            step = int(parts[2])
+        except ValueError:
+            raise NanoscopeError(f"{spec}: step must be a number") from None
+    return entry.path, step
+
+
+def _tag_rank(entry: CheckpointEntry) -> tuple[int, float]:
+    """nanochat's find_largest_model: the largest d<N> tag, else the newest folder."""
+    tag = entry.tag
+    depth = int(tag[1:]) if tag.startswith("d") and tag[1:].isdigit() else -1
+    try:
+        mtime = entry.path.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return depth, mtime
+
+
+def summarize(directory: Path, step: int) -> CheckpointSummary:
+    """Read the meta and tensor shapes (no weight data) and classify. Errors land in ``error``."""
+    model_path = directory / f"model_{step:06d}.pt"
+    size = model_path.stat().st_size if model_path.exists() else 0
+    empty = CheckpointSummary(directory, step, "?", 0, 0, 0, 0, 0, "?", size, 0)
+    try:
+        meta = ckpt.read_meta(ckpt.meta_file(directory, step))
+        sd = ckpt.load_state_dict(ckpt.model_file(directory, step))
+        cfg = classify(meta, {k: tuple(t.shape) for k, t in sd.items()}, str(model_path))
+    except NanoscopeError as exc:
+        empty.error = str(exc)
+        return empty
+    by_dtype: dict[str, int] = {}
+    for t in sd.values():
+        name = str(t.dtype).removeprefix("torch.")
+        by_dtype[name] = by_dtype.get(name, 0) + t.numel() * t.element_size()
+    stored = "+".join(sorted(by_dtype, key=by_dtype.get, reverse=True)) if by_dtype else "?"
+    return CheckpointSummary(
+        path=directory, step=step, era=cfg.era, params=sum(t.numel() for t in sd.values()),
+        sequence_len=cfg.sequence_len, vocab_size=cfg.vocab_size, n_layer=cfg.n_layer, n_embd=cfg.n_embd,
+        stored_dtype=stored, file_bytes=size,
+        kv_bytes_per_token=2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * 4)

@@ -1,0 +1,127 @@
+"""Load a nanochat-family checkpoint into a ready-to-run :class:`GPT` (spec §5)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from . import checkpoint as ckpt
+from .classify import classify, is_ignorable
+from .config import ModelConfig
+from .device import describe_device, dtype_name, pick_device, pick_dtype
+from .errors import CheckpointError
+from .model import GPT
+
+Progress = Callable[[int, str], None]
+
+
+@dataclass
+class LoadedModel:
+    model: GPT
+    config: ModelConfig
+    directory: Path
+    step: int
+    meta: dict
+    meta_hash: str
+    device: torch.device
+    dtype: torch.dtype
+    attention: str
+    load_seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+    def info(self) -> dict:
+        cfg = self.config
+        return {
+            "path": str(self.directory), "step": self.step, "era": cfg.era,
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "sequence_len": cfg.sequence_len, "vocab_size": cfg.vocab_size,
+            "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
+            "device": str(self.device), "device_name": describe_device(self.device),
+            "dtype": dtype_name(self.dtype), "attention": self.attention,
+            "meta_hash": self.meta_hash, "warnings": list(self.warnings),
+            "load_seconds": round(self.load_seconds, 3),
+        }
+
+
+def resolve_step(directory: Path, step: int | None) -> int:
+    ckpt.detect_unsupported(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory")
+    steps = ckpt.model_steps(directory)
+    if not steps:
+        raise CheckpointError(f"{directory}: no model_<step>.pt files here")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise CheckpointError(f"{directory}: no step {step} (available: {', '.join(map(str, steps[-8:]))})")
+    return step
+
+
+def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> None:
+    """mid/SFT metas of Jan 2026 lost ``window_pattern``; the base meta of the same tag has it (spec §1.6)."""
+    mc = meta.get("model_config")
+    phase = directory.parent.name
+    if not isinstance(mc, dict) or "window_pattern" in mc or phase not in ("mid_checkpoints", "chatsft_checkpoints"):
+        return
+    base = directory.parent.parent / "base_checkpoints" / directory.name
+    steps = ckpt.model_steps(base) if base.is_dir() else []
+    if not steps:
+        return
+    try:
+        base_mc = ckpt.read_meta(ckpt.meta_file(base, steps[-1])).get("model_config", {})
+    except CheckpointError:
+        return
+    if isinstance(base_mc, dict) and isinstance(base_mc.get("window_pattern"), str):
+        mc["window_pattern"] = base_mc["window_pattern"]
+        warnings.append(f"meta has no window_pattern; using {base_mc['window_pattern']!r} from {base}")
+
+
+def load_model(directory: Path, step: int | None = None, device: str = "auto", dtype: str = "auto",
+               softcap: float | None = None, progress: Progress | None = None) -> LoadedModel:
+    """Classify, verify and load a checkpoint. Every failure is a one-line :class:`CheckpointError`."""
+    started = time.perf_counter()
+    report = progress or (lambda _pct, _msg: None)
+    directory = Path(directory).expanduser()
+    step = resolve_step(directory, step)
+    meta_path = ckpt.meta_file(directory, step)
+    model_path = ckpt.model_file(directory, step)
+    report(5, f"reading {meta_path.name}")
+    meta = ckpt.read_meta(meta_path)
+    warnings: list[str] = []
+    _borrow_window_pattern(directory, meta, warnings)
+    report(10, f"mapping {model_path.name}")
+    sd = ckpt.load_state_dict(model_path)
+    cfg = classify(meta, {k: tuple(t.shape) for k, t in sd.items()}, str(model_path), softcap_override=softcap)
+    warnings.extend(cfg.warnings)
+    report(40, "checking values")
+    ckpt.check_finite(sd, model_path)
+
+    dev = pick_device(device)
+    compute = pick_dtype(dev, dtype)
+    report(60, f"building {cfg.era} model on {dev.type}")
+    with torch.device("meta"):
+        model = GPT(cfg)
+    wanted = {k: t for k, t in sd.items() if not is_ignorable(k, cfg)}
+    # Cast to the compute dtype (a no-op, hence no copy, for fp32 weights on CPU).
+    wanted = {k: t.to(device=dev, dtype=compute) for k, t in wanted.items()}
+    model.load_state_dict(wanted, strict=True, assign=True)
+    model.init_rotary(dev, compute)
+    model.eval()
+    attention = "sdpa"
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 9:  # pragma: no cover - Hopper only
+        from .attention import flash_attn_kvcache_fn
+
+        if flash_attn_kvcache_fn() is not None and compute in (torch.bfloat16, torch.float16):
+            for block in model.transformer.h:
+                block.attn.use_flash = True
+            attention = "flash-attn"
+    report(100, "ready")
+    meta_hash = hashlib.sha256(meta_path.read_bytes()).hexdigest()[:16]
+    return LoadedModel(model=model, config=replace(cfg, warnings=tuple(warnings)), directory=directory,
+                       step=step, meta=meta, meta_hash=meta_hash, device=dev, dtype=compute,
+                       attention=attention, load_seconds=time.perf_counter() - started, warnings=warnings)

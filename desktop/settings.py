@@ -1,0 +1,188 @@
+"""User settings: one JSON file, one table of defaults, typed get/set (Qt-free).
+
+Why not QSettings: the engine, the CLI and the tests need the same values without a
+QApplication, and a JSON file is easy to inspect. The file carries ``schema_version``;
+older files go through ``MIGRATIONS``, and a file that is corrupt or from a newer app is
+copied to ``<name>.bak`` and replaced by defaults, with a warning the UI can show once.
+Keys this version does not know are kept in the file untouched, so nothing a user (or
+another app version) wrote is dropped silently.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from desktop import paths
+
+SCHEMA_VERSION = 1
+
+THEMES = ("system", "light", "dark")
+
+DEFAULT_SAMPLING: dict[str, Any] = {
+    "temperature": 0.8,
+    "top_k": 50,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "max_tokens": 512,
+    "seed": 42,
+    "seed_locked": True,
+}
+
+DEFAULTS: dict[str, Any] = {
+    "window_geometry": None,  # base64 of QMainWindow.saveGeometry(), or None before the first close
+    "last_checkpoint": {"dir": None, "step": None},
+    "sampling": DEFAULT_SAMPLING,
+    "sampling_presets": {},  # user preset name -> sampling values
+    "theme": "system",
+    "enter_sends": True,
+    "system_prompt": "",
+    "device": "auto",
+    "dtype": "auto",
+    "show_raw_tokens": False,
+    "sampling_panel_visible": True,
+}
+
+# MIGRATIONS[i] turns a version i+1 document into a version i+2 one (version 1 is the first).
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+MIGRATIONS: list[Migration] = []
+
+
+def _check_type(key: str, value: Any, default: Any) -> Any:
+    """``value`` coerced to the type of ``default``; raises ValueError when it cannot be."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ValueError(f"setting {key!r} must be {type(default).__name__}, got {value!r}")
+    return value
+
+
+def _sampling(key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"setting {key!r} must be a dict of sampling values, got {value!r}")
+    unknown = set(value) - set(DEFAULT_SAMPLING)
+    if unknown:
+        raise ValueError(f"setting {key!r} has unknown sampling values {sorted(unknown)}")
+    # Missing entries take the defaults, so presets saved by older versions stay usable.
+    return {k: _check_type(f"{key}.{k}", value.get(k, d), d) for k, d in DEFAULT_SAMPLING.items()}
+
+
+def _optional(key: str, value: Any, kind: type) -> Any:
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise ValueError(f"setting {key!r} must be {kind.__name__} or null, got {value!r}")
+    return value
+
+
+def normalize(key: str, value: Any) -> Any:
+    """Validate ``value`` for ``key`` and return the form that is stored; raises KeyError/ValueError."""
+    if key not in DEFAULTS:
+        raise KeyError(f"unknown setting {key!r}")
+    if key == "window_geometry":
+        return _optional(key, value, str)
+    if key == "last_checkpoint":
+        if not isinstance(value, dict) or set(value) - {"dir", "step"}:
+            raise ValueError(f"setting {key!r} must be {{'dir': str|None, 'step': int|None}}, got {value!r}")
+        return {"dir": _optional(key, value.get("dir"), str), "step": _optional(key, value.get("step"), int)}
+    if key == "sampling":
+        return _sampling(key, value)
+    if key == "sampling_presets":
+        if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
+            raise ValueError(f"setting {key!r} must map preset names to sampling values")
+        return {name: _sampling(f"{key}[{name!r}]", v) for name, v in value.items()}
+    if key == "theme" and value not in THEMES:
+        raise ValueError(f"setting 'theme' must be one of {THEMES}, got {value!r}")
+    return _check_type(key, value, DEFAULTS[key])
+
+
+class Settings:
+    """The settings of one file. ``warnings`` holds one readable line per problem met while loading."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path if path is not None else paths.settings_path()
+        self.warnings: list[str] = []
+        self._values: dict[str, Any] = copy.deepcopy(DEFAULTS)
+        self._unknown: dict[str, Any] = {}
+        self._load()
+
+    def get(self, key: str) -> Any:
+        """A copy of the value, so callers cannot change the settings behind ``set()``'s back."""
+        if key not in DEFAULTS:
+            raise KeyError(f"unknown setting {key!r}")
+        return copy.deepcopy(self._values[key])
+
+    def set(self, key: str, value: Any) -> bool:
+        """Store ``value`` (validated); True when it differs from the current value."""
+        value = normalize(key, value)
+        if value == self._values[key]:
+            return False
+        self._values[key] = copy.deepcopy(value)
+        return True
+
+    def reset(self, key: str) -> bool:
+        return self.set(key, copy.deepcopy(DEFAULTS[key]))
+
+    def save(self) -> None:
+        """Write atomically: a crash mid-save leaves the old file, never half a new one."""
+        doc = {**self._unknown, **self._values, "schema_version": SCHEMA_VERSION}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, sort_keys=True, ensure_ascii=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def _load(self) -> None:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return
+        except (OSError, UnicodeDecodeError) as e:
+            self._set_aside(f"could not be read ({e.__class__.__name__}: {e})")
+            return
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            self._set_aside(f"is not valid JSON (line {e.lineno}: {e.msg})")
+            return
+        version = doc.get("schema_version", 1) if isinstance(doc, dict) else None
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            self._set_aside("is not a settings object with a valid schema_version")
+            return
+        if version > SCHEMA_VERSION:
+            self._set_aside(f"was written by a newer Nanoscope (schema {version}, this one knows {SCHEMA_VERSION})")
+            return
+        for migrate in MIGRATIONS[version - 1 :]:
+            doc = migrate(doc)
+        doc.pop("schema_version", None)
+        for key, value in doc.items():
+            if key not in DEFAULTS:
+                self._unknown[key] = value
+                continue
+            try:
+                self._values[key] = normalize(key, value)
+            except ValueError as e:
+                self.warnings.append(f"{self.path}: {e}; using the default")
+
+    def _set_aside(self, problem: str) -> None:
+        backup = self.path.with_name(self.path.name + ".bak")
+        try:
+            shutil.copy2(self.path, backup)
+            kept = f"kept a copy as {backup.name}"
+        except OSError as e:
+            kept = f"could not keep a copy ({e.strerror or e})"
+        self.warnings.append(f"{self.path} {problem}; {kept} and started from defaults")

@@ -1,0 +1,565 @@
+"""Conversation history in SQLite: conversations, branching messages, search, safe writes.
+
+One ``HistoryStore`` per app instance, used from one thread at a time (the GUI thread or
+a single executor); calls are synchronous and short. Two instances may share a file:
+WAL lets readers run beside a writer, every write takes the lock up front
+(``BEGIN IMMEDIATE``) and ``busy_timeout`` makes the other side wait instead of failing.
+
+Branches: a message's ``parent_id`` is the message it follows. Editing a prompt or
+regenerating a reply adds a *sibling*, so the old branch stays reachable. Each message
+has a ``rank``; a new or selected message gets its conversation's highest rank + 1, and
+the active path follows the highest-ranked child at every level.
+
+Failed writes never raise into the UI: when SQLite reports a full disk, an I/O error or
+a lock held too long, the write is kept in memory (``pending_count``, ``last_error``) and
+replayed in order before the next write or on ``retry_pending()``. Ids handed out for
+writes that are still pending are negative placeholders; later calls may use them, and
+they are mapped to the real ids once the write lands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from desktop import paths
+from desktop.engine.messages import Message, Part
+from desktop.store.schema import HistoryError, ensure_search_index, immediate, migrate
+
+KINDS = ("chat", "compare")
+
+# Snippets mark each match with these control characters (never present in chat text),
+# so the view can turn them into bold without parsing or escaping guesses.
+MARK_START = "\x02"
+MARK_END = "\x03"
+
+_SNIPPET_CHARS = 80  # LIKE-fallback snippet width, about what FTS5's 12-token snippet gives
+
+
+@dataclass(frozen=True)
+class ConversationRow:
+    id: int
+    title: str
+    kind: str
+    created: float
+    updated: float
+    message_count: int  # all stored messages, every branch included
+    deleted_at: float | None
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conversation_id: int
+    title: str
+    snippet: str  # matches wrapped in MARK_START … MARK_END
+    message_id: int | None  # None when the title matched
+
+
+@dataclass
+class _PendingWrite:
+    description: str
+    run: Callable[[sqlite3.Connection], int]
+    placeholder: int | None  # the negative id handed out for a row this write creates
+    coalesce_key: tuple[str, int] | None  # a newer write with the same key replaces this one
+
+
+def _dumps(value: Any) -> str:
+    # default=str: the store does not interpret meta, and a stray Path must not lose a reply.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _search_text(message: Message) -> str:
+    return "\n".join(p.text for p in message.parts)
+
+
+def _message_columns(message: Message) -> tuple[str, str, str, str]:
+    """Serialised now, so a message that keeps growing cannot change a write still pending."""
+    parts = _dumps([p.to_dict() for p in message.parts])
+    return message.role, parts, _dumps(message.meta), _search_text(message)
+
+
+class HistoryStore:
+    """The conversation history of one SQLite file (default ``paths.history_db_path()``)."""
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_s: float = 5.0,
+    ) -> None:
+        self.path = Path(path) if path is not None else paths.history_db_path()
+        self._clock = clock
+        self._pending: deque[_PendingWrite] = deque()
+        self._placeholders: dict[int, int] = {}
+        self._next_placeholder = 0
+        self.last_error: str | None = None
+        try:
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise HistoryError(f"{self.path}: cannot open the history database ({e})") from e
+        try:
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            # NORMAL is crash-safe in WAL mode; only a power cut can lose the last commits.
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            migrate(self._conn, str(self.path))
+            self._fts = ensure_search_index(self._conn)
+        except HistoryError:
+            self._conn.close()
+            raise
+        except sqlite3.Error as e:
+            self._conn.close()
+            raise HistoryError(f"{self.path}: cannot open the history database ({e})") from e
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Try the pending writes once more, then close; writes that still fail are lost."""
+        self.retry_pending()
+        try:
+            self._conn.execute("PRAGMA optimize")
+        except sqlite3.Error:
+            pass  # only a planner hint; the history itself is already committed
+        self._conn.close()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def full_text_search(self) -> bool:
+        """False when this SQLite has no FTS5 and search falls back to LIKE scans."""
+        return self._fts
+
+    # ----- conversations ---------------------------------------------------------------------
+
+    def create_conversation(self, title: str, kind: str = "chat", meta: dict[str, Any] | None = None) -> int:
+        if kind not in KINDS:
+            raise ValueError(f"conversation kind must be one of {KINDS}, got {kind!r}")
+        now, meta_json = self._clock(), _dumps(meta or {})
+
+        def run(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT INTO conversations (title, kind, created, updated, meta) VALUES (?, ?, ?, ?, ?)",
+                (title, kind, now, now, meta_json),
+            )
+            return int(cur.lastrowid or 0)
+
+        return self._write(f"create conversation {title!r}", run, creates=True)
+
+    def list_conversations(
+        self, limit: int = 200, offset: int = 0, include_deleted: bool = False
+    ) -> list[ConversationRow]:
+        """Newest first. Live conversations come from a partial index: no table scan, no COUNT."""
+        where = "" if include_deleted else "WHERE deleted_at IS NULL"
+        rows = self._conn.execute(
+            "SELECT id, title, kind, created, updated, message_count, deleted_at FROM conversations "
+            f"{where} ORDER BY updated DESC, id DESC LIMIT ? OFFSET ?",
+            (limit, offset),
+        )
+        return [ConversationRow(*row) for row in rows]
+
+    def conversation_meta(self, conv_id: int) -> dict[str, Any]:
+        row = self._conn.execute(
+            "SELECT meta FROM conversations WHERE id = ?", (self._saved_id(conv_id),)
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"no conversation {conv_id}")
+        return dict(json.loads(row[0]))
+
+    def rename(self, conv_id: int, title: str) -> None:
+        def run(conn: sqlite3.Connection) -> int:
+            return self._update_conversation(conn, conv_id, "title = ?", (title,))
+
+        self._write(f"rename conversation {conv_id}", run)
+
+    def delete(self, conv_id: int) -> None:
+        """Soft delete: hidden from the list and from search until ``purge_deleted``."""
+        now = self._clock()
+
+        def run(conn: sqlite3.Connection) -> int:
+            return self._update_conversation(conn, conv_id, "deleted_at = ?", (now,))
+
+        self._write(f"delete conversation {conv_id}", run)
+
+    def undelete(self, conv_id: int) -> None:
+        def run(conn: sqlite3.Connection) -> int:
+            return self._update_conversation(conn, conv_id, "deleted_at = NULL", ())
+
+        self._write(f"restore conversation {conv_id}", run)
+
+    def purge_deleted(self, older_than_s: float) -> int:
+        """Remove for good the conversations deleted at least ``older_than_s`` ago; how many went."""
+        cutoff = self._clock() - older_than_s
+
+        def run(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "DELETE FROM conversations WHERE deleted_at IS NOT NULL AND deleted_at <= ?", (cutoff,)
+            )
+            return cur.rowcount
+
+        return max(self._write("purge deleted conversations", run), 0)
+
+    def import_conversation(
+        self, title: str, messages: Iterable[Message], kind: str = "chat", meta: dict[str, Any] | None = None
+    ) -> int:
+        """Add a whole linear conversation in one transaction (an imported export, a benchmark)."""
+        if kind not in KINDS:
+            raise ValueError(f"conversation kind must be one of {KINDS}, got {kind!r}")
+        now, meta_json = self._clock(), _dumps(meta or {})
+        columns = [_message_columns(m) for m in messages]
+
+        def run(conn: sqlite3.Connection) -> int:
+            conv_id = int(
+                conn.execute(
+                    "INSERT INTO conversations (title, kind, created, updated, meta, message_count) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (title, kind, now, now, meta_json, len(columns)),
+                ).lastrowid
+                or 0
+            )
+            parent_id = None
+            for rank, (role, parts, msg_meta, text) in enumerate(columns, start=1):
+                parent_id = conn.execute(
+                    "INSERT INTO messages (conversation_id, parent_id, role, parts, meta, created, rank, text) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (conv_id, parent_id, role, parts, msg_meta, now, rank, text),
+                ).lastrowid
+            return conv_id
+
+        return self._write(f"import conversation {title!r}", run, creates=True)
+
+    # ----- messages --------------------------------------------------------------------------
+
+    def add_message(
+        self, conv_id: int, message: Message, parent_id: int | None = None, *, complete: bool = True
+    ) -> int:
+        """Store ``message`` after ``parent_id`` (None: a first message); it becomes the active branch.
+
+        Pass ``complete=False`` for a reply that is about to stream (see ``StreamingWriter``).
+        """
+        role, parts, meta, text = _message_columns(message)
+        now = self._clock()
+
+        def run(conn: sqlite3.Connection) -> int:
+            cid = self._resolve(conv_id)
+            pid = None if parent_id is None else self._resolve(parent_id)
+            if pid is not None:
+                owner = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (pid,)).fetchone()
+                if owner is None or owner[0] != cid:
+                    raise ValueError(f"message {parent_id} is not in conversation {conv_id}")
+            cur = conn.execute(
+                "INSERT INTO messages (conversation_id, parent_id, role, parts, meta, created, complete, rank, text) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (cid, pid, role, parts, meta, now, int(complete), self._next_rank(conn, cid), text),
+            )
+            conn.execute(
+                "UPDATE conversations SET message_count = message_count + 1, updated = ? WHERE id = ?",
+                (now, cid),
+            )
+            return int(cur.lastrowid or 0)
+
+        return self._write(f"add a message to conversation {conv_id}", run, creates=True)
+
+    def update_message(self, msg_id: int, message: Message, complete: bool) -> None:
+        """Replace a message's content (a streamed reply growing, then finished)."""
+        role, parts, meta, text = _message_columns(message)
+        now = self._clock()
+
+        def run(conn: sqlite3.Connection) -> int:
+            mid = self._resolve(msg_id)
+            cur = conn.execute(
+                "UPDATE messages SET role = ?, parts = ?, meta = ?, text = ?, complete = ? WHERE id = ?",
+                (role, parts, meta, text, int(complete), mid),
+            )
+            if cur.rowcount == 0:
+                raise ValueError(f"no message {msg_id}")
+            conn.execute(
+                "UPDATE conversations SET updated = ? "
+                "WHERE id = (SELECT conversation_id FROM messages WHERE id = ?)",
+                (now, mid),
+            )
+            return mid
+
+        self._write(f"save message {msg_id}", run, coalesce_key=("update", msg_id))
+
+    def select_branch(self, msg_id: int) -> None:
+        """Make the path through ``msg_id`` the active one (the "‹ 2/3 ›" arrows call this)."""
+
+        def run(conn: sqlite3.Connection) -> int:
+            mid = self._resolve(msg_id)
+            row = conn.execute("SELECT conversation_id FROM messages WHERE id = ?", (mid,)).fetchone()
+            if row is None:
+                raise ValueError(f"no message {msg_id}")
+            conn.execute(
+                "WITH RECURSIVE up(id) AS (SELECT ? UNION ALL "
+                "SELECT m.parent_id FROM messages m JOIN up ON m.id = up.id WHERE m.parent_id IS NOT NULL) "
+                "UPDATE messages SET rank = ? WHERE id IN (SELECT id FROM up)",
+                (mid, self._next_rank(conn, row[0])),
+            )
+            return mid
+
+        self._write(f"select branch {msg_id}", run)
+
+    def active_path(self, conv_id: int) -> list[tuple[int, Message]]:
+        """The current branch from the first message down, following the highest rank at each level."""
+        children: dict[int | None, list[tuple[int, int, str, str, str]]] = {}
+        rows = self._conn.execute(
+            "SELECT id, parent_id, rank, role, parts, meta FROM messages WHERE conversation_id = ?",
+            (self._saved_id(conv_id),),
+        )
+        for mid, parent, rank, role, parts, meta in rows:
+            children.setdefault(parent, []).append((rank, mid, role, parts, meta))
+        path: list[tuple[int, Message]] = []
+        node: int | None = None
+        while node in children:
+            _, node, role, parts, meta = max(children[node])
+            message = Message(role=role, parts=[Part.from_dict(p) for p in json.loads(parts)], meta=json.loads(meta))
+            path.append((node, message))
+        return path
+
+    def siblings(self, msg_id: int) -> list[int]:
+        """Ids of the alternatives at ``msg_id``'s place (itself included), oldest first."""
+        rows = self._conn.execute(
+            "SELECT s.id FROM messages m JOIN messages s "
+            "ON s.conversation_id = m.conversation_id AND s.parent_id IS m.parent_id "
+            "WHERE m.id = ? ORDER BY s.id",
+            (self._saved_id(msg_id),),
+        ).fetchall()
+        return [r[0] for r in rows] or [msg_id]
+
+    def is_complete(self, msg_id: int) -> bool:
+        """False for a reply whose writing never finished (stopped by a crash or a kill)."""
+        row = self._conn.execute("SELECT complete FROM messages WHERE id = ?", (self._saved_id(msg_id),)).fetchone()
+        return bool(row and row[0])
+
+    # ----- search ----------------------------------------------------------------------------
+
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Live conversations matching every word of ``query``: title matches first, then newest messages."""
+        words = re.findall(r"\w+", query)
+        if not words or limit <= 0:
+            return []
+        if self._fts:
+            title_rows, message_rows = self._fts_rows(words)
+        else:
+            title_rows, message_rows = self._like_rows(words)
+        hits: dict[int, SearchHit] = {}
+        for conv_id, title, snippet, msg_id in _chain(title_rows, message_rows):
+            if conv_id not in hits:
+                hits[conv_id] = SearchHit(conv_id, title, snippet(), msg_id)
+                if len(hits) == limit:
+                    break
+        return list(hits.values())
+
+    def _fts_rows(self, words: list[str]) -> tuple[Iterator[Any], Iterator[Any]]:
+        # Every word must match; the last one as a prefix (search while typing) once it is long
+        # enough: one- or two-letter prefixes expand to thousands of terms and would be slow.
+        terms = ['"' + w.replace('"', '""') + '"' for w in words]
+        if len(words[-1]) >= 3:
+            terms[-1] += "*"
+        match = " ".join(terms)
+        conn = self._conn
+        # ORDER BY the FTS rowid lets FTS5 walk its doclists newest first and stop at the limit.
+        titles = conn.execute(
+            "SELECT c.id, c.title, highlight(titles_fts, 0, ?, ?) FROM titles_fts "
+            "JOIN conversations c ON c.id = titles_fts.rowid "
+            "WHERE titles_fts MATCH ? AND c.deleted_at IS NULL ORDER BY titles_fts.rowid DESC",
+            (MARK_START, MARK_END, match),
+        )
+        messages = conn.execute(
+            "SELECT c.id, c.title, messages_fts.rowid FROM messages_fts "
+            "JOIN messages m ON m.id = messages_fts.rowid JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE messages_fts MATCH ? AND c.deleted_at IS NULL ORDER BY messages_fts.rowid DESC",
+            (match,),
+        )
+
+        def message_snippet(msg_id: int) -> str:
+            # Computed only for the hits returned, not for every matching message.
+            row = conn.execute(
+                "SELECT snippet(messages_fts, 0, ?, ?, '…', 12) FROM messages_fts "
+                "WHERE messages_fts MATCH ? AND rowid = ?",
+                (MARK_START, MARK_END, match, msg_id),
+            ).fetchone()
+            return row[0] if row else ""
+
+        return (
+            ((cid, title, (lambda h=h: h), None) for cid, title, h in titles),
+            ((cid, title, (lambda mid=mid: message_snippet(mid)), mid) for cid, title, mid in messages),
+        )
+
+    def _like_rows(self, words: list[str]) -> tuple[Iterator[Any], Iterator[Any]]:
+        patterns = ["%" + re.sub(r"([\\%_])", r"\\\1", w) + "%" for w in words]
+
+        def where(column: str) -> str:
+            return " AND ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in patterns)
+
+        titles = self._conn.execute(
+            f"SELECT id, title FROM conversations WHERE deleted_at IS NULL AND {where('title')} ORDER BY id DESC",
+            patterns,
+        )
+        messages = self._conn.execute(
+            "SELECT c.id, c.title, m.id, m.text FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+            f"WHERE c.deleted_at IS NULL AND {where('m.text')} ORDER BY m.id DESC",
+            patterns,
+        )
+        return (
+            ((cid, title, (lambda t=title: _mark(t, words, len(t))), None) for cid, title in titles),
+            ((cid, title, (lambda t=text: _mark(t, words, _SNIPPET_CHARS)), mid) for cid, title, mid, text in messages),
+        )
+
+    # ----- failed writes ---------------------------------------------------------------------
+
+    @property
+    def pending_count(self) -> int:
+        """Writes that failed and wait in memory for the disk (or the lock) to come back."""
+        return len(self._pending)
+
+    def retry_pending(self) -> bool:
+        """Replay the pending writes in order; True when none is left."""
+        dropped: str | None = None
+        while self._pending:
+            write = self._pending[0]
+            try:
+                if not self._apply(write):
+                    return False
+            except (sqlite3.IntegrityError, ValueError) as e:
+                # It can never succeed (say, its conversation was purged by another instance).
+                dropped = f"{self.path}: gave up on a pending write ({write.description}): {e}"
+            self._pending.popleft()
+        self.last_error = dropped
+        return True
+
+    def _write(
+        self,
+        description: str,
+        run: Callable[[sqlite3.Connection], int],
+        *,
+        creates: bool = False,
+        coalesce_key: tuple[str, int] | None = None,
+    ) -> int:
+        placeholder = None
+        if creates:
+            self._next_placeholder -= 1
+            placeholder = self._next_placeholder
+        write = _PendingWrite(description, run, placeholder, coalesce_key)
+        # Order matters (an update follows its insert), so nothing jumps the queue.
+        if (not self._pending or self.retry_pending()) and self._apply(write):
+            return self._placeholders.pop(placeholder) if placeholder is not None else 0
+        if (
+            coalesce_key is not None
+            and self._pending
+            and self._pending[-1].coalesce_key == coalesce_key
+            and write is not self._pending[-1]
+        ):
+            self._pending[-1] = write
+        elif not self._pending or self._pending[-1] is not write:
+            self._pending.append(write)
+        return placeholder if placeholder is not None else 0
+
+    def _apply(self, write: _PendingWrite) -> bool:
+        """Run one write in its own transaction; False (and queued by the caller) if SQLite fails."""
+        try:
+            with immediate(self._conn) as conn:
+                result = write.run(conn)
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.DatabaseError as e:  # includes OperationalError: full, I/O error, locked
+            self.last_error = f"{self.path}: could not save ({write.description}): {e}"
+            if not self._pending or self._pending[0] is not write:
+                self._pending.append(write)
+            return False
+        if write.placeholder is not None:
+            self._placeholders[write.placeholder] = result
+        return True
+
+    def _resolve(self, any_id: int) -> int:
+        """The real id for an id handed out earlier (placeholders are negative)."""
+        if any_id >= 0:
+            return any_id
+        if any_id not in self._placeholders:
+            raise ValueError(f"id {any_id} belongs to a write that was never saved")
+        return self._placeholders[any_id]
+
+    def _saved_id(self, any_id: int) -> int:
+        # For reads: a placeholder whose write is still pending matches no row, which is the truth.
+        return self._placeholders.get(any_id, any_id)
+
+    @staticmethod
+    def _next_rank(conn: sqlite3.Connection, conv_id: int) -> int:
+        return int(conn.execute("SELECT COALESCE(MAX(rank), 0) + 1 FROM messages WHERE conversation_id = ?", (conv_id,)).fetchone()[0])
+
+    def _update_conversation(self, conn: sqlite3.Connection, conv_id: int, assignment: str, args: tuple[Any, ...]) -> int:
+        cid = self._resolve(conv_id)
+        if conn.execute(f"UPDATE conversations SET {assignment} WHERE id = ?", (*args, cid)).rowcount == 0:
+            raise ValueError(f"no conversation {conv_id}")
+        return cid
+
+
+class StreamingWriter:
+    """Saves a reply while it streams, at most once per ``interval_s``, so a kill loses ≤ 1 s.
+
+    Usage: ``msg_id = store.add_message(conv, reply, parent, complete=False)``, then
+    ``writer.update(reply)`` after each token, ``writer.finish(reply)`` at the end or on stop.
+    """
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        msg_id: int,
+        *,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.msg_id = msg_id
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last_write = clock()
+        self._unsaved: Message | None = None
+
+    def update(self, message: Message) -> bool:
+        """Note the grown ``message``; True when this call wrote it."""
+        self._unsaved = message
+        if self._clock() - self._last_write < self.interval_s:
+            return False
+        self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Write the latest unsaved state now (still marked incomplete)."""
+        if self._unsaved is not None:
+            self.store.update_message(self.msg_id, self._unsaved, complete=False)
+            self._unsaved = None
+        self._last_write = self._clock()
+
+    def finish(self, message: Message) -> None:
+        self.store.update_message(self.msg_id, message, complete=True)
+        self._unsaved = None
+
+
+def _chain(*iterables: Iterable[Any]) -> Iterator[Any]:
+    for it in iterables:
+        yield from it
+
+
+def _mark(text: str, words: list[str], width: int) -> str:
+    """A window of ``text`` around the first match, matches marked (the LIKE fallback's snippet)."""
+    lowered = text.lower()
+    first = min((i for i in (lowered.find(w.lower()) for w in words) if i >= 0), default=0)
+    start = max(0, min(first - width // 3, len(text) - width))
+    window = text[start : start + width]
+    pattern = re.compile("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)), re.IGNORECASE)
+    marked = pattern.sub(lambda m: MARK_START + m.group(0) + MARK_END, window)
+    return ("…" if start > 0 else "") + marked + ("…" if start + width < len(text) else "")

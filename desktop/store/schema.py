@@ -1,0 +1,165 @@
+"""The history database's schema, its migrations, and the optional full-text index.
+
+``PRAGMA user_version`` is the schema version: ``MIGRATIONS[i]`` takes the database from
+version ``i`` to ``i + 1``, each in its own ``BEGIN IMMEDIATE`` transaction that re-reads the
+version first, so two app instances opening an old file at the same time migrate it once.
+
+The FTS5 index is kept out of the numbered migrations because it depends on the SQLite
+build, not on the app version: ``ensure_search_index`` creates it when FTS5 is available.
+Its sync triggers are the marker that the index is current. Where FTS5 is missing, the
+triggers are dropped (a trigger that names an fts5 table would make every write fail), and
+when FTS5 is back the index is rebuilt from the content tables before the triggers return.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+from desktop.engine.errors import NanoscopeError
+
+
+class HistoryError(NanoscopeError):
+    """The history database cannot be opened or used (one readable line naming the file)."""
+
+
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        # message_count is kept here, not counted, so the conversation list costs no scan of messages.
+        """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            kind TEXT NOT NULL DEFAULT 'chat' CHECK (kind IN ('chat', 'compare')),
+            created REAL NOT NULL,
+            updated REAL NOT NULL,
+            deleted_at REAL,
+            meta TEXT NOT NULL DEFAULT '{}',
+            message_count INTEGER NOT NULL DEFAULT 0
+        )
+        """,
+        # The sidebar lists live conversations newest first: a partial index serves it without a sort.
+        "CREATE INDEX conversations_live ON conversations (updated DESC, id DESC) WHERE deleted_at IS NULL",
+        "CREATE INDEX conversations_deleted ON conversations (deleted_at) WHERE deleted_at IS NOT NULL",
+        # parent_id links a reply to what it answers; an edit or a regeneration is a new sibling.
+        # rank orders siblings for the active branch: a new message, or one the user selects, gets
+        # the conversation's highest rank + 1, so "most recent or explicitly selected" is one rule.
+        # text is the searchable plain text of parts (the FTS index reads it as external content).
+        """
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            parent_id INTEGER REFERENCES messages (id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+            parts TEXT NOT NULL,
+            meta TEXT NOT NULL DEFAULT '{}',
+            created REAL NOT NULL,
+            complete INTEGER NOT NULL DEFAULT 1,
+            rank INTEGER NOT NULL,
+            text TEXT NOT NULL DEFAULT ''
+        )
+        """,
+        "CREATE INDEX messages_by_conversation ON messages (conversation_id, parent_id)",
+        # Needed by the parent_id foreign key: without it every cascaded delete scans the table.
+        "CREATE INDEX messages_by_parent ON messages (parent_id)",
+    ),
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_SEARCH_TABLES = (
+    # External content: the index stores no second copy of the text, and snippet() reads it back.
+    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5 ("
+    "text, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2')",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS titles_fts USING fts5 ("
+    "title, content='conversations', content_rowid='id', tokenize='unicode61 remove_diacritics 2')",
+)
+
+_SEARCH_TRIGGERS = {
+    "messages_fts_ai": "AFTER INSERT ON messages BEGIN "
+    "INSERT INTO messages_fts (rowid, text) VALUES (new.id, new.text); END",
+    "messages_fts_ad": "AFTER DELETE ON messages BEGIN "
+    "INSERT INTO messages_fts (messages_fts, rowid, text) VALUES ('delete', old.id, old.text); END",
+    "messages_fts_au": "AFTER UPDATE OF text ON messages BEGIN "
+    "INSERT INTO messages_fts (messages_fts, rowid, text) VALUES ('delete', old.id, old.text); "
+    "INSERT INTO messages_fts (rowid, text) VALUES (new.id, new.text); END",
+    "titles_fts_ai": "AFTER INSERT ON conversations BEGIN "
+    "INSERT INTO titles_fts (rowid, title) VALUES (new.id, new.title); END",
+    "titles_fts_ad": "AFTER DELETE ON conversations BEGIN "
+    "INSERT INTO titles_fts (titles_fts, rowid, title) VALUES ('delete', old.id, old.title); END",
+    "titles_fts_au": "AFTER UPDATE OF title ON conversations BEGIN "
+    "INSERT INTO titles_fts (titles_fts, rowid, title) VALUES ('delete', old.id, old.title); "
+    "INSERT INTO titles_fts (rowid, title) VALUES (new.id, new.title); END",
+}
+
+
+def fts5_available(conn: sqlite3.Connection) -> bool:
+    """Whether this SQLite build has FTS5 (most do; some system Pythons do not)."""
+    try:
+        conn.execute("CREATE VIRTUAL TABLE temp.fts5_probe USING fts5 (x)")
+    except sqlite3.OperationalError:
+        return False
+    conn.execute("DROP TABLE temp.fts5_probe")
+    return True
+
+
+def migrate(conn: sqlite3.Connection, name: str) -> None:
+    """Bring the database to SCHEMA_VERSION; refuse one written by a newer app. ``name`` is for errors."""
+    while True:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise HistoryError(
+                f"{name}: written by a newer Nanoscope (history schema {version}, "
+                f"this version knows {SCHEMA_VERSION}); update Nanoscope to open it"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        with immediate(conn):
+            # Another instance may have migrated between our read and our lock.
+            if conn.execute("PRAGMA user_version").fetchone()[0] != version:
+                continue
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+
+
+def ensure_search_index(conn: sqlite3.Connection) -> bool:
+    """Create, rebuild or disable the FTS index to match this SQLite build; True when it is usable."""
+    available = fts5_available(conn)
+    with immediate(conn):
+        present = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        } & set(_SEARCH_TRIGGERS)
+        if not available:
+            for trigger in present:
+                conn.execute(f"DROP TRIGGER {trigger}")
+            return False
+        if present == set(_SEARCH_TRIGGERS):
+            return True
+        for statement in _SEARCH_TABLES:
+            conn.execute(statement)
+        conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
+        conn.execute("INSERT INTO titles_fts (titles_fts) VALUES ('rebuild')")
+        for trigger, body in _SEARCH_TRIGGERS.items():
+            conn.execute(f"CREATE TRIGGER IF NOT EXISTS {trigger} {body}")
+        return True
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT`` (``ROLLBACK`` on error) on an autocommit connection.
+
+    IMMEDIATE takes the write lock up front, so a second instance waits in busy_timeout
+    instead of failing later with an unresolvable read-to-write upgrade deadlock.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")  # inside the try: with WAL, a full disk often shows up only here
+    except BaseException:
+        if conn.in_transaction:
+            # The original error says what went wrong; a failing rollback would only hide it.
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
