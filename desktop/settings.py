@@ -132,19 +132,28 @@ class Settings:
         return True
 
     def reset(self, key: str) -> bool:
+        """Back to the default (a "Restore defaults" button); True when that changed the value."""
         return self.set(key, copy.deepcopy(DEFAULTS[key]))
 
     def save(self) -> None:
-        """Write atomically: a crash mid-save leaves the old file, never half a new one."""
+        """Write atomically: a crash mid-save leaves the old file, never half a new one.
+
+        Raises OSError (disk full, read-only folder) for the caller to report; nothing is lost
+        in memory, so a later save can succeed.
+        """
         doc = {**self._unknown, **self._values, "schema_version": SCHEMA_VERSION}
         tmp = self.path.with_name(self.path.name + ".tmp")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, sort_keys=True, ensure_ascii=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=2, sort_keys=True, ensure_ascii=False)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _load(self) -> None:
         try:
@@ -164,7 +173,9 @@ class Settings:
             self._set_aside("is not a settings object with a valid schema_version")
             return
         if version > SCHEMA_VERSION:
-            self._set_aside(f"was written by a newer Nanoscope (schema {version}, this one knows {SCHEMA_VERSION})")
+            self._set_aside(
+                f"was written by a newer Nanoscope (schema {version}, this one knows {SCHEMA_VERSION})"
+            )
             return
         for migrate in MIGRATIONS[version - 1 :]:
             doc = migrate(doc)

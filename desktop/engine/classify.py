@@ -152,6 +152,10 @@ def _upstream_config(mc: dict[str, Any], keys: Mapping[str, Shape], common: dict
         era = "E0"
     cfg["era"] = era
     cfg["has_lambdas"] = era != "E0"
+    if era in ("E0", "E1"):
+        # Trained before sliding windows existed: plain causal attention at any length (up to the
+        # rotary table), not master's patched "L" = sequence_len window.
+        cfg["long_window"] = 10 * seq
     if era in ("E3", "E4", "E6", "E7"):
         cfg["ve_layers"] = tuple(i for i in range(L) if has_value_embedding(i, L))
         cfg["ve_gate_channels"] = 12 if era in ("E6", "E7") else 32
@@ -188,7 +192,8 @@ def _fork_config(mc: dict[str, Any], keys: Mapping[str, Shape], common: dict[str
         cfg["mlp_hidden"] = keys.get("transformer.h.0.mlp.c_fc.weight", (0,))[0] or ((8 * C // 3) + 7) // 8 * 8
     engram = sorted(_layer_indices(keys, r"transformer\.h\.(\d+)\.engram\.in_proj\.weight"))
     if engram:
-        orders = sorted({o for o in _csv_ints(mc.get("engram_ngram_orders", "2,3,4")) if o > 0})
+        # Dedupe keeping the first occurrence: order_mix.{j} belongs to the j-th listed order.
+        orders = list(dict.fromkeys(o for o in _csv_ints(mc.get("engram_ngram_orders", "2,3,4")) if o > 0))
         declared = {(i + L if i < 0 else i) for i in _csv_ints(mc.get("engram_layers", ""))}
         if declared and declared != set(engram):
             raise CheckpointError(f"{where}: engram weights exist for layers {engram} but the meta's "

@@ -31,7 +31,7 @@ class ModelConfig:
     embed_rows: int  # rows of wte/lm_head: padded vocab, or V for pre-padding checkpoints
     era: str  # "E0".."E7" or "fork"
     window_pattern: str = "L"
-    long_window: int = 0  # 0 -> sequence_len
+    long_window: int = 0  # 0 -> sequence_len; E0/E1 (before windows existed) attend without limit
     short_window: int = 0  # left window of "S" layers
     softcap: float = 15.0
     rope_base: float = 10000.0

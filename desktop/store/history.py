@@ -24,7 +24,8 @@ import re
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
+from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ KINDS = ("chat", "compare")
 MARK_START = "\x02"
 MARK_END = "\x03"
 
-_SNIPPET_CHARS = 80  # LIKE-fallback snippet width, about what FTS5's 12-token snippet gives
+_SNIPPET_CHARS = 80  # snippet width around the first match
+_MIN_PREFIX = 3  # shorter last words match whole words only (see _fts_queries)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class _PendingWrite:
     run: Callable[[sqlite3.Connection], int]
     placeholder: int | None  # the negative id handed out for a row this write creates
     coalesce_key: tuple[str, int] | None  # a newer write with the same key replaces this one
+    result: int = 0
 
 
 def _dumps(value: Any) -> str:
@@ -125,10 +128,8 @@ class HistoryStore:
     def close(self) -> None:
         """Try the pending writes once more, then close; writes that still fail are lost."""
         self.retry_pending()
-        try:
+        with suppress(sqlite3.Error):  # only a planner hint; the history itself is already committed
             self._conn.execute("PRAGMA optimize")
-        except sqlite3.Error:
-            pass  # only a planner hint; the history itself is already committed
         self._conn.close()
 
     def __enter__(self) -> HistoryStore:
@@ -209,7 +210,7 @@ class HistoryStore:
             )
             return cur.rowcount
 
-        return max(self._write("purge deleted conversations", run), 0)
+        return self._write("purge deleted conversations", run)
 
     def import_conversation(
         self, title: str, messages: Iterable[Message], kind: str = "chat", meta: dict[str, Any] | None = None
@@ -232,8 +233,9 @@ class HistoryStore:
             parent_id = None
             for rank, (role, parts, msg_meta, text) in enumerate(columns, start=1):
                 parent_id = conn.execute(
-                    "INSERT INTO messages (conversation_id, parent_id, role, parts, meta, created, rank, text) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO messages"
+                    " (conversation_id, parent_id, role, parts, meta, created, rank, text)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (conv_id, parent_id, role, parts, msg_meta, now, rank, text),
                 ).lastrowid
             return conv_id
@@ -260,8 +262,9 @@ class HistoryStore:
                 if owner is None or owner[0] != cid:
                     raise ValueError(f"message {parent_id} is not in conversation {conv_id}")
             cur = conn.execute(
-                "INSERT INTO messages (conversation_id, parent_id, role, parts, meta, created, complete, rank, text) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO messages"
+                " (conversation_id, parent_id, role, parts, meta, created, complete, rank, text)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (cid, pid, role, parts, meta, now, int(complete), self._next_rank(conn, cid), text),
             )
             conn.execute(
@@ -325,7 +328,9 @@ class HistoryStore:
         node: int | None = None
         while node in children:
             _, node, role, parts, meta = max(children[node])
-            message = Message(role=role, parts=[Part.from_dict(p) for p in json.loads(parts)], meta=json.loads(meta))
+            message = Message(
+                role=role, parts=[Part.from_dict(p) for p in json.loads(parts)], meta=json.loads(meta)
+            )
             path.append((node, message))
         return path
 
@@ -341,7 +346,9 @@ class HistoryStore:
 
     def is_complete(self, msg_id: int) -> bool:
         """False for a reply whose writing never finished (stopped by a crash or a kill)."""
-        row = self._conn.execute("SELECT complete FROM messages WHERE id = ?", (self._saved_id(msg_id),)).fetchone()
+        row = self._conn.execute(
+            "SELECT complete FROM messages WHERE id = ?", (self._saved_id(msg_id),)
+        ).fetchone()
         return bool(row and row[0])
 
     # ----- search ----------------------------------------------------------------------------
@@ -351,73 +358,24 @@ class HistoryStore:
         words = re.findall(r"\w+", query)
         if not words or limit <= 0:
             return []
-        if self._fts:
-            title_rows, message_rows = self._fts_rows(words)
-        else:
-            title_rows, message_rows = self._like_rows(words)
-        hits: dict[int, SearchHit] = {}
-        for conv_id, title, snippet, msg_id in _chain(title_rows, message_rows):
-            if conv_id not in hits:
-                hits[conv_id] = SearchHit(conv_id, title, snippet(), msg_id)
-                if len(hits) == limit:
-                    break
-        return list(hits.values())
-
-    def _fts_rows(self, words: list[str]) -> tuple[Iterator[Any], Iterator[Any]]:
-        # Every word must match; the last one as a prefix (search while typing) once it is long
-        # enough: one- or two-letter prefixes expand to thousands of terms and would be slow.
-        terms = ['"' + w.replace('"', '""') + '"' for w in words]
-        if len(words[-1]) >= 3:
-            terms[-1] += "*"
-        match = " ".join(terms)
-        conn = self._conn
-        # ORDER BY the FTS rowid lets FTS5 walk its doclists newest first and stop at the limit.
-        titles = conn.execute(
-            "SELECT c.id, c.title, highlight(titles_fts, 0, ?, ?) FROM titles_fts "
-            "JOIN conversations c ON c.id = titles_fts.rowid "
-            "WHERE titles_fts MATCH ? AND c.deleted_at IS NULL ORDER BY titles_fts.rowid DESC",
-            (MARK_START, MARK_END, match),
-        )
-        messages = conn.execute(
-            "SELECT c.id, c.title, messages_fts.rowid FROM messages_fts "
-            "JOIN messages m ON m.id = messages_fts.rowid JOIN conversations c ON c.id = m.conversation_id "
-            "WHERE messages_fts MATCH ? AND c.deleted_at IS NULL ORDER BY messages_fts.rowid DESC",
-            (match,),
-        )
-
-        def message_snippet(msg_id: int) -> str:
-            # Computed only for the hits returned, not for every matching message.
-            row = conn.execute(
-                "SELECT snippet(messages_fts, 0, ?, ?, '…', 12) FROM messages_fts "
-                "WHERE messages_fts MATCH ? AND rowid = ?",
-                (MARK_START, MARK_END, match, msg_id),
-            ).fetchone()
-            return row[0] if row else ""
-
-        return (
-            ((cid, title, (lambda h=h: h), None) for cid, title, h in titles),
-            ((cid, title, (lambda mid=mid: message_snippet(mid)), mid) for cid, title, mid in messages),
-        )
-
-    def _like_rows(self, words: list[str]) -> tuple[Iterator[Any], Iterator[Any]]:
-        patterns = ["%" + re.sub(r"([\\%_])", r"\\\1", w) + "%" for w in words]
-
-        def where(column: str) -> str:
-            return " AND ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in patterns)
-
-        titles = self._conn.execute(
-            f"SELECT id, title FROM conversations WHERE deleted_at IS NULL AND {where('title')} ORDER BY id DESC",
-            patterns,
-        )
-        messages = self._conn.execute(
-            "SELECT c.id, c.title, m.id, m.text FROM messages m JOIN conversations c ON c.id = m.conversation_id "
-            f"WHERE c.deleted_at IS NULL AND {where('m.text')} ORDER BY m.id DESC",
-            patterns,
-        )
-        return (
-            ((cid, title, (lambda t=title: _mark(t, words, len(t))), None) for cid, title in titles),
-            ((cid, title, (lambda t=text: _mark(t, words, _SNIPPET_CHARS)), mid) for cid, title, mid, text in messages),
-        )
+        titles_sql, messages_sql, params = _fts_queries(words) if self._fts else _like_queries(words)
+        found: dict[int, SearchHit] = {}
+        # Cursors are read lazily and closed as soon as enough conversations are found, so a
+        # common word costs a few rows, and no read snapshot outlives the call (it would hold
+        # back WAL checkpoints).
+        with closing(self._conn.execute(titles_sql, params)) as titles:
+            for conv_id, title in titles:
+                found.setdefault(conv_id, SearchHit(conv_id, title, _mark(title, words, len(title)), None))
+                if len(found) == limit:
+                    return list(found.values())
+        with closing(self._conn.execute(messages_sql, params)) as messages:
+            for conv_id, title, msg_id, text in messages:
+                if conv_id not in found:
+                    # Cut here, only for the hits kept: FTS5's snippet() would cost a lookup per row.
+                    found[conv_id] = SearchHit(conv_id, title, _mark(text, words, _SNIPPET_CHARS), msg_id)
+                    if len(found) == limit:
+                        break
+        return list(found.values())
 
     # ----- failed writes ---------------------------------------------------------------------
 
@@ -449,6 +407,7 @@ class HistoryStore:
         creates: bool = False,
         coalesce_key: tuple[str, int] | None = None,
     ) -> int:
+        """Apply ``run`` now, or queue it; the result of ``run``, or a placeholder id (or 0) if queued."""
         placeholder = None
         if creates:
             self._next_placeholder -= 1
@@ -456,32 +415,26 @@ class HistoryStore:
         write = _PendingWrite(description, run, placeholder, coalesce_key)
         # Order matters (an update follows its insert), so nothing jumps the queue.
         if (not self._pending or self.retry_pending()) and self._apply(write):
-            return self._placeholders.pop(placeholder) if placeholder is not None else 0
-        if (
-            coalesce_key is not None
-            and self._pending
-            and self._pending[-1].coalesce_key == coalesce_key
-            and write is not self._pending[-1]
-        ):
-            self._pending[-1] = write
-        elif not self._pending or self._pending[-1] is not write:
+            return self._placeholders.pop(placeholder) if placeholder is not None else write.result
+        last = self._pending[-1] if self._pending else None
+        if coalesce_key is not None and last is not None and last.coalesce_key == coalesce_key:
+            self._pending[-1] = write  # only the newest state of a streaming message matters
+        else:
             self._pending.append(write)
         return placeholder if placeholder is not None else 0
 
     def _apply(self, write: _PendingWrite) -> bool:
-        """Run one write in its own transaction; False (and queued by the caller) if SQLite fails."""
+        """Run one write in its own transaction; False when SQLite could not store it."""
         try:
             with immediate(self._conn) as conn:
-                result = write.run(conn)
+                write.result = write.run(conn)
         except sqlite3.IntegrityError:
-            raise
-        except sqlite3.DatabaseError as e:  # includes OperationalError: full, I/O error, locked
+            raise  # a wrong id or value from the caller: retrying cannot help
+        except sqlite3.DatabaseError as e:  # OperationalError included: disk full, I/O error, locked
             self.last_error = f"{self.path}: could not save ({write.description}): {e}"
-            if not self._pending or self._pending[0] is not write:
-                self._pending.append(write)
             return False
         if write.placeholder is not None:
-            self._placeholders[write.placeholder] = result
+            self._placeholders[write.placeholder] = write.result
         return True
 
     def _resolve(self, any_id: int) -> int:
@@ -498,9 +451,15 @@ class HistoryStore:
 
     @staticmethod
     def _next_rank(conn: sqlite3.Connection, conv_id: int) -> int:
-        return int(conn.execute("SELECT COALESCE(MAX(rank), 0) + 1 FROM messages WHERE conversation_id = ?", (conv_id,)).fetchone()[0])
+        return int(
+            conn.execute(
+                "SELECT COALESCE(MAX(rank), 0) + 1 FROM messages WHERE conversation_id = ?", (conv_id,)
+            ).fetchone()[0]
+        )
 
-    def _update_conversation(self, conn: sqlite3.Connection, conv_id: int, assignment: str, args: tuple[Any, ...]) -> int:
+    def _update_conversation(
+        self, conn: sqlite3.Connection, conv_id: int, assignment: str, args: tuple[Any, ...]
+    ) -> int:
         cid = self._resolve(conv_id)
         if conn.execute(f"UPDATE conversations SET {assignment} WHERE id = ?", (*args, cid)).rowcount == 0:
             raise ValueError(f"no conversation {conv_id}")
@@ -549,17 +508,54 @@ class StreamingWriter:
         self._unsaved = None
 
 
-def _chain(*iterables: Iterable[Any]) -> Iterator[Any]:
-    for it in iterables:
-        yield from it
+def _fts_queries(words: list[str]) -> tuple[str, str, tuple[str]]:
+    # Every word must match; the last one as a prefix (search while typing) once it is long
+    # enough: one- or two-letter prefixes expand to thousands of terms and would be slow.
+    terms = ['"' + w.replace('"', '""') + '"' for w in words]
+    if len(words[-1]) >= _MIN_PREFIX:
+        terms[-1] += "*"
+    # ORDER BY the FTS rowid lets FTS5 walk its doclists newest first, with no sort to wait for.
+    titles = (
+        "SELECT c.id, c.title FROM titles_fts JOIN conversations c ON c.id = titles_fts.rowid "
+        "WHERE titles_fts MATCH ? AND c.deleted_at IS NULL ORDER BY titles_fts.rowid DESC"
+    )
+    messages = (
+        "SELECT c.id, c.title, m.id, m.text FROM messages_fts "
+        "JOIN messages m ON m.id = messages_fts.rowid JOIN conversations c ON c.id = m.conversation_id "
+        "WHERE messages_fts MATCH ? AND c.deleted_at IS NULL ORDER BY messages_fts.rowid DESC"
+    )
+    return titles, messages, (" ".join(terms),)
+
+
+def _like_queries(words: list[str]) -> tuple[str, str, tuple[str, ...]]:
+    """The slow path for SQLite builds without FTS5: scans, newest first."""
+    patterns = tuple("%" + re.sub(r"([\\%_])", r"\\\1", w) + "%" for w in words)
+
+    def where(column: str) -> str:
+        return " AND ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in patterns)
+
+    titles = (
+        f"SELECT id, title FROM conversations WHERE deleted_at IS NULL AND {where('title')} ORDER BY id DESC"
+    )
+    messages = (
+        "SELECT c.id, c.title, m.id, m.text FROM messages m JOIN conversations c ON c.id = m.conversation_id "
+        f"WHERE c.deleted_at IS NULL AND {where('m.text')} ORDER BY m.id DESC"
+    )
+    return titles, messages, patterns
 
 
 def _mark(text: str, words: list[str], width: int) -> str:
-    """A window of ``text`` around the first match, matches marked (the LIKE fallback's snippet)."""
-    lowered = text.lower()
-    first = min((i for i in (lowered.find(w.lower()) for w in words) if i >= 0), default=0)
-    start = max(0, min(first - width // 3, len(text) - width))
+    """A window of about ``width`` characters around the first match, each match marked.
+
+    Matching is case-insensitive and, like the search, treats the last word as a prefix.
+    """
+    alternatives = [
+        re.escape(w) + (r"\w*" if i == len(words) - 1 and len(w) >= _MIN_PREFIX else "")
+        for i, w in enumerate(words)
+    ]
+    pattern = re.compile(r"\b(?:" + "|".join(alternatives) + ")", re.IGNORECASE)
+    first = pattern.search(text)
+    start = 0 if first is None else max(0, min(first.start() - width // 3, len(text) - width))
     window = text[start : start + width]
-    pattern = re.compile("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)), re.IGNORECASE)
     marked = pattern.sub(lambda m: MARK_START + m.group(0) + MARK_END, window)
     return ("…" if start > 0 else "") + marked + ("…" if start + width < len(text) else "")

@@ -69,7 +69,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _SEARCH_TABLES = (
-    # External content: the index stores no second copy of the text, and snippet() reads it back.
+    # External content: the index reads messages.text and conversations.title, storing no second copy.
     "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5 ("
     "text, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2')",
     "CREATE VIRTUAL TABLE IF NOT EXISTS titles_fts USING fts5 ("

@@ -1,0 +1,95 @@
+"""Start the GUI: QApplication, the qasync event loop, the crash hook and the first checkpoint.
+
+torch is not imported here; the worker thread imports it on the first load, so the window
+shows at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import traceback
+from pathlib import Path
+
+DEMO_DIR = Path("demo") / "chatsft_checkpoints" / "demo"
+
+
+def demo_checkpoint() -> Path | None:
+    from .paths import resource_path
+
+    path = resource_path(DEMO_DIR)
+    return path if path.is_dir() else None
+
+
+def _install_excepthook() -> None:
+    """Unhandled exceptions are logged and shown, never silently kill the app."""
+
+    def hook(exc_type, exc, tb) -> None:
+        traceback.print_exception(exc_type, exc, tb)
+        from PySide6.QtCore import QThread
+        from PySide6.QtWidgets import QApplication, QMessageBox
+
+        app = QApplication.instance()
+        if app is not None and QThread.currentThread() is app.thread():
+            QMessageBox.critical(None, "Nanoscope: unexpected error", f"{exc_type.__name__}: {exc}")
+
+    sys.excepthook = hook
+
+
+def build(args: argparse.Namespace | None = None):
+    """Create the store, settings, controller and window (used by run_app and by tests)."""
+    from .background import Background
+    from .controller import ChatController
+    from .settings import Settings
+    from .store import HistoryStore
+    from .ui.main_window import MainWindow
+
+    settings = Settings()
+    store = HistoryStore()
+    controller = ChatController(store, settings)
+    background = Background(store)
+    window = MainWindow(controller, background, settings)
+    if args is not None and getattr(args, "open_path", None):
+        background.extra_dirs.append(Path(args.open_path))
+    return window
+
+
+async def _run(window) -> int:
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance()
+    closed = asyncio.Event()
+    app.aboutToQuit.connect(closed.set)
+    window.show()
+    window.start()
+    await closed.wait()
+    return 0
+
+
+def run_app(args: argparse.Namespace) -> int:
+    if getattr(args, "install_desktop_entry", False):
+        from .desktop_entry import install_desktop_entry
+
+        for path in install_desktop_entry():
+            print(f"wrote {path}")
+        return 0
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setOrganizationName("Nanoscope")
+    app.setApplicationName("Nanoscope")
+    app.setDesktopFileName("nanoscope")
+    _install_excepthook()
+    window = build(args)
+    try:
+        return qasync.run(_run(window))
+    except asyncio.CancelledError:
+        return 0
+
+
+def main() -> int:
+    from .cli import main as cli_main
+
+    return cli_main(sys.argv[1:])

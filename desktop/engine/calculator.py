@@ -1,0 +1,158 @@
+"""nanochat's calculator tool without ``eval``: an AST whitelist that runs safely off the main thread.
+
+nanochat's ``use_calculator`` (engine.py) screens the expression with character and substring
+checks, then ``eval``\\s it with empty builtins under a 3 s ``SIGALRM``. ``signal`` only works on
+the main thread and ``eval`` is one screening bug away from running code, so this module keeps
+nanochat's screening verbatim and then evaluates only the two shapes that screening lets
+through and ``eval`` can compute:
+
+* arithmetic: int/float literals, unary ``+``/``-``, binary ``+ - * / //`` (``%`` and ``**`` never
+  pass the screening), with Python's own semantics;
+* ``'literal'.count('literal')``.
+
+Anything else, and any error (division by zero, syntax), gives None, as in nanochat. On top of
+that it refuses (None) work nanochat would happily attempt: inputs over ``MAX_CHARS``, deep
+nesting, integers beyond ``MAX_INT`` (checked *before* multiplying), and evaluations running past
+``TIME_BUDGET_S``. Every call builds its own state, so concurrent calls are safe.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import string
+import time
+from collections.abc import Callable
+
+MAX_CHARS = 1000
+MAX_PAREN_DEPTH = 32  # checked on the text, so the parser never recurses deeply
+MAX_OPERATOR_RUN = 4  # e.g. "+-" is fine; "-------1" is not worth a parser's stack
+MAX_AST_DEPTH = 200
+MAX_INT = 10**100
+TIME_BUDGET_S = 0.25
+
+# nanochat's screening, unchanged.
+_MATH_CHARS = frozenset("0123456789*+-/.() ")
+_STRING_CHARS = frozenset(string.ascii_letters + string.digits + "'\"()._ ")
+_DANGEROUS = (
+    "__", "import", "exec", "eval", "compile", "open", "file", "input", "raw_input", "globals", "locals",
+    "vars", "dir", "getattr", "setattr", "delattr", "hasattr",
+)
+
+_BINARY_OPS: dict[type[ast.operator], Callable[[object, object], object]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+}
+_UNARY_OPS: dict[type[ast.unaryop], Callable[[object], object]] = {
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
+}
+
+
+class _Refused(Exception):
+    """The expression is outside what we evaluate; the caller turns this into None."""
+
+
+def calculate(expr: str) -> int | float | None:
+    """Evaluate a calculator expression the way nanochat's tool would, or return None."""
+    if not isinstance(expr, str) or len(expr) > MAX_CHARS:
+        return None
+    expr = expr.replace(",", "")  # nanochat strips thousands separators (and every other comma)
+    if all(c in _MATH_CHARS for c in expr):
+        if "**" in expr:
+            return None
+        return _run(expr, _Evaluator.arithmetic)
+    if not all(c in _STRING_CHARS for c in expr):
+        return None
+    lowered = expr.lower()
+    if any(p in lowered for p in _DANGEROUS) or ".count(" not in expr:
+        return None
+    return _run(expr, _Evaluator.count_call)
+
+
+def _run(expr: str, method: Callable[[_Evaluator, ast.expr], int | float]) -> int | float | None:
+    if not _shallow(expr):
+        return None
+    try:
+        tree = ast.parse(expr, mode="eval")
+        return method(_Evaluator(time.monotonic() + TIME_BUDGET_S), tree.body)
+    except (_Refused, SyntaxError, ValueError, ArithmeticError, RecursionError, MemoryError):
+        return None
+
+
+def _shallow(expr: str) -> bool:
+    """Bound parenthesis nesting and operator runs before handing the text to the parser."""
+    depth = run = 0
+    for c in expr:
+        if c == "(":
+            depth += 1
+            if depth > MAX_PAREN_DEPTH:
+                return False
+        elif c == ")":
+            depth -= 1
+        if c in "+-*/":
+            run += 1
+            if run > MAX_OPERATOR_RUN:
+                return False
+        elif c != " ":
+            run = 0
+    return True
+
+
+class _Evaluator:
+    """One evaluation: a deadline plus the whitelisted node types."""
+
+    def __init__(self, deadline: float) -> None:
+        self._deadline = deadline
+
+    def _enter(self, depth: int) -> None:
+        if depth > MAX_AST_DEPTH or time.monotonic() > self._deadline:
+            raise _Refused
+
+    def arithmetic(self, node: ast.expr, depth: int = 0) -> int | float:
+        self._enter(depth)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return _bounded(node.value)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY_OPS:
+            return _UNARY_OPS[type(node.op)](self.arithmetic(node.operand, depth + 1))  # type: ignore[return-value]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
+            left = self.arithmetic(node.left, depth + 1)
+            right = self.arithmetic(node.right, depth + 1)
+            if isinstance(node.op, ast.Mult) and type(left) is int and type(right) is int:
+                # The product has at most this many bits; refuse before spending time on it.
+                if left.bit_length() + right.bit_length() > MAX_INT.bit_length() + 1:
+                    raise _Refused
+            return _bounded(_BINARY_OPS[type(node.op)](left, right))  # type: ignore[arg-type]
+        raise _Refused
+
+    def count_call(self, node: ast.expr) -> int:
+        """``'text'.count('sub')`` with both sides string literals; nothing else."""
+        self._enter(0)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "count"
+            and not node.keywords
+            and len(node.args) == 1
+        ):
+            text, sub = node.func.value, node.args[0]
+            if _is_str_literal(text) and _is_str_literal(sub):
+                return text.value.count(sub.value)  # type: ignore[union-attr]
+        raise _Refused
+
+
+def _is_str_literal(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is str
+
+
+def _bounded(value: object) -> int | float:
+    if type(value) is int:
+        if abs(value) > MAX_INT:
+            raise _Refused
+        return value
+    if type(value) is float:
+        return value
+    raise _Refused

@@ -1,0 +1,170 @@
+"""The tokenizer interface generation and the UI use, plus finding the right file for a checkpoint.
+
+Two kinds exist in the nanochat family (spec §1.8, §2.4):
+
+* ``"tiktoken"``: upstream's ``tokenizer.pkl``, a pickled ``tiktoken.Encoding`` whose last nine ids
+  are the chat special tokens. It is loaded through :mod:`.safe_pickle`, never plain ``pickle``.
+* ``"cpp"``: the fork's HuggingFace ``tokenizer.json`` for C++ code (see :mod:`.cpp_tokenizer`).
+
+Both sit behind :class:`Tokenizer` so generation never branches on the kind, except to ask
+:meth:`Tokenizer.special_id` for the tokens its state machine reacts to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import tiktoken
+
+from .errors import TokenizerError
+from .safe_pickle import load_tiktoken_pickle
+
+# nanochat's SPECIAL_TOKENS, in order; their ids are the last nine of the vocabulary.
+BOS = "<|bos|>"
+USER_START = "<|user_start|>"
+USER_END = "<|user_end|>"
+ASSISTANT_START = "<|assistant_start|>"
+ASSISTANT_END = "<|assistant_end|>"
+PYTHON_START = "<|python_start|>"
+PYTHON_END = "<|python_end|>"
+OUTPUT_START = "<|output_start|>"
+OUTPUT_END = "<|output_end|>"
+NANOCHAT_SPECIAL_TOKENS = (
+    BOS, USER_START, USER_END, ASSISTANT_START, ASSISTANT_END, PYTHON_START, PYTHON_END, OUTPUT_START, OUTPUT_END,
+)
+# What chat rendering cannot do without (spec §5.4).
+CHAT_TOKENS = (USER_START, ASSISTANT_START, ASSISTANT_END)
+
+PKL_NAME = "tokenizer.pkl"
+JSON_NAME = "tokenizer.json"
+
+
+class Tokenizer(Protocol):
+    """What generation, chat rendering and streaming need from a tokenizer."""
+
+    kind: str  # "tiktoken" | "cpp"
+    path: Path
+    vocab_size: int
+    bos_id: int
+    stop_ids: frozenset[int]  # a generated token from this set ends the reply
+    has_chat_tokens: bool  # <|user_start|>, <|assistant_start|> and <|assistant_end|> all exist
+    warnings: list[str]  # things the user should know about this file, shown once at load time
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ordinary text; special-token names written in ``text`` stay ordinary text."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; incomplete UTF-8 at the end shows as U+FFFD."""
+        ...
+
+    def special_id(self, name: str) -> int | None:
+        """Id of a special/control token by name, or None if this tokenizer lacks it."""
+        ...
+
+    def special_name(self, id: int) -> str | None:
+        """Name of ``id`` if it is a special/control token, else None."""
+        ...
+
+
+class TiktokenTokenizer:
+    """nanochat's own tokenizer: byte-level BPE through tiktoken."""
+
+    kind = "tiktoken"
+
+    def __init__(self, enc: tiktoken.Encoding, path: Path) -> None:
+        self.path = path
+        self.warnings: list[str] = []
+        self._enc = enc
+        self._specials = {name: enc.encode_single_token(name) for name in enc.special_tokens_set}
+        self._names = {i: name for name, i in self._specials.items()}
+        self.vocab_size = enc.n_vocab
+        # nanochat calls it <|bos|>; tiktoken's stock encodings call the same role <|endoftext|>.
+        bos = self._specials.get(BOS, self._specials.get("<|endoftext|>"))
+        if bos is None:
+            raise TokenizerError(f"{path}: tokenizer has no {BOS} token")
+        self.bos_id = bos
+        self.stop_ids = frozenset(i for i in (self._specials.get(ASSISTANT_END), bos) if i is not None)
+        self.has_chat_tokens = all(name in self._specials for name in CHAT_TOKENS)
+
+    def encode(self, text: str) -> list[int]:
+        # encode_ordinary never turns "<|bos|>" typed by a user into the special token.
+        return self._enc.encode_ordinary(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._enc.decode(list(ids))
+
+    def special_id(self, name: str) -> int | None:
+        return self._specials.get(name)
+
+    def special_name(self, id: int) -> str | None:
+        return self._names.get(id)
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    """Load ``tokenizer.pkl`` (restricted unpickling) or a fork ``tokenizer.json``."""
+    path = Path(path)
+    if path.suffix == ".pkl":
+        return TiktokenTokenizer(load_tiktoken_pickle(path), path)
+    if path.suffix == ".json":
+        # Imported here because cpp_tokenizer uses this module's token-name constants.
+        from .cpp_tokenizer import CppTokenizer
+
+        return CppTokenizer(path)
+    raise TokenizerError(f"{path}: not a tokenizer file (expected tokenizer.pkl or tokenizer.json)")
+
+
+def _files_in(directory: Path, is_fork: bool) -> list[Path]:
+    """The tokenizer files in ``directory``, the one to prefer on a vocab tie first."""
+    names = (JSON_NAME, PKL_NAME) if is_fork else (PKL_NAME, JSON_NAME)
+    return [directory / n for n in names if (directory / n).is_file()]
+
+
+def select_tokenizer(candidate_dirs: Sequence[Path], vocab_size: int, is_fork: bool,
+                     explicit: Path | None = None) -> Tokenizer:
+    """Pick the checkpoint's tokenizer as spec §5.3 says.
+
+    An explicit file is used as is (its vocab must still match). Otherwise directories are
+    searched in order (``explicit`` first when it is a directory); in the first one holding a file
+    whose vocab equals ``vocab_size`` that file is used, and when both ``tokenizer.pkl`` and
+    ``tokenizer.json`` would fit, the json wins only for fork checkpoints. A file that is looked at
+    and turns out corrupt or unsafe raises at once rather than being skipped silently.
+    """
+    if explicit is not None:
+        explicit = Path(explicit).expanduser()
+        if explicit.is_file():
+            tok = load_tokenizer(explicit)
+            _check_vocab(tok, vocab_size)
+            return tok
+        if not explicit.is_dir():
+            raise TokenizerError(f"{explicit}: tokenizer file not found")
+    dirs = [Path(d).expanduser() for d in ([explicit] if explicit is not None else []) + list(candidate_dirs)]
+    mismatched: list[Tokenizer] = []
+    for directory in dirs:
+        files = _files_in(directory, is_fork)
+        for file in files:
+            tok = load_tokenizer(file)
+            if tok.vocab_size != vocab_size:
+                mismatched.append(tok)
+                continue
+            for other in files[1:] if file == files[0] else ():
+                tok.warnings.append(
+                    f"{directory}: also has {other.name}; using {file.name} because the checkpoint "
+                    f"{'is' if is_fork else 'is not'} a fork (pick the tokenizer explicitly to override)"
+                )
+            return tok
+    if mismatched:
+        _check_vocab(mismatched[0], vocab_size, also=[t.path for t in mismatched[1:]])
+    looked = ", ".join(str(d) for d in dirs) or "no directories"
+    raise TokenizerError(f"no tokenizer found (looked in: {looked})")
+
+
+def _check_vocab(tok: Tokenizer, vocab_size: int, also: Sequence[Path] = ()) -> None:
+    if tok.vocab_size == vocab_size:
+        return
+    more = f" (nor do {', '.join(map(str, also))})" if also else ""
+    raise TokenizerError(
+        f"{tok.path}: tokenizer vocab {tok.vocab_size} does not match the model's vocab_size {vocab_size}{more}"
+    )
