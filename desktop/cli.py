@@ -18,9 +18,13 @@ EXIT_ERROR = 2
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="checkpoint directory, or SOURCE[/TAG[/STEP]] with SOURCE in base|mid|sft|rl")
+    p.add_argument(
+        "model", help="checkpoint directory, or SOURCE[/TAG[/STEP]] with SOURCE in base|mid|sft|rl"
+    )
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.pkl / tokenizer.json or its folder")
+    p.add_argument(
+        "--tokenizer", type=Path, default=None, help="tokenizer.pkl / tokenizer.json or its folder"
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     p.add_argument("--softcap", type=float, default=None, help="override the logit softcap (20 for E5)")
@@ -28,12 +32,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nanoscope", description="Chat with and compare nanochat checkpoints.")
+    parser = argparse.ArgumentParser(
+        prog="nanoscope", description="Chat with and compare nanochat checkpoints."
+    )
     parser.add_argument("--version", action="version", version=f"nanoscope {__version__}")
     parser.add_argument("--home", type=Path, default=None, help="keep settings and history under this folder")
-    parser.add_argument("--install-desktop-entry", action="store_true",
-                        help="add Nanoscope to the Linux application launcher and exit")
-    parser.add_argument("--open", dest="open_path", type=Path, default=None, help="open this checkpoint folder")
+    parser.add_argument(
+        "--install-desktop-entry",
+        action="store_true",
+        help="add Nanoscope to the Linux application launcher and exit",
+    )
+    parser.add_argument(
+        "--open", dest="open_path", type=Path, default=None, help="open this checkpoint folder"
+    )
     sub = parser.add_subparsers(dest="command")
 
     p_list = sub.add_parser("list", help="list the checkpoints under $NANOCHAT_BASE_DIR")
@@ -94,8 +105,13 @@ def _open_session(args: argparse.Namespace):
     from .engine.session import ChatSession, SessionOptions
 
     directory, step = resolve_spec(args.model)
-    opts = SessionOptions(step=args.step if args.step is not None else step, device=args.device,
-                          dtype=args.dtype, tokenizer=args.tokenizer, softcap=args.softcap)
+    opts = SessionOptions(
+        step=args.step if args.step is not None else step,
+        device=args.device,
+        dtype=args.dtype,
+        tokenizer=args.tokenizer,
+        softcap=args.softcap,
+    )
     return ChatSession.open(directory, opts)
 
 
@@ -112,7 +128,9 @@ def _prompt_ids(args: argparse.Namespace, session) -> list[int]:
             raise NanoscopeError("--tokens must be comma-separated integers") from None
         bad = [i for i in ids if not 0 <= i < session.loaded.config.vocab_size]
         if bad:
-            raise NanoscopeError(f"--tokens: ids out of range for vocab {session.loaded.config.vocab_size}: {bad[:5]}")
+            raise NanoscopeError(
+                f"--tokens: ids out of range for vocab {session.loaded.config.vocab_size}: {bad[:5]}"
+            )
         return ids
     if args.chat is not None:
         if not tok.has_chat_tokens:
@@ -129,12 +147,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ids = _prompt_ids(args, session)
     seq = session.loaded.config.sequence_len
     if len(ids) + args.max_tokens > seq:
-        print(f"nanoscope: warning: context of {len(ids) + args.max_tokens} tokens exceeds the model's "
-              f"sequence_len {seq}; quality degrades and even L layers become windowed", file=sys.stderr)
+        print(
+            f"nanoscope: warning: context of {len(ids) + args.max_tokens} tokens exceeds the model's "
+            f"sequence_len {seq}; quality degrades and even L layers become windowed",
+            file=sys.stderr,
+        )
     try:
-        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                                max_tokens=args.max_tokens, seed=args.seed)
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
     except ValueError as exc:
         raise NanoscopeError(str(exc)) from None
     for w in session.loaded.warnings:
@@ -152,9 +179,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     info = session.info()
     if args.json:
-        print(json.dumps({"done": True, "ids": produced, "prompt_tokens": stats.prompt_tokens,
-                          "ttft_ms": round(stats.ttft_ms, 3), "decode_tok_s": round(stats.decode_tok_s, 3),
-                          "device": info["device"], "dtype": info["dtype"], "era": info["era"]}))
+        print(
+            json.dumps(
+                {
+                    "done": True,
+                    "ids": produced,
+                    "prompt_tokens": stats.prompt_tokens,
+                    "ttft_ms": round(stats.ttft_ms, 3),
+                    "decode_tok_s": round(stats.decode_tok_s, 3),
+                    "device": info["device"],
+                    "dtype": info["dtype"],
+                    "era": info["era"],
+                }
+            )
+        )
     else:
         print()
     return 0
@@ -162,8 +200,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def _special_text(ev) -> str:
     """Show tool-call delimiters in plain-text output so calculator use is visible."""
-    return {"<|python_start|>": "[calc: ", "<|python_end|>": "]", "<|output_start|>": " = ",
-            "<|output_end|>": " "}.get(ev.special or "", "") + ev.text
+    return {
+        "<|python_start|>": "[calc: ",
+        "<|python_end|>": "]",
+        "<|output_start|>": " = ",
+        "<|output_end|>": " ",
+    }.get(ev.special or "", "") + ev.text
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -190,12 +232,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nanoscope: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except MemoryError:
-        print("nanoscope: error: out of memory; try --dtype bfloat16 or a smaller checkpoint", file=sys.stderr)
+        print(
+            "nanoscope: error: out of memory; try --dtype bfloat16 or a smaller checkpoint", file=sys.stderr
+        )
         return EXIT_ERROR
     except RuntimeError as exc:
         if "out of memory" in str(exc).lower():
-            print("nanoscope: error: out of memory; try --dtype bfloat16, --device cpu or a smaller checkpoint",
-                  file=sys.stderr)
+            print(
+                "nanoscope: error: out of memory; try --dtype bfloat16, --device cpu or a smaller checkpoint",
+                file=sys.stderr,
+            )
             return EXIT_ERROR
         raise
     except KeyboardInterrupt:

@@ -52,8 +52,13 @@ class ChatController(QObject):
     context_changed = Signal(int, int)
     notice = Signal(str, str, str)
 
-    def __init__(self, store: HistoryStore, settings: Settings, host: WorkerHost | None = None,
-                 parent: QObject | None = None) -> None:
+    def __init__(
+        self,
+        store: HistoryStore,
+        settings: Settings,
+        host: WorkerHost | None = None,
+        parent: QObject | None = None,
+    ) -> None:
         super().__init__(parent)
         self.store = store
         self.settings = settings
@@ -152,8 +157,11 @@ class ChatController(QObject):
         rows = {r.id: r for r in self.store.list_conversations(limit=100000)}
         title = rows[conv_id].title if conv_id in rows else "conversation"
         messages = [m for _, m in self.store.active_path(conv_id)]
-        text = to_markdown(title, messages) if fmt == "md" else to_json(title, messages,
-                                                                         self.store.conversation_meta(conv_id))
+        text = (
+            to_markdown(title, messages)
+            if fmt == "md"
+            else to_json(title, messages, self.store.conversation_meta(conv_id))
+        )
         target.write_text(text, encoding="utf-8")
         self.notice.emit("info", "Exported", f"saved {target}")
 
@@ -222,12 +230,29 @@ class ChatController(QObject):
         if system.strip():
             history.insert(0, Message.of_text("system", system))
         info = self.model_info or {}
-        meta = {"checkpoint": info.get("path"), "step": info.get("step"), "era": info.get("era"),
-                "tag": Path(info.get("path", "")).name, "meta_hash": info.get("meta_hash"),
-                "device": info.get("device"), "dtype": info.get("dtype"), "app_version": __version__,
-                "sampling": {k: params.get(k) for k in ("temperature", "top_k", "top_p", "min_p",
-                                                        "repetition_penalty", "max_tokens", "seed")},
-                "started": time.time()}
+        meta = {
+            "checkpoint": info.get("path"),
+            "step": info.get("step"),
+            "era": info.get("era"),
+            "tag": Path(info.get("path", "")).name,
+            "meta_hash": info.get("meta_hash"),
+            "device": info.get("device"),
+            "dtype": info.get("dtype"),
+            "app_version": __version__,
+            "sampling": {
+                k: params.get(k)
+                for k in (
+                    "temperature",
+                    "top_k",
+                    "top_p",
+                    "min_p",
+                    "repetition_penalty",
+                    "max_tokens",
+                    "seed",
+                )
+            },
+            "started": time.time(),
+        }
         self._reply = Message("assistant", [], meta)
         parent = self.path[-1][0] if self.path else None
         self._reply_id = self.store.add_message(self.conv_id, self._reply, parent, complete=False)
@@ -251,11 +276,17 @@ class ChatController(QObject):
             return
         self.context_changed.emit(ctx["prompt_tokens"], ctx["sequence_len"])
         if ctx.get("dropped_turns"):
-            self.notice.emit("info", "Context full",
-                             f"the oldest {ctx['dropped_turns']} turn(s) were left out to fit the model's context")
+            self.notice.emit(
+                "info",
+                "Context full",
+                f"the oldest {ctx['dropped_turns']} turn(s) were left out to fit the model's context",
+            )
         if ctx.get("truncated"):
-            self.notice.emit("warning", "Message truncated",
-                             "your message is longer than the model's context; only its end was used")
+            self.notice.emit(
+                "warning",
+                "Message truncated",
+                "your message is longer than the model's context; only its end was used",
+            )
 
     def _on_token(self, request_id: int, ev: TokenEvent) -> None:
         if request_id != self._request or self._reply is None:

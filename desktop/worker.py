@@ -68,10 +68,13 @@ class ModelWorker(QObject):
         try:
             from .engine.session import ChatSession, SessionOptions
 
-            opts = SessionOptions(step=options.get("step"), device=options.get("device", "auto"),
-                                  dtype=options.get("dtype", "auto"),
-                                  tokenizer=Path(options["tokenizer"]) if options.get("tokenizer") else None,
-                                  softcap=options.get("softcap"))
+            opts = SessionOptions(
+                step=options.get("step"),
+                device=options.get("device", "auto"),
+                dtype=options.get("dtype", "auto"),
+                tokenizer=Path(options["tokenizer"]) if options.get("tokenizer") else None,
+                softcap=options.get("softcap"),
+            )
             session = ChatSession.open(Path(path), opts, progress=lambda p, m: self.progress.emit(p, m))
         except Exception as exc:  # every failure is reported; the worker keeps running
             self.load_failed.emit(describe_failure(exc))
@@ -98,9 +101,15 @@ class ModelWorker(QObject):
                 raise NanoscopeError("no checkpoint is loaded")
             sp = SamplingParams(**{k: params[k] for k in SamplingParams.__dataclass_fields__ if k in params})
             rendered = self.session.render(messages, sp.max_tokens or 256)
-            self.context.emit(request_id, {
-                "prompt_tokens": len(rendered.ids), "sequence_len": self.session.loaded.config.sequence_len,
-                "dropped_turns": rendered.dropped_turns, "truncated": rendered.truncated})
+            self.context.emit(
+                request_id,
+                {
+                    "prompt_tokens": len(rendered.ids),
+                    "sequence_len": self.session.loaded.config.sequence_len,
+                    "dropped_turns": rendered.dropped_turns,
+                    "truncated": rendered.truncated,
+                },
+            )
             for ev in self.session.generate(rendered.ids, sp, cancel=self.cancel, stats=stats):
                 self.token.emit(request_id, ev)
         except Exception as exc:

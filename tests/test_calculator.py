@@ -125,7 +125,13 @@ def test_concurrent_calls_agree_with_sequential_ones():
         assert list(pool.map(calculate, exprs)) == sequential
 
 
-_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv}
+_OPS = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+}
 
 
 def _with_commas(n: int, commas: bool) -> str:
@@ -136,7 +142,7 @@ def _with_commas(n: int, commas: bool) -> str:
 def arithmetic(draw, depth: int = 0):
     """(expression text, value computed with Python's operators or None on division by zero)."""
     if depth >= 3 or draw(st.booleans()):
-        n = draw(st.integers(-10**6, 10**6))
+        n = draw(st.integers(-(10**6), 10**6))
         return _with_commas(n, draw(st.booleans())), n
     left_text, left = draw(arithmetic(depth + 1))
     right_text, right = draw(arithmetic(depth + 1))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copyreg
 import datetime
 import functools
+import itertools
 import pickle
 import string
 from collections import Counter
@@ -37,11 +38,19 @@ import tiktoken
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
 SPECIAL_TOKENS = (
-    "<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
-    "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>",
+    "<|bos|>",
+    "<|user_start|>",
+    "<|user_end|>",
+    "<|assistant_start|>",
+    "<|assistant_end|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|output_start|>",
+    "<|output_end|>",
 )
 SPLIT_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 
 TRAINING_TEXT = """\
@@ -60,23 +69,26 @@ Emoji time: 😀 😀 😃 🎉 🎉 🚀 🚀 🚀 — smiles, parties and rock
 The assistant answered the user, and the user asked the assistant another question.
 """
 
-CPP_CONTROL_TOKENS = (
-    "<PAD>", "<UNK>", "<BOS>", "<EOS>", "<FIM_PREFIX>", "<FIM_MIDDLE>", "<FIM_SUFFIX>", "<CODE_START>",
-    "<CODE_END>", "<THOUGHT_START>", "<THOUGHT_END>", "<QUERY_TOOL>", "<INDEX>", "<DEBUG_CONTEXT>",
-    "<FILE_SEP>", "<DIFF_START>", "<DIFF_END>", "<COMMENT_START>", "<COMMENT_END>", "<RESERVED_19>",
-)
-CPP_KEYWORDS = (
-    "int", "char", "void", "bool", "float", "double", "auto", "const", "class", "struct", "return",
-    "if", "else", "for", "while", "namespace", "template", "typename", "public", "private", "static",
-    "virtual", "override", "unsigned", "long", "std", "vector", "string", "map", "size_t", "nullptr",
-    "include", "true", "false",
-)
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+CPP_CONTROL_TOKENS = _names("""
+    <PAD> <UNK> <BOS> <EOS> <FIM_PREFIX> <FIM_MIDDLE> <FIM_SUFFIX> <CODE_START> <CODE_END> <THOUGHT_START>
+    <THOUGHT_END> <QUERY_TOOL> <INDEX> <DEBUG_CONTEXT> <FILE_SEP> <DIFF_START> <DIFF_END> <COMMENT_START>
+    <COMMENT_END> <RESERVED_19>
+""")
+CPP_KEYWORDS = _names("""
+    int char void bool float double auto const class struct return if else for while namespace template
+    typename public private static virtual override unsigned long std vector string map size_t nullptr
+    include true false
+""")
 CPP_NEWLINES = ("\n", "\n\n")
 # Multi-character operators get merges of their own (before anything learned), as a code
 # tokenizer trained on C++ would have.
-CPP_OPERATORS = (
-    "::", "->", "->*", "...", ".*", "++", "--", "##", "<=>", "<<=", ">>=", "==", "!=", "<=", ">=", "&&", "||",
-    "<<", ">>", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "//", "/*", "*/",
+CPP_OPERATORS = _names(
+    ":: -> ->* ... .* ++ -- ## <=> <<= >>= == != <= >= && || << >> += -= *= /= %= &= |= ^= // /* */"
 )
 # Operators longest first, then single punctuation; "_" is split off as in the fork.
 CPP_SPLIT_PATTERN = (
@@ -131,7 +143,7 @@ def _byte_bpe_ranks(n_merges: int) -> tuple[tuple[bytes, int], ...]:
     while len(ranks) < 256 + n_merges:
         pairs: Counter[tuple[bytes, bytes]] = Counter()
         for w, seq in seqs.items():
-            for pair in zip(seq, seq[1:], strict=False):
+            for pair in itertools.pairwise(seq):
                 pairs[pair] += words[w]
         if not pairs:
             break
@@ -162,11 +174,18 @@ def make_tiktoken_encoding(vocab_size: int = 512) -> tiktoken.Encoding:
         raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)}")
     ranks = dict(_byte_bpe_ranks(n_ranks - 256))
     specials = {name: n_ranks + i for i, name in enumerate(SPECIAL_TOKENS)}
-    return tiktoken.Encoding(name="rustbpe", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+    return tiktoken.Encoding(
+        name="rustbpe", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+    )
 
 
-def write_tiktoken_pkl(dirpath: Path, *, vocab_size: int | None = None, n_merges: int | None = None,
-                       with_token_bytes: bool = False) -> Path:
+def write_tiktoken_pkl(
+    dirpath: Path,
+    *,
+    vocab_size: int | None = None,
+    n_merges: int | None = None,
+    with_token_bytes: bool = False,
+) -> Path:
     """Write ``<dirpath>/tokenizer.pkl`` (vocab 512 by default) and return its path."""
     if vocab_size is not None and n_merges is not None:
         raise ValueError("give vocab_size or n_merges, not both")
@@ -181,19 +200,25 @@ def write_tiktoken_pkl(dirpath: Path, *, vocab_size: int | None = None, n_merges
     if with_token_bytes:
         import torch
 
-        lengths = [len(enc.decode_single_token_bytes(i)) for i in range(vocab_size - len(SPECIAL_TOKENS))]
-        torch.save(torch.tensor(lengths + [0] * len(SPECIAL_TOKENS), dtype=torch.int32), dirpath / "token_bytes.pt")
+        # Byte length of every token, 0 for the specials, as nanochat's tok_train writes it.
+        n_ranks = vocab_size - len(SPECIAL_TOKENS)
+        lengths = [len(enc.decode_single_token_bytes(i)) for i in range(n_ranks)] + [0] * len(SPECIAL_TOKENS)
+        torch.save(torch.tensor(lengths, dtype=torch.int32), dirpath / "token_bytes.pt")
     return path
 
 
 def _cpp_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(CPP_SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.WhitespaceSplit(),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(CPP_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.WhitespaceSplit(),
+        ]
+    )
 
 
-def write_cpp_tokenizer_json(dirpath: Path, *, vocab_size: int = 400, tool_result_token: bool = False) -> Path:
+def write_cpp_tokenizer_json(
+    dirpath: Path, *, vocab_size: int = 400, tool_result_token: bool = False
+) -> Path:
     """Write ``<dirpath>/tokenizer.json`` shaped like the fork's C++ tokenizer and return its path."""
     controls = list(CPP_CONTROL_TOKENS)
     if tool_result_token:
@@ -204,7 +229,8 @@ def write_cpp_tokenizer_json(dirpath: Path, *, vocab_size: int = 400, tool_resul
         piece for piece, _ in _cpp_pre_tokenizer().pre_tokenize_str(CPP_TRAINING_TEXT) if piece not in vocab
     )
     # Every printable ASCII character, as a real code tokenizer has, plus what the text uses.
-    alphabet = sorted({c for w in words for c in w} | set(string.ascii_letters + string.digits + string.punctuation))
+    ascii_chars = set(string.ascii_letters + string.digits + string.punctuation)
+    alphabet = sorted({c for w in words for c in w} | ascii_chars)
     for c in alphabet:
         vocab.setdefault(c, len(vocab))
     merges: list[tuple[str, str]] = []
@@ -219,7 +245,7 @@ def write_cpp_tokenizer_json(dirpath: Path, *, vocab_size: int = 400, tool_resul
     while len(vocab) < vocab_size:
         pairs: Counter[tuple[str, str]] = Counter()
         for w, seq in seqs.items():
-            for pair in zip(seq, seq[1:], strict=False):
+            for pair in itertools.pairwise(seq):
                 pairs[pair] += words[w]
         if not pairs:
             break

@@ -50,7 +50,6 @@ def measure_bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int = 25
     w = src[: (n // cols) * cols].view(-1, cols)
     x = torch.randn(1, cols, device=device).to(dtype)
     mv_s = _timed(lambda: torch.nn.functional.linear(x, w), device)
-    del src, dst
     return {"copy_gbs": 2 * n * elem / copy_s / 1e9, "matvec_gbs": w.numel() * elem / mv_s / 1e9}
 
 
@@ -86,16 +85,25 @@ def run_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     directory, step = resolve_spec(args.model)
     t0 = time.perf_counter()
-    session = ChatSession.open(directory, SessionOptions(step=args.step if args.step is not None else step,
-                                                         device=args.device, dtype=args.dtype,
-                                                         tokenizer=args.tokenizer, softcap=args.softcap))
+    session = ChatSession.open(
+        directory,
+        SessionOptions(
+            step=args.step if args.step is not None else step,
+            device=args.device,
+            dtype=args.dtype,
+            tokenizer=args.tokenizer,
+            softcap=args.softcap,
+        ),
+    )
     load_s = time.perf_counter() - t0
     rss_after_load = peak_rss_bytes()
     model, cfg = session.model, session.loaded.config
     dev = session.loaded.device
     n_prompt = max(1, min(args.prompt_tokens, cfg.sequence_len - args.new_tokens - 1))
     prompt = _prompt(session, n_prompt)
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, max_tokens=args.new_tokens, seed=1)
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, max_tokens=args.new_tokens, seed=1
+    )
 
     _run(session, prompt, params, reuse=False)  # warm-up
     runs = [_run(session, prompt, params, reuse=False) for _ in range(max(1, args.repeats))]
@@ -115,17 +123,29 @@ def run_bench(args: argparse.Namespace) -> int:
     step_bytes = decode_bytes_per_step(model)
     bytes_per_s = step_bytes * decode
     result = {
-        "model": str(directory), "era": cfg.era, "device": str(dev), "dtype": session.info()["dtype"],
-        "threads": torch.get_num_threads(), "params": sum(p.numel() for p in model.parameters()),
-        "load_s": round(load_s, 3), "prompt_tokens": n_prompt, "new_tokens": args.new_tokens,
-        "ttft_ms": round(ttft_ms, 2), "prefill_tok_s": round(n_prompt / (ttft_ms / 1000), 1),
-        "decode_tok_s": round(decode, 2), "bytes_per_step": step_bytes,
-        "copy_gbs": round(bw["copy_gbs"], 2), "matvec_gbs": round(bw["matvec_gbs"], 2),
+        "model": str(directory),
+        "era": cfg.era,
+        "device": str(dev),
+        "dtype": session.info()["dtype"],
+        "threads": torch.get_num_threads(),
+        "params": sum(p.numel() for p in model.parameters()),
+        "load_s": round(load_s, 3),
+        "prompt_tokens": n_prompt,
+        "new_tokens": args.new_tokens,
+        "ttft_ms": round(ttft_ms, 2),
+        "prefill_tok_s": round(n_prompt / (ttft_ms / 1000), 1),
+        "decode_tok_s": round(decode, 2),
+        "bytes_per_step": step_bytes,
+        "copy_gbs": round(bw["copy_gbs"], 2),
+        "matvec_gbs": round(bw["matvec_gbs"], 2),
         "mbu_copy": round(bytes_per_s / 1e9 / bw["copy_gbs"], 3),
         "mbu_matvec": round(bytes_per_s / 1e9 / bw["matvec_gbs"], 3),
-        "rss_after_load_mb": round(rss_after_load / 2**20, 1), "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
-        "turn_history_tokens": hist_len, "turn_ttft_cached_ms": round(cached, 2),
-        "turn_ttft_full_ms": round(full, 2), "turn_ttft_ratio": round(cached / full, 3) if full else None,
+        "rss_after_load_mb": round(rss_after_load / 2**20, 1),
+        "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
+        "turn_history_tokens": hist_len,
+        "turn_ttft_cached_ms": round(cached, 2),
+        "turn_ttft_full_ms": round(full, 2),
+        "turn_ttft_ratio": round(cached / full, 3) if full else None,
     }
     if dev.type == "cuda":  # pragma: no cover - GPU only
         result["peak_vram_mb"] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)

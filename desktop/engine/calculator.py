@@ -34,10 +34,12 @@ TIME_BUDGET_S = 0.25
 # nanochat's screening, unchanged.
 _MATH_CHARS = frozenset("0123456789*+-/.() ")
 _STRING_CHARS = frozenset(string.ascii_letters + string.digits + "'\"()._ ")
+# fmt: off
 _DANGEROUS = (
-    "__", "import", "exec", "eval", "compile", "open", "file", "input", "raw_input", "globals", "locals",
-    "vars", "dir", "getattr", "setattr", "delattr", "hasattr",
+    "__", "import", "exec", "eval", "compile", "open", "file", "input", "raw_input",
+    "globals", "locals", "vars", "dir", "getattr", "setattr", "delattr", "hasattr",
 )
+# fmt: on
 
 _BINARY_OPS: dict[type[ast.operator], Callable[[object, object], object]] = {
     ast.Add: operator.add,
@@ -121,10 +123,14 @@ class _Evaluator:
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
             left = self.arithmetic(node.left, depth + 1)
             right = self.arithmetic(node.right, depth + 1)
-            if isinstance(node.op, ast.Mult) and type(left) is int and type(right) is int:
-                # The product has at most this many bits; refuse before spending time on it.
-                if left.bit_length() + right.bit_length() > MAX_INT.bit_length() + 1:
-                    raise _Refused
+            # A product has at most the sum of its factors' bits; refuse before spending time on it.
+            if (
+                isinstance(node.op, ast.Mult)
+                and type(left) is int
+                and type(right) is int
+                and left.bit_length() + right.bit_length() > MAX_INT.bit_length() + 1
+            ):
+                raise _Refused
             return _bounded(_BINARY_OPS[type(node.op)](left, right))  # type: ignore[arg-type]
         raise _Refused
 

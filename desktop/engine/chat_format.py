@@ -54,8 +54,9 @@ class _Ids:
 
     def __init__(self, tok: Tokenizer) -> None:
         if not tok.has_chat_tokens:
+            names = ", ".join(CHAT_TOKENS)
             raise TokenizerError(
-                f"{tok.path}: this tokenizer has no chat tokens ({', '.join(CHAT_TOKENS)}); use completion mode"
+                f"{tok.path}: this tokenizer has no chat tokens ({names}); use completion mode"
             )
         self._tok = tok
         self.bos = tok.bos_id
@@ -81,7 +82,9 @@ def _split_system(messages: Sequence[Message]) -> tuple[str | None, list[Message
     for i, m in enumerate(turns):
         expected = "user" if i % 2 == 0 else "assistant"
         if m.role != expected:
-            raise ValueError(f"message {i} is from {m.role!r} but should be from {expected!r} (roles must alternate)")
+            raise ValueError(
+                f"message {i} is from {m.role!r} but should be from {expected!r} (roles must alternate)"
+            )
     return system, turns
 
 

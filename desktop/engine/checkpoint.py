@@ -53,12 +53,18 @@ def detect_unsupported(path: Path) -> None:
         raise UnsupportedFormatError(f"{path}: Hugging Face checkpoints are not supported yet")
     if any(path.glob("*.gguf")):
         raise UnsupportedFormatError(f"{path}: GGUF files are not supported yet")
-    if (path / ".metadata").is_file() or any(path.glob("step_*/.metadata")) or any(path.glob("pp*/.metadata")):
+    if (
+        (path / ".metadata").is_file()
+        or any(path.glob("step_*/.metadata"))
+        or any(path.glob("pp*/.metadata"))
+    ):
         raise UnsupportedFormatError(
-            f"{path}: KempnerForge DCP checkpoints are not supported yet (they also need the training TOML)")
+            f"{path}: KempnerForge DCP checkpoints are not supported yet (they also need the training TOML)"
+        )
     if any(path.glob("dist_ckpt_*")) and not model_steps(path):
         raise UnsupportedFormatError(
-            f"{path}: TPU dist_ckpt checkpoint; convert it with torch.distributed.checkpoint first")
+            f"{path}: TPU dist_ckpt checkpoint; convert it with torch.distributed.checkpoint first"
+        )
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -90,8 +96,10 @@ def load_state_dict(path: Path) -> dict[str, Any]:
             sd = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: refused to load: the file contains pickled code or objects "
-                              f"that are not tensors ({first[:160]})") from None
+        raise CheckpointError(
+            f"{path}: refused to load: the file contains pickled code or objects "
+            f"that are not tensors ({first[:160]})"
+        ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: file is truncated or corrupt ({_first_line(exc)})") from None
     if not isinstance(sd, dict):
@@ -109,8 +117,10 @@ def check_finite(sd: dict[str, Any], path: Path) -> None:
 
     bad = [k for k, t in sd.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
-        raise CheckpointError(f"{path}: non-finite values (NaN/Inf) in {', '.join(bad[:5])}"
-                              + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+        raise CheckpointError(
+            f"{path}: non-finite values (NaN/Inf) in {', '.join(bad[:5])}"
+            + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        )
 
 
 def _first_line(exc: BaseException) -> str:

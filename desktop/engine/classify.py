@@ -17,14 +17,26 @@ from .errors import CheckpointError, UnsupportedFormatError
 Shape = tuple[int, ...]
 
 FORK_META_PREFIXES = ("engram_", "mhc_", "mtp_", "dsa_", "mamba")
-FORK_META_KEYS = {"rope_theta", "window_long", "window_short", "activation", "aux_loss_weight",
-                  "gradient_checkpointing"}
+FORK_META_KEYS = {
+    "rope_theta",
+    "window_long",
+    "window_short",
+    "activation",
+    "aux_loss_weight",
+    "gradient_checkpointing",
+}
 FORK_KEY_MARKERS = (".engram.", ".mhc.", ".attn.indexer.", ".attn.A_log", "mlp.c_gate")
 
 # Upper bounds that no real nanochat model approaches; they stop a hostile meta from making us
 # allocate terabytes (rotary tables, KV cache) before a single weight is checked.
-LIMITS = {"sequence_len": 1 << 20, "vocab_size": 1 << 22, "n_layer": 1024, "n_head": 1024,
-          "n_kv_head": 1024, "n_embd": 1 << 16}
+LIMITS = {
+    "sequence_len": 1 << 20,
+    "vocab_size": 1 << 22,
+    "n_layer": 1024,
+    "n_head": 1024,
+    "n_kv_head": 1024,
+    "n_embd": 1 << 16,
+}
 REQUIRED = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd")
 
 
@@ -35,7 +47,9 @@ def _int_field(cfg: Mapping[str, Any], name: str, where: str) -> int:
     if value <= 0:
         raise CheckpointError(f"{where}: model_config.{name} must be positive, got {value}")
     if value > LIMITS[name]:
-        raise CheckpointError(f"{where}: model_config.{name}={value} is implausibly large (limit {LIMITS[name]})")
+        raise CheckpointError(
+            f"{where}: model_config.{name}={value} is implausibly large (limit {LIMITS[name]})"
+        )
     return value
 
 
@@ -54,7 +68,9 @@ def read_model_config(meta: Mapping[str, Any], where: str) -> dict[str, Any]:
     if out["n_embd"] % out["n_head"]:
         raise CheckpointError(f"{where}: n_embd={out['n_embd']} is not divisible by n_head={out['n_head']}")
     if out["n_head"] % out["n_kv_head"]:
-        raise CheckpointError(f"{where}: n_head={out['n_head']} is not divisible by n_kv_head={out['n_kv_head']}")
+        raise CheckpointError(
+            f"{where}: n_head={out['n_head']} is not divisible by n_kv_head={out['n_kv_head']}"
+        )
     if "num_experts" in cfg:
         raise UnsupportedFormatError(f"{where}: nanochat MoE-branch checkpoints are not supported")
     wp = cfg.get("window_pattern", "L")
@@ -82,19 +98,23 @@ def _layer_indices(keys: Mapping[str, Shape], pattern: str) -> set[int]:
     return {int(m.group(1)) for k in keys if (m := rx.fullmatch(k))}
 
 
-def classify(meta: Mapping[str, Any], keys: Mapping[str, Shape], where: str,
-             softcap_override: float | None = None) -> ModelConfig:
+def classify(
+    meta: Mapping[str, Any], keys: Mapping[str, Shape], where: str, softcap_override: float | None = None
+) -> ModelConfig:
     """Return the era-specific configuration for a nanochat-family checkpoint."""
     mc = read_model_config(meta, where)
-    common: dict[str, Any] = {k: mc[k] for k in ("sequence_len", "vocab_size", "n_layer", "n_head",
-                                                 "n_kv_head", "n_embd")}
-    V, L, C = mc["vocab_size"], mc["n_layer"], mc["n_embd"]
+    common: dict[str, Any] = {
+        k: mc[k] for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+    }
+    V = mc["vocab_size"]
     common["window_pattern"] = str(mc.get("window_pattern", "L")).upper()
     common["embed_rows"] = _embed_rows(keys, V, where)
     warnings: list[str] = []
 
     if "v0_lambdas" in keys or "value_embed.weight" in keys or "value_embed_A.weight" in keys:
-        raise UnsupportedFormatError(f"{where}: nanochat 've' branch experiment checkpoints are not supported")
+        raise UnsupportedFormatError(
+            f"{where}: nanochat 've' branch experiment checkpoints are not supported"
+        )
     if any(k.startswith("transformer.h.0.moe.") for k in keys):
         raise UnsupportedFormatError(f"{where}: nanochat MoE-branch checkpoints are not supported")
 
@@ -122,17 +142,20 @@ def _embed_rows(keys: Mapping[str, Shape], V: int, where: str) -> int:
     if rows not in (V, padded_vocab(V)):
         raise CheckpointError(
             f"{where}: transformer.wte.weight has {rows} rows but the meta's vocab_size={V} needs "
-            f"{padded_vocab(V)} (padded){'' if padded_vocab(V) == V else f' or {V}'}")
+            f"{padded_vocab(V)} (padded){'' if padded_vocab(V) == V else f' or {V}'}"
+        )
     if head[0] != rows:
-        raise CheckpointError(f"{where}: lm_head.weight has {head[0]} rows but transformer.wte.weight has {rows}")
+        raise CheckpointError(
+            f"{where}: lm_head.weight has {head[0]} rows but transformer.wte.weight has {rows}"
+        )
     return rows
 
 
-def _upstream_config(mc: dict[str, Any], keys: Mapping[str, Shape], common: dict[str, Any], where: str,
-                     warnings: list[str]) -> dict[str, Any]:
+def _upstream_config(
+    mc: dict[str, Any], keys: Mapping[str, Shape], common: dict[str, Any], where: str, warnings: list[str]
+) -> dict[str, Any]:
     L, seq = mc["n_layer"], mc["sequence_len"]
-    cfg = dict(common, softcap=15.0, rope_base=10000.0, rope_bf16=True, qk_scale=1.0,
-               short_window=seq // 2)
+    cfg = dict(common, softcap=15.0, rope_base=10000.0, rope_bf16=True, qk_scale=1.0, short_window=seq // 2)
     gate = keys.get(f"transformer.h.{L - 1}.attn.ve_gate.weight")
     if "smear_gate.weight" in keys:
         era = "E7"
@@ -144,8 +167,10 @@ def _upstream_config(mc: dict[str, Any], keys: Mapping[str, Shape], common: dict
         era = "E3"
         if gate[-1] != 32:
             raise CheckpointError(f"{where}: ve_gate width {gate[-1]} is neither 12 (E6+) nor 32 (E3)")
-        warnings.append("E3 and E5 checkpoints cannot be told apart; using softcap 15 "
-                        "(pass --softcap 20 for checkpoints trained 2026-03-03..03-09)")
+        warnings.append(
+            "E3 and E5 checkpoints cannot be told apart; using softcap 15 "
+            "(pass --softcap 20 for checkpoints trained 2026-03-03..03-09)"
+        )
     elif "resid_lambdas" in keys:
         era = "E1" if "window_pattern" not in mc else "E2"
     else:
@@ -162,8 +187,10 @@ def _upstream_config(mc: dict[str, Any], keys: Mapping[str, Shape], common: dict
         cfg["ve_gate_scale"] = 3.0 if era in ("E6", "E7") else 2.0
     if era == "E4":
         cfg["has_bigram"] = True
-        warnings.append("E4 bigram: decoding hashes (previous, current) token as in training, "
-                        "not nanochat's Engine, which uses the reserved index at single-token steps")
+        warnings.append(
+            "E4 bigram: decoding hashes (previous, current) token as in training, "
+            "not nanochat's Engine, which uses the reserved index at single-token steps"
+        )
     if era in ("E6", "E7"):
         cfg.update(rope_base=100000.0, rope_bf16=False)
         cfg["qk_scale"] = 1.15 if era == "E6" else 1.2
@@ -173,15 +200,24 @@ def _upstream_config(mc: dict[str, Any], keys: Mapping[str, Shape], common: dict
     return cfg
 
 
-def _fork_config(mc: dict[str, Any], keys: Mapping[str, Shape], common: dict[str, Any], where: str,
-                 warnings: list[str]) -> dict[str, Any]:
+def _fork_config(
+    mc: dict[str, Any], keys: Mapping[str, Shape], common: dict[str, Any], where: str, warnings: list[str]
+) -> dict[str, Any]:
     L, C = mc["n_layer"], mc["n_embd"]
     if mc.get("mamba_enabled") or any(".attn.A_log" in k or ".attn.in_proj." in k for k in keys):
         raise UnsupportedFormatError(f"{where}: fork checkpoints with Mamba layers are not supported")
     long_w = int(mc.get("window_long") or 0) or mc["sequence_len"]
-    cfg = dict(common, era="fork", softcap=15.0, rope_base=float(mc.get("rope_theta") or 10000.0),
-               rope_bf16=True, qk_scale=1.0, has_lambdas=True, long_window=long_w,
-               short_window=int(mc.get("window_short") or 0) or long_w // 2)
+    cfg = dict(
+        common,
+        era="fork",
+        softcap=15.0,
+        rope_base=float(mc.get("rope_theta") or 10000.0),
+        rope_bf16=True,
+        qk_scale=1.0,
+        has_lambdas=True,
+        long_window=long_w,
+        short_window=int(mc.get("window_short") or 0) or long_w // 2,
+    )
     user_cfg = mc.get("user_config") or {}
     if isinstance(user_cfg, Mapping) and user_cfg.get("xla_flash_attn"):
         cfg["window_pattern"] = "L"
@@ -189,22 +225,32 @@ def _fork_config(mc: dict[str, Any], keys: Mapping[str, Shape], common: dict[str
     swiglu = "transformer.h.0.mlp.c_gate.weight" in keys or mc.get("activation") == "swiglu"
     if swiglu:
         cfg["swiglu"] = True
-        cfg["mlp_hidden"] = keys.get("transformer.h.0.mlp.c_fc.weight", (0,))[0] or ((8 * C // 3) + 7) // 8 * 8
+        cfg["mlp_hidden"] = (
+            keys.get("transformer.h.0.mlp.c_fc.weight", (0,))[0] or ((8 * C // 3) + 7) // 8 * 8
+        )
     engram = sorted(_layer_indices(keys, r"transformer\.h\.(\d+)\.engram\.in_proj\.weight"))
     if engram:
         # Dedupe keeping the first occurrence: order_mix.{j} belongs to the j-th listed order.
         orders = list(dict.fromkeys(o for o in _csv_ints(mc.get("engram_ngram_orders", "2,3,4")) if o > 0))
         declared = {(i + L if i < 0 else i) for i in _csv_ints(mc.get("engram_layers", ""))}
         if declared and declared != set(engram):
-            raise CheckpointError(f"{where}: engram weights exist for layers {engram} but the meta's "
-                                  f"engram_layers gives {sorted(declared)}")
-        cfg.update(engram_layers=tuple(engram), engram_orders=tuple(orders),
-                   engram_dim=keys[f"transformer.h.{engram[0]}.engram.in_proj.weight"][0])
+            raise CheckpointError(
+                f"{where}: engram weights exist for layers {engram} but the meta's "
+                f"engram_layers gives {sorted(declared)}"
+            )
+        cfg.update(
+            engram_layers=tuple(engram),
+            engram_orders=tuple(orders),
+            engram_dim=keys[f"transformer.h.{engram[0]}.engram.in_proj.weight"][0],
+        )
     if any(".mhc." in k for k in keys):
-        cfg.update(mhc=True, mhc_sinkhorn_iters=int(mc.get("mhc_sinkhorn_iters", 5)),
-                   mhc_temperature=float(mc.get("mhc_temperature", 1.0)),
-                   mhc_epsilon=float(mc.get("mhc_epsilon", 1e-6)),
-                   mhc_blend_alpha=float(mc.get("mhc_blend_alpha", 1.0)))
+        cfg.update(
+            mhc=True,
+            mhc_sinkhorn_iters=int(mc.get("mhc_sinkhorn_iters", 5)),
+            mhc_temperature=float(mc.get("mhc_temperature", 1.0)),
+            mhc_epsilon=float(mc.get("mhc_epsilon", 1e-6)),
+            mhc_blend_alpha=float(mc.get("mhc_blend_alpha", 1.0)),
+        )
         warnings.append("mHC pools over the current chunk at decode, as the fork's Engine does")
     dsa = sorted(_layer_indices(keys, r"transformer\.h\.(\d+)\.attn\.indexer\.q_proj\.weight"))
     if dsa:
@@ -269,12 +315,17 @@ def verify_shapes(cfg: ModelConfig, keys: Mapping[str, Shape], where: str) -> No
     if cfg.ve_layers:
         present = _layer_indices(keys, r"value_embeds\.(\d+)\.weight")
         if present != set(cfg.ve_layers):
-            raise CheckpointError(f"{where}: value_embeds exist for layers {sorted(present)}, but nanochat puts "
-                                  f"them on layers {list(cfg.ve_layers)} for n_layer={cfg.n_layer}")
+            raise CheckpointError(
+                f"{where}: value_embeds exist for layers {sorted(present)}, but nanochat puts "
+                f"them on layers {list(cfg.ve_layers)} for n_layer={cfg.n_layer}"
+            )
     missing = [k for k in expected if k not in keys]
     unexpected = [k for k in keys if k not in expected and not is_ignorable(k, cfg)]
-    wrong = [f"{k} {_fmt(tuple(keys[k]))} (expected {_fmt(s)})" for k, s in expected.items()
-             if k in keys and tuple(keys[k]) != s]
+    wrong = [
+        f"{k} {_fmt(tuple(keys[k]))} (expected {_fmt(s)})"
+        for k, s in expected.items()
+        if k in keys and tuple(keys[k]) != s
+    ]
     problems = []
     if missing:
         problems.append(f"missing keys: {_short_list(missing)}")
@@ -283,7 +334,9 @@ def verify_shapes(cfg: ModelConfig, keys: Mapping[str, Shape], where: str) -> No
     if wrong:
         problems.append(f"wrong shapes: {_short_list(wrong)}")
     if problems:
-        raise CheckpointError(f"{where}: does not match a {cfg.era} model with this meta — " + "; ".join(problems))
+        raise CheckpointError(
+            f"{where}: does not match a {cfg.era} model with this meta — " + "; ".join(problems)
+        )
 
 
 def _short_list(items: list[str], limit: int = 6) -> str:

@@ -1,4 +1,4 @@
-"""The fork's C++ tokenizer (``tokenizer.json``, spec §2.4): HF ``tokenizers`` encode, rebuilt spacing on decode.
+"""The fork's C++ tokenizer (``tokenizer.json``, spec §2.4): HF encode, rebuilt spacing on decode.
 
 Its pre-tokenizer throws whitespace away, so the fork decodes by re-inserting spaces with
 BERT-like heuristics for C++ (``CppTokenizer.decode`` in apstenku123/nanochat). Models trained
@@ -61,11 +61,10 @@ def _words(text: str) -> frozenset[str]:
 # Operators that glue to both neighbours.
 _GLUE_OPS = frozenset({"::", "->", ".*", "->*", "++", "--", "##"})
 # Multi-character operators that get a space on both sides (unless an earlier rule glued them).
-_SPACED_OPS = frozenset({
-    "::", "->", ".*", "->*", "++", "--", "##", "==", "!=", "<=", ">=", "<=>", "&&", "||", "<<", ">>",
-    "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=", "...", "//", "/*", "*/",
-    "@@", "---", "+++", "a/", "b/",
-})
+_SPACED_OPS = _words("""
+    :: -> .* ->* ++ -- ## == != <= >= <=> && || << >> += -= *= /= %= &= |= ^= <<= >>= ... // /* */
+    @@ --- +++ a/ b/
+""")
 # The fork tests ``token in "=+-*/%&|^~!?<>#"`` -- a substring test, so two-character runs of this
 # string such as "<>" or "!?" count as operators too. Kept as a substring test on purpose.
 _OPERATOR_RUN = "=+-*/%&|^~!?<>#"
@@ -246,7 +245,8 @@ class CppTokenizer:
         self._control_names = {i: name for name, i in self._controls.items()}
         self._control_pattern = (
             re.compile("|".join(re.escape(n) for n in sorted(self._controls, key=len, reverse=True)))
-            if self._controls else None
+            if self._controls
+            else None
         )
         # The model's embedding must cover every id, so the size is the largest id + 1.
         self.vocab_size = max(vocab.values()) + 1

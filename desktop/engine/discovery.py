@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..paths import nanochat_base_dir
 from . import checkpoint as ckpt
 from .classify import classify
 from .errors import NanoscopeError
 
 # Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
-PHASES = {"base_checkpoints": "base", "mid_checkpoints": "mid", "chatsft_checkpoints": "sft",
-          "chatrl_checkpoints": "rl", "sft_checkpoints": "sft", "rl_checkpoints": "rl",
-          "gspo_checkpoints": "rl"}
+PHASES = {
+    "base_checkpoints": "base",
+    "mid_checkpoints": "mid",
+    "chatsft_checkpoints": "sft",
+    "chatrl_checkpoints": "rl",
+    "sft_checkpoints": "sft",
+    "rl_checkpoints": "rl",
+    "gspo_checkpoints": "rl",
+}
 SOURCE_ORDER = ("base", "mid", "sft", "rl", "folder")
-
-
-def nanochat_base_dir() -> Path:
-    return Path(os.environ.get("NANOCHAT_BASE_DIR") or Path.home() / ".cache" / "nanochat").expanduser()
 
 
 @dataclass
@@ -89,7 +91,9 @@ def resolve_spec(spec: str, base_dir: Path | None = None) -> tuple[Path, int | N
     parts = spec.strip("/").split("/")
     source = parts[0]
     if source not in SOURCE_ORDER[:-1]:
-        raise NanoscopeError(f"{spec}: not a directory, and not SOURCE[/TAG[/STEP]] with SOURCE in base|mid|sft|rl")
+        raise NanoscopeError(
+            f"{spec}: not a directory, and not SOURCE[/TAG[/STEP]] with SOURCE in base|mid|sft|rl"
+        )
     candidates = [e for e in discover(base_dir) if e.source == source]
     if len(parts) > 1:
         candidates = [e for e in candidates if e.tag == parts[1]]
@@ -118,8 +122,11 @@ def _tag_rank(entry: CheckpointEntry) -> tuple[int, float]:
 
 def summarize(directory: Path, step: int) -> CheckpointSummary:
     """Read the meta and tensor shapes (no weight data) and classify. Errors land in ``error``."""
-    model_path = directory / f"model_{step:06d}.pt"
-    size = model_path.stat().st_size if model_path.exists() else 0
+    try:
+        model_path = ckpt.model_file(directory, step)
+        size = model_path.stat().st_size
+    except (NanoscopeError, OSError):
+        model_path, size = directory / f"model_{step:06d}.pt", 0
     empty = CheckpointSummary(directory, step, "?", 0, 0, 0, 0, 0, "?", size, 0)
     try:
         meta = ckpt.read_meta(ckpt.meta_file(directory, step))
@@ -134,7 +141,15 @@ def summarize(directory: Path, step: int) -> CheckpointSummary:
         by_dtype[name] = by_dtype.get(name, 0) + t.numel() * t.element_size()
     stored = "+".join(sorted(by_dtype, key=by_dtype.get, reverse=True)) if by_dtype else "?"
     return CheckpointSummary(
-        path=directory, step=step, era=cfg.era, params=sum(t.numel() for t in sd.values()),
-        sequence_len=cfg.sequence_len, vocab_size=cfg.vocab_size, n_layer=cfg.n_layer, n_embd=cfg.n_embd,
-        stored_dtype=stored, file_bytes=size,
-        kv_bytes_per_token=2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * 4)
+        path=directory,
+        step=step,
+        era=cfg.era,
+        params=sum(t.numel() for t in sd.values()),
+        sequence_len=cfg.sequence_len,
+        vocab_size=cfg.vocab_size,
+        n_layer=cfg.n_layer,
+        n_embd=cfg.n_embd,
+        stored_dtype=stored,
+        file_bytes=size,
+        kv_bytes_per_token=2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * 4,
+    )

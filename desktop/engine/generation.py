@@ -44,9 +44,18 @@ class Specials:
     @classmethod
     def of(cls, tok: Tokenizer) -> Specials:
         s = tok.special_id
-        return cls(s("<|python_start|>"), s("<|python_end|>"), s("<|output_start|>"), s("<|output_end|>"),
-                   s("<QUERY_TOOL>"), s("<TOOL_RESULT>"), s("<CODE_END>"), s("<THOUGHT_START>"),
-                   s("<THOUGHT_END>"), frozenset(tok.stop_ids))
+        return cls(
+            s("<|python_start|>"),
+            s("<|python_end|>"),
+            s("<|output_start|>"),
+            s("<|output_end|>"),
+            s("<QUERY_TOOL>"),
+            s("<TOOL_RESULT>"),
+            s("<CODE_END>"),
+            s("<THOUGHT_START>"),
+            s("<THOUGHT_END>"),
+            frozenset(tok.stop_ids),
+        )
 
 
 @dataclass
@@ -108,10 +117,18 @@ def check_context(model: GPT, n_prompt: int, max_tokens: int | None) -> None:
 
 
 @torch.inference_mode()
-def generate_columns(model: GPT, tok: Tokenizer, prompt: Sequence[int], params: SamplingParams, *,
-                     num_samples: int = 1, cache: KVCache | None = None,
-                     cancel: threading.Event | None = None, logprobs: int = 0,
-                     calculator: Calculator = calculate) -> Iterator[Column]:
+def generate_columns(
+    model: GPT,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    *,
+    num_samples: int = 1,
+    cache: KVCache | None = None,
+    cancel: threading.Event | None = None,
+    logprobs: int = 0,
+    calculator: Calculator = calculate,
+) -> Iterator[Column]:
     """Yield one :class:`Column` per step. ``cache`` may already hold a prefix of ``prompt``."""
     check_context(model, len(prompt), params.max_tokens)
     device = model.device
@@ -149,7 +166,9 @@ def generate_columns(model: GPT, tok: Tokenizer, prompt: Sequence[int], params: 
         lp = _logprobs(logits, column, logprobs) if logprobs else None
         yield Column(column, forced, lp)
         generated += 1
-        if all(r.completed for r in rows) or (params.max_tokens is not None and generated >= params.max_tokens):
+        if all(r.completed for r in rows) or (
+            params.max_tokens is not None and generated >= params.max_tokens
+        ):
             break
         ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
         logits = model(ids, cache)[:, -1, :]
@@ -159,30 +178,44 @@ def _logprobs(logits: torch.Tensor, column: list[int], n: int) -> list[tuple[flo
     lp = torch.log_softmax(logits.float(), dim=-1)
     top_v, top_i = lp.topk(min(n, lp.size(-1)), dim=-1)
     chosen = lp.gather(1, torch.tensor(column, device=lp.device).unsqueeze(1))[:, 0].tolist()
-    return [(chosen[r], list(zip(top_i[r].tolist(), top_v[r].tolist(), strict=True))) for r in range(len(column))]
+    return [
+        (chosen[r], list(zip(top_i[r].tolist(), top_v[r].tolist(), strict=True))) for r in range(len(column))
+    ]
 
 
 class PartTracker:
     """Which message part each token belongs to, and the clean text it adds (one row)."""
 
-    def __init__(self, tok: Tokenizer) -> None:
+    # The C++ tokenizer's spacing depends on neighbours, so each decoder sees the ids before it.
+    CONTEXT = 16
+
+    def __init__(self, tok: Tokenizer, prompt: Sequence[int] = ()) -> None:
         self.tok = tok
         self.sp = Specials.of(tok)
         self.kind = TEXT
-        self.decoder = StreamDecoder(tok)
+        self.recent: list[int] = list(prompt[-self.CONTEXT :])
+        self.decoder = StreamDecoder(tok, prefix_ids=self.recent)
 
     def _switch(self, kind: str) -> str:
         tail = self.decoder.flush()
         self.kind = kind
-        self.decoder = StreamDecoder(self.tok)
+        self.decoder = StreamDecoder(self.tok, prefix_ids=self.recent[-self.CONTEXT :])
         return tail
 
     def event(self, token: int, forced: bool) -> TokenEvent:
         sp, name = self.sp, self.tok.special_name(token)
+        self.recent.append(token)
+        if len(self.recent) > 4 * self.CONTEXT:
+            del self.recent[: -self.CONTEXT]
         if name is None:
             return TokenEvent(token, self.decoder.push(token), forced, self.kind)
-        opening = {sp.python_start: PYTHON, sp.output_start: PYTHON_OUTPUT, sp.query_tool: TOOL_QUERY,
-                   sp.tool_result: TOOL_RESULT, sp.thought_start: THOUGHT}
+        opening = {
+            sp.python_start: PYTHON,
+            sp.output_start: PYTHON_OUTPUT,
+            sp.query_tool: TOOL_QUERY,
+            sp.tool_result: TOOL_RESULT,
+            sp.thought_start: THOUGHT,
+        }
         closing = {sp.python_end, sp.output_end, sp.code_end, sp.thought_end}
         opening.pop(None, None)
         if token in opening:
@@ -193,16 +226,23 @@ class PartTracker:
         return TokenEvent(token, tail, forced, kind, name)
 
 
-def stream_reply(model: GPT, tok: Tokenizer, prompt: Sequence[int], params: SamplingParams, *,
-                 cache: KVCache | None = None, cancel: threading.Event | None = None,
-                 stats: GenerationStats | None = None, logprobs: int = 0,
-                 on_logprobs: Callable[[tuple[float, list[tuple[int, float]]]], None] | None = None,
-                 ) -> Iterator[TokenEvent]:
+def stream_reply(
+    model: GPT,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    *,
+    cache: KVCache | None = None,
+    cancel: threading.Event | None = None,
+    stats: GenerationStats | None = None,
+    logprobs: int = 0,
+    on_logprobs: Callable[[tuple[float, list[tuple[int, float]]]], None] | None = None,
+) -> Iterator[TokenEvent]:
     """Stream one reply as :class:`TokenEvent`; ``stats`` is filled in as it goes."""
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt)
     stats.prefilled_tokens = len(prompt) - (cache.pos if cache is not None else 0)
-    tracker = PartTracker(tok)
+    tracker = PartTracker(tok, prompt)
     t0 = time.perf_counter()
     t_first = None
     stats.stopped = "max_tokens"

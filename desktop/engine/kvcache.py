@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, batch: int, capacity: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         import torch
 
         self.cfg = cfg
@@ -37,10 +38,13 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.embeds = (torch.zeros(batch, capacity, cfg.n_embd, device=device, dtype=dtype)
-                       if cfg.has_smear else None)
-        self.engram = {i: torch.zeros(batch, capacity, cfg.engram_dim, device=device, dtype=dtype)
-                       for i in cfg.engram_layers}
+        self.embeds = (
+            torch.zeros(batch, capacity, cfg.n_embd, device=device, dtype=dtype) if cfg.has_smear else None
+        )
+        self.engram = {
+            i: torch.zeros(batch, capacity, cfg.engram_dim, device=device, dtype=dtype)
+            for i in cfg.engram_layers
+        }
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         out = {"k": self.k, "v": self.v, "tokens": self.tokens}

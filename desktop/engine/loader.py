@@ -37,13 +37,20 @@ class LoadedModel:
     def info(self) -> dict:
         cfg = self.config
         return {
-            "path": str(self.directory), "step": self.step, "era": cfg.era,
+            "path": str(self.directory),
+            "step": self.step,
+            "era": cfg.era,
             "params": sum(p.numel() for p in self.model.parameters()),
-            "sequence_len": cfg.sequence_len, "vocab_size": cfg.vocab_size,
-            "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
-            "device": str(self.device), "device_name": describe_device(self.device),
-            "dtype": dtype_name(self.dtype), "attention": self.attention,
-            "meta_hash": self.meta_hash, "warnings": list(self.warnings),
+            "sequence_len": cfg.sequence_len,
+            "vocab_size": cfg.vocab_size,
+            "n_layer": cfg.n_layer,
+            "n_embd": cfg.n_embd,
+            "device": str(self.device),
+            "device_name": describe_device(self.device),
+            "dtype": dtype_name(self.dtype),
+            "attention": self.attention,
+            "meta_hash": self.meta_hash,
+            "warnings": list(self.warnings),
             "load_seconds": round(self.load_seconds, 3),
         }
 
@@ -66,7 +73,11 @@ def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> 
     """mid/SFT metas of Jan 2026 lost ``window_pattern``; the base meta of the same tag has it (spec §1.6)."""
     mc = meta.get("model_config")
     phase = directory.parent.name
-    if not isinstance(mc, dict) or "window_pattern" in mc or phase not in ("mid_checkpoints", "chatsft_checkpoints"):
+    if (
+        not isinstance(mc, dict)
+        or "window_pattern" in mc
+        or phase not in ("mid_checkpoints", "chatsft_checkpoints")
+    ):
         return
     base = directory.parent.parent / "base_checkpoints" / directory.name
     steps = ckpt.model_steps(base) if base.is_dir() else []
@@ -81,8 +92,14 @@ def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> 
         warnings.append(f"meta has no window_pattern; using {base_mc['window_pattern']!r} from {base}")
 
 
-def load_model(directory: Path, step: int | None = None, device: str = "auto", dtype: str = "auto",
-               softcap: float | None = None, progress: Progress | None = None) -> LoadedModel:
+def load_model(
+    directory: Path,
+    step: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    softcap: float | None = None,
+    progress: Progress | None = None,
+) -> LoadedModel:
     """Classify, verify and load a checkpoint. Every failure is a one-line :class:`CheckpointError`."""
     started = time.perf_counter()
     report = progress or (lambda _pct, _msg: None)
@@ -96,7 +113,9 @@ def load_model(directory: Path, step: int | None = None, device: str = "auto", d
     _borrow_window_pattern(directory, meta, warnings)
     report(10, f"mapping {model_path.name}")
     sd = ckpt.load_state_dict(model_path)
-    cfg = classify(meta, {k: tuple(t.shape) for k, t in sd.items()}, str(model_path), softcap_override=softcap)
+    cfg = classify(
+        meta, {k: tuple(t.shape) for k, t in sd.items()}, str(model_path), softcap_override=softcap
+    )
     warnings.extend(cfg.warnings)
     report(40, "checking values")
     ckpt.check_finite(sd, model_path)
@@ -110,7 +129,7 @@ def load_model(directory: Path, step: int | None = None, device: str = "auto", d
     # Cast to the compute dtype (a no-op, hence no copy, for fp32 weights on CPU).
     wanted = {k: t.to(device=dev, dtype=compute) for k, t in wanted.items()}
     model.load_state_dict(wanted, strict=True, assign=True)
-    model.init_rotary(dev, compute)
+    model.prepare(dev, compute)
     model.eval()
     attention = "sdpa"
     if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 9:  # pragma: no cover - Hopper only
@@ -122,6 +141,16 @@ def load_model(directory: Path, step: int | None = None, device: str = "auto", d
             attention = "flash-attn"
     report(100, "ready")
     meta_hash = hashlib.sha256(meta_path.read_bytes()).hexdigest()[:16]
-    return LoadedModel(model=model, config=replace(cfg, warnings=tuple(warnings)), directory=directory,
-                       step=step, meta=meta, meta_hash=meta_hash, device=dev, dtype=compute,
-                       attention=attention, load_seconds=time.perf_counter() - started, warnings=warnings)
+    return LoadedModel(
+        model=model,
+        config=replace(cfg, warnings=tuple(warnings)),
+        directory=directory,
+        step=step,
+        meta=meta,
+        meta_hash=meta_hash,
+        device=dev,
+        dtype=compute,
+        attention=attention,
+        load_seconds=time.perf_counter() - started,
+        warnings=warnings,
+    )

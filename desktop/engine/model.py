@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from .attention import flash_attn_kvcache_fn, sdpa_attention
 from .config import ModelConfig
 from .kvcache import KVCache
+from .parallel_linear import linear_rows, split_rows
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -29,7 +30,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([y1, y2], 3)
 
 
-def rotary_tables(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     hd = cfg.head_dim
     channel_range = torch.arange(0, hd, 2, dtype=torch.float32, device=device)
     inv_freq = 1.0 / (cfg.rope_base ** (channel_range / hd))
@@ -59,8 +62,15 @@ class Attention(nn.Module):
             self.ve_gate = nn.Linear(self.ve_channels, cfg.n_kv_head, bias=False)
         self.use_flash = False
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, window: int,
-                cache: KVCache | None, ve: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        window: int,
+        cache: KVCache | None,
+        ve: torch.Tensor | None,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
@@ -73,24 +83,29 @@ class Attention(nn.Module):
         if self.qk_scale != 1.0:
             q, k = q * self.qk_scale, k * self.qk_scale
         if cache is None:
-            y = sdpa_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window).transpose(1, 2)
+            y = sdpa_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window).transpose(
+                1, 2
+            )
         else:
             y = self._cached(q, k, v, window, cache)
         return self.c_proj(y.contiguous().view(B, T, -1))
 
-    def _cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
-                cache: KVCache) -> torch.Tensor:
+    def _cached(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, cache: KVCache
+    ) -> torch.Tensor:
         pos, T = cache.pos, q.size(1)
         k_cache, v_cache = cache.k[self.layer], cache.v[self.layer]
         if self.use_flash:  # pragma: no cover - CUDA + flash-attn only
             seqlens = torch.full((q.size(0),), pos, dtype=torch.int32, device=q.device)
-            return flash_attn_kvcache_fn()(q, k_cache, v_cache, k=k, v=v, cache_seqlens=seqlens,
-                                           causal=True, window_size=(window, 0))
-        k_cache[:, pos:pos + T] = k
-        v_cache[:, pos:pos + T] = v
+            return flash_attn_kvcache_fn()(
+                q, k_cache, v_cache, k=k, v=v, cache_seqlens=seqlens, causal=True, window_size=(window, 0)
+            )
+        k_cache[:, pos : pos + T] = k
+        v_cache[:, pos : pos + T] = v
         k_full, v_full = k_cache[:, : pos + T], v_cache[:, : pos + T]
-        return sdpa_attention(q.transpose(1, 2), k_full.transpose(1, 2), v_full.transpose(1, 2),
-                              window).transpose(1, 2)
+        return sdpa_attention(
+            q.transpose(1, 2), k_full.transpose(1, 2), v_full.transpose(1, 2), window
+        ).transpose(1, 2)
 
 
 class MLP(nn.Module):
@@ -115,7 +130,9 @@ class Engram(nn.Module):
         super().__init__()
         self.orders = cfg.engram_orders
         self.in_proj = nn.Linear(cfg.n_embd, cfg.engram_dim, bias=False)
-        self.order_mix = nn.ModuleList(nn.Linear(cfg.engram_dim, cfg.engram_dim, bias=False) for _ in self.orders)
+        self.order_mix = nn.ModuleList(
+            nn.Linear(cfg.engram_dim, cfg.engram_dim, bias=False) for _ in self.orders
+        )
         self.out_proj = nn.Linear(cfg.engram_dim, cfg.n_embd, bias=False)
 
     def forward(self, u: torch.Tensor, history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +141,7 @@ class Engram(nn.Module):
         T = z.size(1)
         mixed = []
         for n, mix in zip(self.orders, self.order_mix, strict=True):
-            prev = history[:, -(n - 1):] if history is not None and n > 1 else z[:, :0]
+            prev = history[:, -(n - 1) :] if history is not None and n > 1 else z[:, :0]
             pad = (n - 1) - prev.size(1)
             seq = torch.cat([prev, z], dim=1).transpose(1, 2)  # (B, Cb, P + T)
             if pad > 0:
@@ -173,8 +190,15 @@ class Block(nn.Module):
             self.mhc = BranchMixer(cfg)
         self.layer = layer
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, window: int,
-                cache: KVCache | None, ve: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        window: int,
+        cache: KVCache | None,
+        ve: torch.Tensor | None,
+    ) -> torch.Tensor:
         out = x + self.attn(norm(x), cos, sin, window, cache, ve)
         out = out + self.mlp(norm(out))
         has_engram = hasattr(self, "engram")
@@ -184,7 +208,7 @@ class Block(nn.Module):
                 hist = cache.engram[self.layer][:, : cache.pos]
             y, z = self.engram(norm(x), hist)
             if cache is not None:
-                cache.engram[self.layer][:, cache.pos: cache.pos + z.size(1)] = z
+                cache.engram[self.layer][:, cache.pos : cache.pos + z.size(1)] = z
             eng = out + y
         if not hasattr(self, "mhc"):
             return eng if has_engram else out
@@ -196,17 +220,21 @@ class GPT(nn.Module):
         super().__init__()
         self.config = cfg
         C, L = cfg.n_embd, cfg.n_layer
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(cfg.embed_rows, C),
-            "h": nn.ModuleList(Block(cfg, i) for i in range(L)),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(cfg.embed_rows, C),
+                "h": nn.ModuleList(Block(cfg, i) for i in range(L)),
+            }
+        )
         self.lm_head = nn.Linear(C, cfg.embed_rows, bias=False)
         if cfg.has_lambdas:
             self.resid_lambdas = nn.Parameter(torch.ones(L))
             self.x0_lambdas = nn.Parameter(torch.zeros(L))
         if cfg.ve_layers:
             kvd = cfg.n_kv_head * cfg.head_dim
-            self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.embed_rows, kvd) for i in cfg.ve_layers})
+            self.value_embeds = nn.ModuleDict(
+                {str(i): nn.Embedding(cfg.embed_rows, kvd) for i in cfg.ve_layers}
+            )
         if cfg.has_bigram:
             self.bigram_embed = nn.Module()
             self.bigram_embed.embed = nn.Embedding(5 * cfg.vocab_size, C)
@@ -216,30 +244,36 @@ class GPT(nn.Module):
             self.smear_lambda = nn.Parameter(torch.zeros(1))
             self.backout_lambda = nn.Parameter(torch.zeros(1))
         self.windows = cfg.window_sizes()
+        self._head_halves: tuple[torch.Tensor, torch.Tensor] | None = None
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
 
-    def init_rotary(self, device: torch.device, dtype: torch.dtype) -> None:
+    def prepare(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Finish a model whose weights were just attached: rotary tables and decode helpers."""
         self.cos, self.sin = rotary_tables(self.config, device, dtype)
+        self.requires_grad_(False)
+        self._head_halves = split_rows(self.lm_head.weight)
 
     @property
     def device(self) -> torch.device:
         return self.transformer.wte.weight.device
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False
+    ) -> torch.Tensor:
         """Logits (float32, softcapped, sliced to the real vocab) for ``idx`` (B, T).
 
         With a cache, ``idx`` continues the cached sequence and the cache advances by T.
         ``last_only`` computes the head for the final position only (generation needs no more).
         """
         cfg = self.config
-        B, T = idx.shape
+        T = idx.shape[1]
         pos = 0 if cache is None else cache.pos
         if pos + T > cfg.rope_len:
             raise ValueError(f"context of {pos + T} tokens exceeds the rotary table ({cfg.rope_len})")
         if cache is not None:
             cache.ensure_capacity(pos + T)
-        cos, sin = self.cos[:, pos:pos + T], self.sin[:, pos:pos + T]
+        cos, sin = self.cos[:, pos : pos + T], self.sin[:, pos : pos + T]
         x = norm(self.transformer.wte(idx).to(self.cos.dtype))
         if cfg.has_smear:
             x = self._smear(x, cache)
@@ -258,22 +292,26 @@ class GPT(nn.Module):
         if backout is not None:
             x = x - self.backout_lambda * backout
         if cache is not None:
-            cache.tokens[:, pos:pos + T] = idx
+            cache.tokens[:, pos : pos + T] = idx
             cache.pos = pos + T
         x = norm(x)
         if last_only:
             x = x[:, -1:]
-        logits = self.lm_head(x)[..., : cfg.vocab_size].float()
+        if self._head_halves is not None and x.shape[0] * x.shape[1] == 1:
+            logits = linear_rows(x, self._head_halves)  # same numbers, both cores
+        else:
+            logits = self.lm_head(x)
+        logits = logits[..., : cfg.vocab_size].float()
         return cfg.softcap * torch.tanh(logits / cfg.softcap)
 
     def _smear(self, e: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """E7: mix each position's embedding with the previous one's (pre-smear) embedding."""
         pos = 0 if cache is None else cache.pos
         if cache is not None and cache.embeds is not None:
-            cache.embeds[:, pos:pos + e.size(1)] = e
+            cache.embeds[:, pos : pos + e.size(1)] = e
         prev = e[:, :-1]
         if pos > 0 and cache is not None and cache.embeds is not None:
-            prev = torch.cat([cache.embeds[:, pos - 1:pos], prev], dim=1)
+            prev = torch.cat([cache.embeds[:, pos - 1 : pos], prev], dim=1)
             gated = self.smear_lambda * torch.sigmoid(self.smear_gate(e[..., :24])) * prev
             return e + gated
         if e.size(1) == 1:
@@ -286,7 +324,7 @@ class GPT(nn.Module):
         mod = 5 * self.config.vocab_size - 1
         pos = 0 if cache is None else cache.pos
         if pos > 0 and cache is not None:
-            prev = torch.cat([cache.tokens[:, pos - 1:pos], idx[:, :-1]], dim=1)
+            prev = torch.cat([cache.tokens[:, pos - 1 : pos], idx[:, :-1]], dim=1)
             h = torch.bitwise_xor(36313 * idx, 27191 * prev) % mod
         else:
             h = torch.empty_like(idx)

@@ -69,18 +69,20 @@ def _validate_state(path: Path, state: object) -> dict[str, Any]:
     if isinstance(state, str):
         # tiktoken pickles its registered encodings (cl100k_base...) by name; building one of those
         # could download files, and nanochat never writes them.
-        raise TokenizerError(f"{path}: pickle refers to the registered tiktoken encoding {state!r}, not a nanochat one")
+        raise TokenizerError(
+            f"{path}: pickle names the registered tiktoken encoding {state!r}, not a nanochat one"
+        )
     if not isinstance(state, dict):
         raise TokenizerError(f"{path}: tokenizer pickle state is a {type(state).__name__}, not a dict")
     if set(state) != _STATE_KEYS:
         keys = ", ".join(sorted(map(repr, state)))
-        raise TokenizerError(f"{path}: tokenizer pickle state has keys {keys}; expected {sorted(_STATE_KEYS)}")
+        raise TokenizerError(
+            f"{path}: tokenizer pickle state has keys {keys}, expected {sorted(_STATE_KEYS)}"
+        )
     if not isinstance(state["name"], str) or not isinstance(state["pat_str"], str):
         raise TokenizerError(f"{path}: tokenizer pickle has a non-text name or split pattern")
     ranks, specials = state["mergeable_ranks"], state["special_tokens"]
-    if not isinstance(ranks, dict) or not all(
-        type(k) is bytes and type(v) is int for k, v in ranks.items()
-    ):
+    if not isinstance(ranks, dict) or not all(type(k) is bytes and type(v) is int for k, v in ranks.items()):
         raise TokenizerError(f"{path}: mergeable_ranks must map bytes to int")
     if not isinstance(specials, dict) or not all(
         type(k) is str and type(v) is int for k, v in specials.items()

@@ -47,7 +47,7 @@ class SamplingParams:
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL-style penalty on every token already in ``history`` (B, N): divide positive logits, multiply negative."""
+    """CTRL-style penalty on tokens in ``history`` (B, N): divide positive logits, multiply negative ones."""
     picked = logits.gather(1, history)
     picked = torch.where(picked > 0, picked / penalty, picked * penalty)
     return logits.scatter(1, history, picked)
@@ -64,8 +64,9 @@ def _filter_probs(probs: torch.Tensor, top_p: float, min_p: float) -> torch.Tens
     return probs
 
 
-def sample_next(logits: torch.Tensor, rng: torch.Generator, params: SamplingParams,
-                history: torch.Tensor | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor, rng: torch.Generator, params: SamplingParams, history: torch.Tensor | None = None
+) -> torch.Tensor:
     """Sample one token per row from ``logits`` (B, V) float32. Returns (B, 1) int64."""
     if params.repetition_penalty != 1.0 and history is not None and history.numel():
         logits = apply_repetition_penalty(logits, history, params.repetition_penalty)

@@ -59,13 +59,19 @@ class ChatSession:
         self._cached_ids: list[int] = []
 
     @classmethod
-    def open(cls, directory: Path, options: SessionOptions | None = None,
-             progress: Progress | None = None) -> ChatSession:
+    def open(
+        cls, directory: Path, options: SessionOptions | None = None, progress: Progress | None = None
+    ) -> ChatSession:
         opts = options or SessionOptions()
         directory = Path(directory).expanduser()
         loaded = load_model(directory, opts.step, opts.device, opts.dtype, opts.softcap, progress)
-        tok = select_tokenizer(tokenizer_dirs(directory, opts.base_dir), loaded.config.vocab_size,
-                               loaded.config.is_fork, explicit=opts.tokenizer)
+        tok = select_tokenizer(
+            tokenizer_dirs(directory, opts.base_dir),
+            loaded.config.vocab_size,
+            loaded.config.is_fork,
+            explicit=opts.tokenizer,
+        )
+        tok.special_id("<TOOL_RESULT>")  # resolves (and warns about) the fork's id-19 fallback now
         loaded.warnings.extend(tok.warnings)
         return cls(loaded, tok)
 
@@ -97,8 +103,14 @@ class ChatSession:
             self._cache.truncate(common)
         return self._cache
 
-    def generate(self, prompt: Sequence[int], params: SamplingParams, cancel: threading.Event | None = None,
-                 stats: GenerationStats | None = None, reuse_cache: bool = True) -> Iterator[TokenEvent]:
+    def generate(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        cancel: threading.Event | None = None,
+        stats: GenerationStats | None = None,
+        reuse_cache: bool = True,
+    ) -> Iterator[TokenEvent]:
         """Stream a reply to ``prompt`` ids, reusing the cached prefix when ``reuse_cache``."""
         max_new = params.max_tokens or self.loaded.config.sequence_len
         if not reuse_cache:
@@ -106,7 +118,9 @@ class ChatSession:
         cache = self._prepare_cache(prompt, max_new)
         generated: list[int] = []
         try:
-            for ev in stream_reply(self.model, self.tok, prompt, params, cache=cache, cancel=cancel, stats=stats):
+            for ev in stream_reply(
+                self.model, self.tok, prompt, params, cache=cache, cancel=cancel, stats=stats
+            ):
                 if ev.id >= 0:
                     generated.append(ev.id)
                 yield ev

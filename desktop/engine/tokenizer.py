@@ -21,7 +21,7 @@ import tiktoken
 from .errors import TokenizerError
 from .safe_pickle import load_tiktoken_pickle
 
-# nanochat's SPECIAL_TOKENS, in order; their ids are the last nine of the vocabulary.
+# nanochat's SPECIAL_TOKENS, in order; their ids are the last nine of the vocabulary (spec §1.8).
 BOS = "<|bos|>"
 USER_START = "<|user_start|>"
 USER_END = "<|user_end|>"
@@ -31,9 +31,6 @@ PYTHON_START = "<|python_start|>"
 PYTHON_END = "<|python_end|>"
 OUTPUT_START = "<|output_start|>"
 OUTPUT_END = "<|output_end|>"
-NANOCHAT_SPECIAL_TOKENS = (
-    BOS, USER_START, USER_END, ASSISTANT_START, ASSISTANT_END, PYTHON_START, PYTHON_END, OUTPUT_START, OUTPUT_END,
-)
 # What chat rendering cannot do without (spec §5.4).
 CHAT_TOKENS = (USER_START, ASSISTANT_START, ASSISTANT_END)
 
@@ -122,8 +119,9 @@ def _files_in(directory: Path, is_fork: bool) -> list[Path]:
     return [directory / n for n in names if (directory / n).is_file()]
 
 
-def select_tokenizer(candidate_dirs: Sequence[Path], vocab_size: int, is_fork: bool,
-                     explicit: Path | None = None) -> Tokenizer:
+def select_tokenizer(
+    candidate_dirs: Sequence[Path], vocab_size: int, is_fork: bool, explicit: Path | None = None
+) -> Tokenizer:
     """Pick the checkpoint's tokenizer as spec §5.3 says.
 
     An explicit file is used as is (its vocab must still match). Otherwise directories are
@@ -149,11 +147,12 @@ def select_tokenizer(candidate_dirs: Sequence[Path], vocab_size: int, is_fork: b
             if tok.vocab_size != vocab_size:
                 mismatched.append(tok)
                 continue
-            for other in files[1:] if file == files[0] else ():
-                tok.warnings.append(
-                    f"{directory}: also has {other.name}; using {file.name} because the checkpoint "
-                    f"{'is' if is_fork else 'is not'} a fork (pick the tokenizer explicitly to override)"
-                )
+            if file == files[0]:
+                for other in files[1:]:
+                    tok.warnings.append(
+                        f"{directory}: also has {other.name}; using {file.name} because the checkpoint "
+                        f"{'is' if is_fork else 'is not'} a fork (pick the tokenizer explicitly to override)"
+                    )
             return tok
     if mismatched:
         _check_vocab(mismatched[0], vocab_size, also=[t.path for t in mismatched[1:]])
@@ -164,7 +163,8 @@ def select_tokenizer(candidate_dirs: Sequence[Path], vocab_size: int, is_fork: b
 def _check_vocab(tok: Tokenizer, vocab_size: int, also: Sequence[Path] = ()) -> None:
     if tok.vocab_size == vocab_size:
         return
-    more = f" (nor do {', '.join(map(str, also))})" if also else ""
+    more = f" (also checked: {', '.join(map(str, also))})" if also else ""
     raise TokenizerError(
-        f"{tok.path}: tokenizer vocab {tok.vocab_size} does not match the model's vocab_size {vocab_size}{more}"
+        f"{tok.path}: tokenizer vocab {tok.vocab_size} does not match the model's vocab_size {vocab_size}"
+        + more
     )

@@ -1,0 +1,59 @@
+"""Write random-weight nanochat checkpoints (current E7 architecture) for benchmarks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from desktop.engine.classify import expected_shapes
+from desktop.engine.config import ModelConfig, e7_short_window, has_value_embedding
+
+
+def e7_config(depth: int, vocab: int = 32768, seq: int = 2048) -> ModelConfig:
+    """nanochat's sizing since 2026-01-18: C = 64*depth rounded up to 128, H = C/128."""
+    C = -(-64 * depth // 128) * 128
+    H = C // 128
+    return ModelConfig(
+        sequence_len=seq,
+        vocab_size=vocab,
+        n_layer=depth,
+        n_head=H,
+        n_kv_head=H,
+        n_embd=C,
+        embed_rows=vocab,
+        era="E7",
+        window_pattern="SSSL",
+        short_window=e7_short_window(seq),
+        rope_base=100000.0,
+        rope_bf16=False,
+        qk_scale=1.2,
+        has_lambdas=True,
+        ve_layers=tuple(i for i in range(depth) if has_value_embedding(i, depth)),
+        ve_gate_channels=12,
+        ve_gate_scale=3.0,
+        has_smear=True,
+    )
+
+
+def write_e7(base: Path, depth: int, step: int = 1000, seed: int = 0) -> Path:
+    cfg = e7_config(depth)
+    out = base / "base_checkpoints" / f"d{depth}"
+    if (out / f"model_{step:06d}.pt").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for key, shape in expected_shapes(cfg).items():
+        fan_in = shape[-1] if len(shape) > 1 else 1
+        sd[key] = torch.randn(shape, generator=g) * (1.0 / fan_in**0.5 if len(shape) > 1 else 0.1)
+    sd["resid_lambdas"] = torch.ones(depth)
+    sd["x0_lambdas"] = torch.full((depth,), 0.1)
+    torch.save(sd, out / f"model_{step:06d}.pt")
+    mc = {
+        k: getattr(cfg, k) for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+    }
+    mc["window_pattern"] = cfg.window_pattern
+    (out / f"meta_{step:06d}.json").write_text(json.dumps({"step": step, "model_config": mc}))
+    return out
