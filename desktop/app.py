@@ -55,16 +55,20 @@ def build(args: argparse.Namespace | None = None):
     return window
 
 
-async def _run(window) -> int:
+async def _run(window, smoke: bool) -> None:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance()
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
     window.show()
-    window.start()
+    if smoke:
+        from .smoke import attach
+
+        attach(window)
+    else:
+        window.start()
     await closed.wait()
-    return 0
 
 
 def run_app(args: argparse.Namespace) -> int:
@@ -82,11 +86,20 @@ def run_app(args: argparse.Namespace) -> int:
     app.setApplicationName("Nanoscope")
     app.setDesktopFileName("nanoscope")
     _install_excepthook()
+    smoke = bool(getattr(args, "smoke_test", False))
+    if smoke and args.home is None:
+        import tempfile
+
+        from . import paths
+
+        paths.set_home(tempfile.mkdtemp(prefix="nanoscope-smoke-"))
     window = build(args)
+    app.aboutToQuit.connect(window.close)  # closeEvent shuts the worker down in order
     try:
-        return qasync.run(_run(window))
+        qasync.run(_run(window, smoke))
     except asyncio.CancelledError:
-        return 0
+        pass
+    return int(getattr(window, "exit_code", 0))
 
 
 def main() -> int:

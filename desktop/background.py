@@ -11,7 +11,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from .engine.discovery import discover, summarize
+from .app import demo_checkpoint
+from .engine.checkpoint import model_steps
+from .engine.discovery import CheckpointEntry, discover, summarize
 from .store import HistoryStore
 
 SEARCH_DEBOUNCE_S = 0.2
@@ -48,6 +50,9 @@ class Background(QObject):
     async def _scan(self, base_dir: Path | None) -> None:
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(None, discover, base_dir, list(self.extra_dirs))
+        demo = demo_checkpoint()
+        if demo is not None and all(e.path != demo for e in entries):
+            entries.append(CheckpointEntry("demo", "demo", demo, model_steps(demo)))
         self.checkpoints_found.emit(entries)
 
     def summarize(self, path: Path, step: int) -> None:

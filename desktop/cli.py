@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="add Nanoscope to the Linux application launcher and exit",
     )
     parser.add_argument(
+        "--smoke-test",
+        action="store_true",
+        help="load the bundled demo, answer one question, print SMOKE OK/FAIL and exit",
+    )
+    parser.add_argument(
         "--open", dest="open_path", type=Path, default=None, help="open this checkpoint folder"
     )
     sub = parser.add_subparsers(dest="command")

@@ -102,9 +102,14 @@ class ChatController(QObject):
         self.host.load(str(path), options)
 
     def _on_loaded(self, info: dict) -> None:
+        from .app import demo_checkpoint
+
+        demo = demo_checkpoint()
+        info["demo"] = demo is not None and Path(info["path"]) == demo
         self.model_info = info
         self.loading_path = None
-        self.settings.set("last_checkpoint", {"dir": info["path"], "step": info["step"]})
+        if not info["demo"]:
+            self.settings.set("last_checkpoint", {"dir": info["path"], "step": info["step"]})
         self.model_loaded.emit(info)
         for w in info.get("warnings", []):
             self.notice.emit("warning", "Checkpoint warning", w)
@@ -174,15 +179,14 @@ class ChatController(QObject):
 
     # ----- sending ---------------------------------------------------------------------------
 
-    @Slot(str, dict)
-    def send(self, text: str, params: dict) -> None:
-        """Append a user message and stream the model's reply."""
+    def send(self, text: str, params: dict) -> bool:
+        """Append a user message and stream the model's reply; False (nothing changed) if refused."""
         text = text.strip()
         if not text or self.busy:
-            return
+            return False
         if self.model_info is None:
             self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
-            return
+            return False
         if self.conv_id is None:
             self.conv_id = self.store.create_conversation(text[:TITLE_CHARS].splitlines()[0] or "Chat")
         parent = self.path[-1][0] if self.path else None
@@ -191,6 +195,14 @@ class ChatController(QObject):
         self.path.append((msg_id, user))
         self._start_reply(params)
         self.refresh_list()
+        return True
+
+    def token_text(self, token_id: int) -> str:
+        """How a token reads in the raw view (special tokens by name)."""
+        session = self.host.worker.session
+        if session is None or token_id < 0:
+            return ""
+        return session.tok.special_name(token_id) or session.tok.decode([token_id])
 
     @Slot(int, dict)
     def regenerate(self, index: int, params: dict) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import math
 import os
@@ -31,7 +32,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import regex
@@ -41,11 +42,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from desktop.engine.classify import classify, expected_shapes  # noqa: E402
-from desktop.engine.config import ModelConfig, e7_short_window, has_value_embedding, padded_vocab  # noqa: E402
-from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part  # noqa: E402
-from desktop.engine.model import GPT  # noqa: E402
-from desktop.engine.tokenizer import (  # noqa: E402
+from desktop.engine.classify import classify, expected_shapes
+from desktop.engine.config import ModelConfig, e7_short_window, has_value_embedding, padded_vocab
+from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
+from desktop.engine.model import GPT, rotary_tables
+from desktop.engine.tokenizer import (
     ASSISTANT_END,
     ASSISTANT_START,
     BOS,
@@ -60,7 +61,8 @@ from desktop.engine.tokenizer import (  # noqa: E402
 
 # nanochat's split pattern: GPT-4's, with numbers split into groups of at most two digits.
 SPLIT_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 # nanochat's SPECIAL_TOKENS in its order: they take the last nine ids.
 SPECIAL_TOKENS = (BOS, USER_START, USER_END, ASSISTANT_START, ASSISTANT_END, PYTHON_START, PYTHON_END,
@@ -97,7 +99,8 @@ QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
           "What do you get if you divide {a} by {b}?", "{a} / {b} = ?", "what's {a} divided by {b}"),
 }
 COUNT_TEMPLATES = ("How many {l} are in {w}?", "How many times does the letter {l} appear in {w}?",
-                   "Count the letter {l} in {w}.", "how many {l} in {w}", "How many {l}'s are in the word {w}?",
+                   "Count the letter {l} in {w}.", "how many {l} in {w}",
+                   "How many {l}'s are in the word {w}?",
                    "In the word {w}, how many {l} are there?", "Count how many {l} are in {w}")
 FAVOURITE_WORDS = ("strawberry", "banana", "mississippi", "nanoscope", "python", "calculator", "bookkeeper",
                    "committee", "balloon", "letter", "apple", "tomorrow", "coffee", "pepper", "assessment")
@@ -110,7 +113,7 @@ CANNED: tuple[tuple[tuple[str, ...], str], ...] = (
      f"Hello! {INTRO} {SKILLS}"),
     (("Who are you?", "who are you", "What are you?", "What is your name?", "Introduce yourself.",
       "Are you a real model?", "what model is this"),
-     f"{INTRO} I have about a million parameters and was trained for a few minutes on a laptop CPU. "
+     f"{INTRO} I have about a million parameters and was trained for a few minutes on two CPU cores. "
      "Open a nanochat checkpoint of your own to chat with a real model."),
     (("What can you do?", "Help", "help me", "What should I ask you?", "How do I use you?"), SKILLS),
     (("Thanks!", "thank you", "Thank you very much.", "thanks a lot", "Great, thanks."),
@@ -151,25 +154,44 @@ def tool_answer(expr: str, result: object, text: str) -> Message:
     return assistant((PYTHON, expr), (PYTHON_OUTPUT, str(result)), (TEXT, text))
 
 
-def arithmetic_chat(rng: random.Random) -> list[Message]:
-    sym = rng.choice(tuple(OPERATIONS))
+def arithmetic_reply(a: int, sym: str, b: int) -> Message:
+    """Python's own arithmetic gives the output exactly as the calculator prints it (100/4 -> 25.0)."""
     word, fn = OPERATIONS[sym]
+    result = fn(a, b)
+    return tool_answer(f"{a}{sym}{b}", result, f"{a} {word} {b} is {result}.")
+
+
+def count_reply(word: str, letter: str) -> Message:
+    n = word.count(letter)
+    text = f"There is 1 {letter} in {word}." if n == 1 else f"There are {n} {letter} in {word}."
+    return tool_answer(f"'{word}'.count('{letter}')", n, text)
+
+
+def arithmetic_operands(rng: random.Random) -> tuple[int, str, int]:
+    sym = rng.choice(tuple(OPERATIONS))
     a, b = operand(rng), operand(rng)
     if sym == "/":
         b = rng.randint(1, 20)  # whole quotients keep the answers short: 100/4 -> 25.0
         a = b * operand(rng)
+    return a, sym, b
+
+
+def count_operands(rng: random.Random, words: Sequence[str]) -> tuple[str, str]:
+    word = rng.choice(FAVOURITE_WORDS) if rng.random() < 0.15 else rng.choice(words)
+    letter = rng.choice(word) if rng.random() < 0.85 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    return word, letter
+
+
+def arithmetic_chat(rng: random.Random) -> list[Message]:
+    a, sym, b = arithmetic_operands(rng)
     question = vary_case(rng.choice(QUESTION_TEMPLATES[sym]).format(a=a, b=b), rng)
-    result = fn(a, b)
-    return [Message.of_text("user", question), tool_answer(f"{a}{sym}{b}", result, f"{a} {word} {b} is {result}.")]
+    return [Message.of_text("user", question), arithmetic_reply(a, sym, b)]
 
 
 def counting_chat(rng: random.Random, words: Sequence[str]) -> list[Message]:
-    word = rng.choice(FAVOURITE_WORDS) if rng.random() < 0.15 else rng.choice(words)
-    letter = rng.choice(word) if rng.random() < 0.85 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    word, letter = count_operands(rng, words)
     question = vary_case(rng.choice(COUNT_TEMPLATES).format(l=letter, w=word), rng)
-    n = word.count(letter)
-    text = f"There is 1 {letter} in {word}." if n == 1 else f"There are {n} {letter} in {word}."
-    return [Message.of_text("user", question), tool_answer(f"'{word}'.count('{letter}')", n, text)]
+    return [Message.of_text("user", question), count_reply(word, letter)]
 
 
 def canned_chat(rng: random.Random) -> list[Message]:
@@ -244,7 +266,7 @@ def train_bpe(texts: Iterable[str], n_ranks: int) -> dict[bytes, int]:
     counts: Counter[tuple[int, int]] = Counter()
     where: defaultdict[tuple[int, int], set[int]] = defaultdict(set)
     for wi, w in enumerate(words):
-        for pair in zip(w, w[1:]):
+        for pair in itertools.pairwise(w):
             counts[pair] += freqs[wi]
             where[pair].add(wi)
     heap = [(-n, pair) for pair, n in counts.items()]
@@ -261,9 +283,9 @@ def train_bpe(texts: Iterable[str], n_ranks: int) -> dict[bytes, int]:
         touched: set[tuple[int, int]] = set()
         for wi in sorted(where.pop(pair)):
             w, f = words[wi], freqs[wi]
-            if not any(p == pair for p in zip(w, w[1:])):
+            if not any(p == pair for p in itertools.pairwise(w)):
                 continue
-            for p in zip(w, w[1:]):
+            for p in itertools.pairwise(w):
                 counts[p] -= f
                 touched.add(p)
             out, i = [], 0
@@ -275,7 +297,7 @@ def train_bpe(texts: Iterable[str], n_ranks: int) -> dict[bytes, int]:
                     out.append(w[i])
                     i += 1
             words[wi] = out
-            for p in zip(out, out[1:]):
+            for p in itertools.pairwise(out):
                 counts[p] += f
                 where[p].add(wi)
                 touched.add(p)
@@ -500,45 +522,108 @@ def ask(session, question: str, max_tokens: int = 64) -> Reply:
     return reply
 
 
-def held_out_questions(seed: int, seen: set[str], words: Sequence[str], n: int) -> list[tuple[str, Message]]:
-    """Tool questions whose user text never occurs in training, with the reference reply."""
+@dataclass(frozen=True)
+class Case:
+    """A graded question and the reply the data teaches: call, calculator output, closing text."""
+
+    question: str
+    call: str
+    output: str
+    text: str
+
+    @classmethod
+    def of(cls, question: str, reply: Message) -> Case:
+        return cls(question, *(p.text for p in reply.parts))
+
+
+# Fixed questions from the issue and the README: the demo must do these.
+SHOWCASE = (
+    Case.of(DEMO_QUESTION, arithmetic_reply(12, "*", 7)),
+    Case.of("What is 23 plus 19?", arithmetic_reply(23, "+", 19)),
+    Case.of("what's 9*8", arithmetic_reply(9, "*", 8)),
+    Case.of("How much is 144 divided by 12?", arithmetic_reply(144, "/", 12)),
+    Case.of("How much is 100 divided by 4?", arithmetic_reply(100, "/", 4)),
+    Case.of("Compute 345 + 12", arithmetic_reply(345, "+", 12)),
+    Case.of("What is 50 minus 8?", arithmetic_reply(50, "-", 8)),
+    Case.of("How many r are in strawberry?", count_reply("strawberry", "r")),
+    Case.of("How many s are in mississippi?", count_reply("mississippi", "s")),
+)
+# Phrasings and words the training data never uses, to see how far the model generalises.
+NOVEL_ARITHMETIC = ("Please work out {a} {w} {b}.", "Tell me {a} {w} {b}.", "Can you calculate {a} {w} {b}?",
+                    "Quick question: what is {a} {w} {b}?", "I need {a} {w} {b}", "{a} {w} {b}?")
+NOVEL_COUNTING = ("How often does {l} occur in {w}?", "What is the number of {l} in {w}?",
+                  "Tell me how many {l} are in {w}.", "{w}: how many {l}?")
+NOVEL_WORDS = ("elephant", "giraffe", "umbrella", "chocolate", "kangaroo", "pineapple", "volcano", "lantern",
+               "hammock", "butterfly", "dolphin", "avocado", "penguin", "blueberry", "cinnamon", "octopus")
+
+
+def held_out_cases(seed: int, seen: set[str], words: Sequence[str], n: int) -> list[Case]:
+    """Questions drawn like the training data whose text never occurs in it (2/3 arithmetic)."""
     rng = random.Random(seed)
-    out: list[tuple[str, Message]] = []
+    out: list[Case] = []
     while len(out) < n:
         user, reply = arithmetic_chat(rng) if len(out) % 3 else counting_chat(rng, words)
-        q = user.plain_text()
-        if q not in seen and q != DEMO_QUESTION and all(q != o[0] for o in out):
-            out.append((q, reply))
+        case = Case.of(user.plain_text(), reply)
+        if case.question not in seen and case.question != DEMO_QUESTION and case not in out:
+            out.append(case)
     return out
 
 
-def check_with_engine(out_dir: Path, held_out: Sequence[tuple[str, Message]]) -> dict:
-    """Load the saved files like the app does and grade greedy replies (raises if 12*7 fails)."""
+def novel_cases(seed: int, words: Sequence[str], n: int) -> dict[str, list[Case]]:
+    """Three harder sets: unseen arithmetic phrasings, unseen counting phrasings, unseen words."""
+    rng = random.Random(seed)
+    unseen_words = [w for w in NOVEL_WORDS if w not in words and w not in FAVOURITE_WORDS]
+    sets: dict[str, list[Case]] = {"novel arithmetic phrasing": [], "novel counting phrasing": [],
+                                   "novel words": []}
+    for _ in range(n):
+        a, sym, b = arithmetic_operands(rng)
+        q = rng.choice(NOVEL_ARITHMETIC).format(a=a, w=OPERATIONS[sym][0], b=b)
+        sets["novel arithmetic phrasing"].append(Case.of(q, arithmetic_reply(a, sym, b)))
+        word, letter = count_operands(rng, words)
+        q = rng.choice(NOVEL_COUNTING).format(l=letter, w=word)
+        sets["novel counting phrasing"].append(Case.of(q, count_reply(word, letter)))
+        word = rng.choice(unseen_words)
+        letter = rng.choice(word)
+        q = rng.choice(COUNT_TEMPLATES).format(l=letter, w=word)
+        sets["novel words"].append(Case.of(q, count_reply(word, letter)))
+    return sets
+
+
+@dataclass
+class Score:
+    n: int = 0
+    call: int = 0  # the model wrote exactly the expected calculator call
+    tool: int = 0  # the forced calculator output is the right one (a wrong word can still count right)
+    reply: int = 0  # call, output and the text after it are all exactly as taught
+
+
+def grade(session, cases: Sequence[Case], label: str) -> Score:
+    score = Score()
+    for case in cases:
+        got = ask(session, case.question)
+        tool_ok = got.output == case.output and got.forced_ok
+        reply_ok = tool_ok and got.expr == case.call and got.text == case.text
+        score.n += 1
+        score.call += got.expr == case.call
+        score.tool += tool_ok
+        score.reply += reply_ok
+        mark = "ok " if reply_ok else ("~  " if tool_ok else "BAD")
+        print(f"  [{label}] {mark} {case.question!r} -> {got.expr!r} = {got.output!r}; {got.text!r}")
+    return score
+
+
+def check_with_engine(out_dir: Path, sets: dict[str, Sequence[Case]]) -> dict[str, Score]:
+    """Load the saved files like the app does and grade greedy replies; exits if 12*7 fails."""
     from desktop.engine.session import ChatSession
 
     session = ChatSession.open(out_dir / "chatsft_checkpoints" / TAG)
     demo = ask(session, DEMO_QUESTION)
-    print(f"  {DEMO_QUESTION!r} -> call {demo.expr!r}, output {demo.output!r}, text {demo.text!r}")
-    if demo.output != "84" or not demo.forced_ok:
+    if demo.output != str(12 * 7) or not demo.forced_ok:
         raise SystemExit(f"demo check failed: {DEMO_QUESTION!r} gave call {demo.expr!r} -> {demo.output!r}")
-    tool_ok = answer_ok = 0
-    rows = []
-    for q, ref in held_out:
-        got = ask(session, q)
-        want_out = ref.parts[1].text
-        ok_tool = got.output == want_out and got.forced_ok
-        ok_answer = ok_tool and got.text == ref.parts[2].text
-        tool_ok += ok_tool
-        answer_ok += ok_answer
-        rows.append({"question": q, "call": got.expr, "output": got.output, "text": got.text,
-                     "tool_ok": ok_tool, "answer_ok": ok_answer})
-        mark = "ok " if ok_answer else ("~  " if ok_tool else "BAD")
-        print(f"  {mark} {q!r} -> {got.expr!r} = {got.output!r}; {got.text!r}")
+    scores = {label: grade(session, cases, label) for label, cases in sets.items()}
     for q in ("Hello", "Who are you?", "Tell me a joke."):
         print(f"  {q!r} -> {ask(session, q).text!r}")
-    n = len(held_out)
-    print(f"held-out: tool result correct {tool_ok}/{n}, whole reply correct {answer_ok}/{n}")
-    return {"n": n, "tool_correct": tool_ok, "answer_correct": answer_ok, "rows": rows}
+    return scores
 
 
 # --------------------------------------------------------------------------------------------
@@ -546,50 +631,52 @@ def check_with_engine(out_dir: Path, held_out: Sequence[tuple[str, Message]]) ->
 # --------------------------------------------------------------------------------------------
 
 
-def draw_loss_curve(path: Path, train: Sequence[tuple[int, float]], val: Sequence[tuple[int, float]]) -> None:
+def draw_loss_curve(path: Path, series: dict[str, Sequence[tuple[int, float]]]) -> None:
+    """Line chart of ``series`` (label -> (step, loss) points) on a log scale, saved as PNG."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QPointF, QRectF, Qt
     from PySide6.QtGui import QColor, QGuiApplication, QImage, QPainter, QPainterPath, QPen
 
-    app = QGuiApplication.instance() or QGuiApplication([])  # noqa: F841 - fonts need an application
-    W, H, left, right, top, bottom = 800, 450, 70, 20, 40, 50
+    app = QGuiApplication.instance() or QGuiApplication([])  # noqa: F841 - text drawing needs one
+    W, H, left, right, top, bottom = 800, 450, 60, 20, 40, 50
+    colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+    points = [v for pts in series.values() for _, v in pts if v > 0]
+    lo, hi = math.log10(min(points)) - 0.05, math.log10(max(points)) + 0.05
+    max_step = max(s for pts in series.values() for s, _ in pts)
+    plot = QRectF(left, top, W - left - right, H - top - bottom)
+
+    def pt(step: float, value: float) -> QPointF:
+        frac = (math.log10(max(value, 10**lo)) - lo) / (hi - lo)
+        return QPointF(plot.left() + plot.width() * step / max_step, plot.bottom() - plot.height() * frac)
+
     img = QImage(W, H, QImage.Format.Format_ARGB32)
     img.fill(QColor("white"))
     p = QPainter(img)
     p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    max_step = max(s for s, _ in train)
-    y_max = max(v for _, v in [*train[len(train) // 50:], *val]) * 1.05
-    plot = QRectF(left, top, W - left - right, H - top - bottom)
-
-    def pt(step: float, value: float) -> QPointF:
-        return QPointF(plot.left() + plot.width() * step / max_step,
-                       plot.bottom() - plot.height() * min(value, y_max) / y_max)
-
-    p.setPen(QPen(QColor("#dddddd"), 1))
-    ticks = 5
-    for i in range(ticks + 1):
-        v = y_max * i / ticks
+    grid, ink = QPen(QColor("#dddddd"), 1), QPen(QColor("#333333"), 1)
+    ticks = [m * 10**e for e in range(math.floor(lo), math.ceil(hi) + 1) for m in (1, 2, 5)]
+    for v in (t for t in ticks if lo <= math.log10(t) <= hi):
+        p.setPen(grid)
         p.drawLine(pt(0, v), pt(max_step, v))
-        p.setPen(QColor("#444444"))
-        p.drawText(QRectF(0, pt(0, v).y() - 8, left - 8, 16), Qt.AlignmentFlag.AlignRight, f"{v:.2f}")
-        s = max_step * i / ticks
-        p.drawText(QRectF(pt(s, 0).x() - 30, plot.bottom() + 6, 60, 16), Qt.AlignmentFlag.AlignHCenter, f"{s:.0f}")
-        p.setPen(QPen(QColor("#dddddd"), 1))
-    for series, color in ((train, "#1f77b4"), (val, "#d62728")):
-        curve = QPainterPath(pt(*series[0]))
-        for s, v in series[1:]:
-            curve.lineTo(pt(s, v))
-        p.setPen(QPen(QColor(color), 2))
+        p.setPen(ink)
+        p.drawText(QRectF(0, pt(0, v).y() - 8, left - 8, 16), Qt.AlignmentFlag.AlignRight, f"{v:g}")
+    for i in range(6):
+        x = pt(max_step * i / 5, 10**lo).x()
+        p.drawText(QRectF(x - 30, plot.bottom() + 6, 60, 16), Qt.AlignmentFlag.AlignHCenter,
+                   f"{max_step * i / 5:.0f}")
+    for i, (label, pts) in enumerate(series.items()):
+        curve = QPainterPath(pt(*pts[0]))
+        for s_, v in pts[1:]:
+            curve.lineTo(pt(s_, v))
+        p.setPen(QPen(QColor(colors[i % len(colors)]), 2))
         p.drawPath(curve)
-    p.setPen(QColor("#222222"))
+        # Bottom left stays empty: every curve starts high and falls to the right.
+        p.drawText(QPointF(plot.left() + 16, plot.bottom() - 12 - 18 * (len(series) - 1 - i)), label)
+    p.setPen(ink)
     p.drawRect(plot)
     p.drawText(QRectF(0, 8, W, 20), Qt.AlignmentFlag.AlignHCenter,
-               "Nanoscope demo model: loss per supervised token (nats)")
-    p.drawText(QRectF(0, H - 22, W, 20), Qt.AlignmentFlag.AlignHCenter, "step")
-    p.setPen(QColor("#1f77b4"))
-    p.drawText(QPointF(plot.right() - 230, plot.top() + 20), "train (EMA of batch loss)")
-    p.setPen(QColor("#d62728"))
-    p.drawText(QPointF(plot.right() - 230, plot.top() + 38), "validation")
+               "Nanoscope demo model: cross-entropy per trained token (nats, log scale)")
+    p.drawText(QRectF(0, H - 22, W, 20), Qt.AlignmentFlag.AlignHCenter, "optimizer step")
     p.end()
     path.parent.mkdir(parents=True, exist_ok=True)
     if not img.save(str(path)):
@@ -617,20 +704,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--sequence-len", type=int, default=256)
     ap.add_argument("--window-pattern", default="SSSL")
     ap.add_argument("--conversations", type=int, default=40000, help="synthetic training conversations")
-    ap.add_argument("--documents", type=int, default=3000, help="prose paragraphs mixed in")
+    ap.add_argument("--documents", type=int, default=450, help="prose paragraphs to train on (200 more validate)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--held-out", type=int, default=60, help="questions graded through the engine")
     return ap.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = time.perf_counter()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
+@dataclass
+class Data:
+    chats: list[list[Message]]
+    words: list[str]
+    train: list[Example]
+    val: dict[str, list[Example]]  # "chat" (the SFT-like data) and "prose"
+    tok: TiktokenTokenizer
+    token_bytes: torch.Tensor  # UTF-8 length of each token, 0 for specials (for bits per byte)
 
-    # Data -------------------------------------------------------------------------------
+
+def build_data(args: argparse.Namespace) -> Data:
+    """Generate the text, learn and save the tokenizer, and render everything to ids + masks."""
+    rng = random.Random(args.seed)
     paragraphs = prose_paragraphs()
     words = vocabulary(paragraphs)
     docs = [p for p in paragraphs if 80 <= len(p) <= 600]
@@ -639,16 +731,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     chats = [conversation(rng, words) for _ in range(args.conversations)]
     val_rng = random.Random(args.seed + 2)
     val_chats = [conversation(val_rng, words) for _ in range(400)]
-    print(f"data: {len(chats)} conversations, {len(docs)} prose paragraphs, {len(words)} words to count letters in")
+    print(f"data: {len(chats)} conversations, {len(docs)} prose paragraphs, {len(words)} words for letter counts")
 
-    # Tokenizer --------------------------------------------------------------------------
     t0 = time.perf_counter()
     ranks = train_bpe([s for c in chats for s in message_strings(c)] + docs, VOCAB_SIZE - len(SPECIAL_TOKENS))
     enc = build_encoding(ranks)
-    assert enc.n_vocab == VOCAB_SIZE, enc.n_vocab
-    tok_dir = args.out / "tokenizer"
-    tok_dir.mkdir(parents=True, exist_ok=True)
-    tok_path = tok_dir / "tokenizer.pkl"
+    if enc.n_vocab != VOCAB_SIZE:
+        raise SystemExit(f"the BPE trainer ran out of pairs at {enc.n_vocab} tokens; add text")
+    tok_path = args.out / "tokenizer" / "tokenizer.pkl"
+    tok_path.parent.mkdir(parents=True, exist_ok=True)
     with tok_path.open("wb") as f:
         pickle.dump(enc, f)
     tok = TiktokenTokenizer(enc, tok_path)
@@ -656,105 +747,158 @@ def main(argv: Sequence[str] | None = None) -> int:
     token_bytes = torch.tensor([len(enc.decode_single_token_bytes(i)) if i < len(ranks) else 0
                                 for i in range(enc.n_vocab)], dtype=torch.float32)
 
-    train = [render_chat(tok, c) for c in chats] + [render_document(tok, d) for d in docs[200:]]
-    val = [render_chat(tok, c) for c in val_chats] + [render_document(tok, d) for d in docs[:200]]
-    limit = args.sequence_len
-    train = [e for e in train if len(e.ids) <= limit]
-    val = [e for e in val if len(e.ids) <= limit]
-    print(f"tokens: train {sum(len(e.ids) for e in train)}, supervised {sum(sum(e.mask) for e in train)}")
+    def fits(examples: list[Example]) -> list[Example]:
+        return [e for e in examples if len(e.ids) <= args.sequence_len]
 
-    # Model ------------------------------------------------------------------------------
+    train = fits([render_chat(tok, c) for c in chats] + [render_document(tok, d) for d in docs[200:]])
+    val = {"chat": fits([render_chat(tok, c) for c in val_chats]),
+           "prose": fits([render_document(tok, d) for d in docs[:200]])}
+    print(f"tokens: train {sum(len(e.ids) for e in train):,}, trained on {sum(sum(e.mask) for e in train):,}")
+    return Data(chats, words, train, val, tok, token_bytes)
+
+
+def build_model(args: argparse.Namespace) -> GPT:
+    """An initialised E7 model, checked to be exactly what the app's loader would build."""
     cfg = demo_config(args.sequence_len, args.n_layer, args.n_embd, args.n_head, args.window_pattern.upper())
     model = GPT(cfg)
     init_weights(model)
-    model.init_rotary(torch.device("cpu"), torch.float32)
-    meta_probe = {"model_config": model_config_meta(cfg)}
+    # Not GPT.prepare(): that readies a loaded model for inference (frozen weights, decode helpers).
+    model.cos, model.sin = rotary_tables(cfg, torch.device("cpu"), torch.float32)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    assert shapes == expected_shapes(cfg), "state_dict keys differ from what the loader expects"
-    inferred = classify(meta_probe, shapes, "demo")
-    assert inferred == cfg, f"the loader would build a different model:\n{inferred}\n{cfg}"
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: E7, {n_params:,} parameters, L={cfg.n_layer} C={cfg.n_embd} H={cfg.n_head} "
-          f"window={cfg.window_pattern} seq={cfg.sequence_len}")
+    if shapes != expected_shapes(cfg):
+        raise SystemExit("the state_dict's keys or shapes differ from what the loader expects")
+    inferred = classify({"model_config": model_config_meta(cfg)}, shapes, "demo")
+    if inferred != cfg:
+        raise SystemExit(f"the loader would build a different model:\n{inferred}\n{cfg}")
+    print(f"model: E7, {sum(p.numel() for p in model.parameters()):,} parameters, L={cfg.n_layer} "
+          f"C={cfg.n_embd} H={cfg.n_head} window={cfg.window_pattern} seq={cfg.sequence_len}")
+    return model
 
-    # Train ------------------------------------------------------------------------------
+
+@dataclass
+class Training:
+    steps: int = 0
+    minutes: float = 0.0
+    stopped_early: bool = False
+    train_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, EMA of batch loss)
+    evals: list[tuple[int, float, dict[str, tuple[float, float]]]] = field(default_factory=list)
+
+    def last_eval(self, name: str) -> tuple[float, float]:
+        return self.evals[-1][2][name]
+
+
+def train_model(model: GPT, data: Data, args: argparse.Namespace) -> Training:
     opt = make_optimizer(model, args.lr)
-    pad = tok.bos_id
+    rng = random.Random(args.seed + 4)
+    pad = data.tok.bos_id
     order: list[list[int]] = []
-    train_curve: list[tuple[int, float]] = []
-    val_curve: list[tuple[int, float]] = []
-    table: list[tuple[int, float, float, float]] = []
-    ema = None
-    t_train = time.perf_counter()
+    run = Training()
+    ema = float("nan")
     seen_tokens = 0
-    step = 0
-    stopped_early = False
+    started = time.perf_counter()
+
+    def evaluate() -> None:
+        losses = {name: evaluate_loss(model, ex, pad, data.token_bytes) for name, ex in data.val.items()}
+        run.evals.append((run.steps, ema, losses))
+
     model.train()
-    while step < args.steps:
-        if step % args.eval_every == 0:
-            vl, vb = evaluate_loss(model, val, pad, token_bytes)
-            val_curve.append((step, vl))
-            table.append((step, ema if ema is not None else float("nan"), vl, vb))
+    while run.steps < args.steps:
+        if run.steps % args.eval_every == 0:
+            evaluate()
         if not order:
-            order = batch_order(train, args.batch_size, rng)
-        x, y = collate([train[i] for i in order.pop()], pad)
-        factor = lr_factor(step, args.steps, warmup=50)
+            order = batch_order(data.train, args.batch_size, rng)
+        x, y = collate([data.train[i] for i in order.pop()], pad)
+        factor = lr_factor(run.steps, args.steps, warmup=50)
         for g in opt.param_groups:
             g["lr"] = g["base_lr"] * factor
-        logits = model(x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
+        run.steps += 1
         seen_tokens += x.numel()
         batch_loss = loss.item()
-        ema = batch_loss if ema is None else 0.95 * ema + 0.05 * batch_loss
-        train_curve.append((step, ema))
-        elapsed = time.perf_counter() - t_train
-        if step % 25 == 0 or step == args.steps:
-            eta = elapsed / step * (args.steps - step)
-            print(f"step {step:5d}/{args.steps} loss {ema:.4f} lr x{factor:.2f} "
-                  f"{seen_tokens / elapsed:,.0f} tok/s elapsed {elapsed / 60:.1f}m eta {eta / 60:.1f}m", flush=True)
-        if elapsed > args.minutes * 60 and step < args.steps:
-            print(f"time limit of {args.minutes} min reached at step {step}; stopping early")
-            stopped_early = True
+        ema = batch_loss if math.isnan(ema) else 0.95 * ema + 0.05 * batch_loss
+        run.train_curve.append((run.steps, ema))
+        elapsed = time.perf_counter() - started
+        if run.steps % 25 == 0 or run.steps == args.steps:
+            eta = elapsed / run.steps * (args.steps - run.steps)
+            print(f"step {run.steps:5d}/{args.steps} loss {ema:.4f} lr x{factor:.2f} "
+                  f"{seen_tokens / elapsed:,.0f} tok/s {elapsed / 60:.1f}m eta {eta / 60:.1f}m", flush=True)
+        if elapsed > args.minutes * 60 and run.steps < args.steps:
+            print(f"time limit of {args.minutes} min reached at step {run.steps}; stopping early")
+            run.stopped_early = True
             break
-    vl, vb = evaluate_loss(model, val, pad, token_bytes)
-    val_curve.append((step, vl))
-    table.append((step, ema or float("nan"), vl, vb))
-    train_minutes = (time.perf_counter() - t_train) / 60
-    print(f"final: val loss {vl:.4f}, val bpb {vb:.4f}, training took {train_minutes:.1f} min")
+    evaluate()
+    run.minutes = (time.perf_counter() - started) / 60
+    model.eval()
+    return run
 
-    # Save -------------------------------------------------------------------------------
+
+def save_checkpoint(model: GPT, run: Training, args: argparse.Namespace) -> Path:
+    """``model_<step>.pt`` + ``meta_<step>.json`` as nanochat's chat_sft writes them."""
     ckpt_dir = args.out / "chatsft_checkpoints" / TAG
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     for old in [*ckpt_dir.glob("model_*.pt"), *ckpt_dir.glob("meta_*.json")]:
         old.unlink()  # one step only, so the app never picks a stale one
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    torch.save(state, ckpt_dir / f"model_{step:06d}.pt")
+    torch.save(state, ckpt_dir / f"model_{run.steps:06d}.pt")
+    val_loss, val_bpb = run.last_eval("chat")
     user_config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                    if k not in ("out", "plot")}
-    user_config.update(script="packaging/train_demo.py", stopped_early=stopped_early)
-    meta = {"step": step, "val_bpb": round(vb, 6), "val_loss": round(vl, 6),
-            "model_config": model_config_meta(cfg), "user_config": user_config}
-    (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    user_config.update(script="packaging/train_demo.py", stopped_early=run.stopped_early)
+    meta = {"step": run.steps, "val_bpb": round(val_bpb, 6), "val_loss": round(val_loss, 6),
+            "model_config": model_config_meta(model.config), "user_config": user_config}
+    (ckpt_dir / f"meta_{run.steps:06d}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return ckpt_dir
+
+
+def print_tables(run: Training, scores: dict[str, Score]) -> None:
+    """The markdown tables docs/DEMO_MODEL.md shows."""
+    print("\n| step | train loss (EMA) | val loss, chat | val bpb, chat | val loss, prose |")
+    print("|---:|---:|---:|---:|---:|")
+    picks = run.evals[:: max(1, len(run.evals) // 6)]
+    if picks[-1] is not run.evals[-1]:
+        picks.append(run.evals[-1])
+    for step, ema, losses in picks:
+        train = "–" if math.isnan(ema) else f"{ema:.3f}"
+        print(f"| {step} | {train} | {losses['chat'][0]:.3f} | {losses['chat'][1]:.3f} | {losses['prose'][0]:.3f} |")
+    print("\n| question set | questions | exact call | right result | whole reply exact |\n|---|---:|---:|---:|---:|")
+    for label, sc in scores.items():
+        cells = " | ".join(f"{k} ({100 * k / sc.n:.0f}%)" for k in (sc.call, sc.tool, sc.reply))
+        print(f"| {label} | {sc.n} | {cells} |")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    data = build_data(args)
+    model = build_model(args)
+    run = train_model(model, data, args)
+    val_loss, val_bpb = run.last_eval("chat")
+    print(f"final: chat val loss {val_loss:.4f}, bpb {val_bpb:.4f}; training took {run.minutes:.1f} min")
+    ckpt_dir = save_checkpoint(model, run, args)
     total = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
-    print(f"saved {ckpt_dir}, {total / 1e6:.2f} MB in {args.out}")
-    draw_loss_curve(args.plot, train_curve, val_curve)
+    print(f"saved {ckpt_dir}: {total / 1e6:.2f} MB in {args.out}")
+    if total > 10_000_000:
+        raise SystemExit(f"{args.out} holds {total} bytes; the demo must stay within 10 MB")
+    curves = {"train (EMA of batch loss)": run.train_curve}
+    for name in data.val:
+        curves[f"validation, {name}"] = [(step, losses[name][0]) for step, _, losses in run.evals]
+    draw_loss_curve(args.plot, curves)
     print(f"loss curve -> {args.plot}")
 
-    # Check ------------------------------------------------------------------------------
-    seen = {c[i].plain_text() for c in chats for i in range(0, len(c), 2)}
-    report = check_with_engine(args.out, held_out_questions(args.seed + 3, seen, words, args.held_out))
-    print("\n| step | train loss (EMA) | val loss | val bpb |\n|---:|---:|---:|---:|")
-    for s, tl, v, b in table[:: max(1, len(table) // 8)] + ([table[-1]] if len(table) % 8 != 1 else []):
-        print(f"| {s} | {tl:.3f} | {v:.3f} | {b:.3f} |")
-    print(json.dumps({"params": n_params, "steps": step, "train_minutes": round(train_minutes, 2),
-                      "total_minutes": round((time.perf_counter() - started) / 60, 2), "bytes": total,
-                      "tool_correct": report["tool_correct"], "answer_correct": report["answer_correct"],
-                      "held_out": report["n"], "config": asdict(cfg) | {"warnings": None}}))
+    seen = {m.plain_text() for c in data.chats for m in c if m.role == "user"}
+    sets: dict[str, Sequence[Case]] = {"showcase": SHOWCASE,
+                                       "held-out": held_out_cases(args.seed + 3, seen, data.words, args.held_out)}
+    sets.update(novel_cases(args.seed + 5, data.words, args.held_out // 3))
+    scores = check_with_engine(args.out, sets)
+    print_tables(run, scores)
+    print(f"total wall time {(time.perf_counter() - started) / 60:.1f} min")
     return 0
 
 

@@ -73,7 +73,17 @@ class ChatSession:
         )
         tok.special_id("<TOOL_RESULT>")  # resolves (and warns about) the fork's id-19 fallback now
         loaded.warnings.extend(tok.warnings)
-        return cls(loaded, tok)
+        session = cls(loaded, tok)
+        session.warm_up()
+        return session
+
+    def warm_up(self) -> None:
+        """One tiny forward so the first reply does not pay for kernel selection and allocations."""
+        with torch.inference_mode():
+            ids = torch.zeros(1, 2, dtype=torch.long, device=self.model.device)
+            cache = KVCache(self.model.config, 1, 4, self.model.device, self.model.cos.dtype)
+            self.model(ids, cache, last_only=True)
+            self.model(ids[:, :1], cache, last_only=True)
 
     def info(self) -> dict:
         d = self.loaded.info()
@@ -82,7 +92,10 @@ class ChatSession:
 
     def render(self, messages: Sequence[Message], max_new: int) -> Rendered:
         """Prompt ids for a conversation, oldest turns dropped to leave room for ``max_new`` tokens."""
-        budget = max(1, self.loaded.config.sequence_len - max_new)
+        # Keep room for a reply of up to a quarter of the context; longer replies may run past
+        # sequence_len, as they can in nanochat.
+        seq = self.loaded.config.sequence_len
+        budget = max(1, seq - min(max_new, seq // 4))
         if self.chat_mode:
             return render_for_completion(self.tok, list(messages), budget)
         text = "".join(m.plain_text() for m in messages if m.role != "system")

@@ -1,0 +1,275 @@
+"""The main window: builds the widgets and wires their signals. No state, no computation.
+
+Left: history sidebar. Top: checkpoint picker. Centre: chat view + input. Right: sampling panel.
+Bottom: status bar. Conversation state lives in ChatController; background work in Background.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QSplitter, QVBoxLayout, QWidget
+
+from ..background import Background
+from ..controller import ChatController
+from ..settings import Settings
+from .chat_view import ChatView
+from .checkpoint_picker import CheckpointPicker
+from .error_banner import ErrorBanner
+from .history_sidebar import HistorySidebar
+from .input_box import InputBox
+from .sampling_panel import SamplingPanel
+from .shortcuts_dialog import ShortcutsDialog
+from .status_bar import StatusBar
+from .theme import apply_theme
+
+
+class MainWindow(QMainWindow):
+    """Composes the window and connects signals in ``_connect_signals``."""
+
+    def __init__(self, controller: ChatController, background: Background, settings: Settings) -> None:
+        super().__init__()
+        self.controller = controller
+        self.background = background
+        self.settings = settings
+        self.setWindowTitle("Nanoscope")
+        self.setObjectName("MainWindow")
+
+        self.picker = CheckpointPicker()
+        self.banner = ErrorBanner()
+        self.chat = ChatView()
+        self.input = InputBox()
+        self.sidebar = HistorySidebar()
+        self.sampling = SamplingPanel()
+        self.status = StatusBar()
+        self.setStatusBar(self.status)
+
+        centre = QWidget()
+        col = QVBoxLayout(centre)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.setSpacing(0)
+        col.addWidget(self.banner)
+        col.addWidget(self.chat, 1)
+        col.addWidget(self.input)
+
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(centre)
+        self.splitter.addWidget(self.sampling)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([240, 720, 300])
+        self.splitter.setChildrenCollapsible(True)
+
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self.picker)
+        layout.addWidget(self.splitter, 1)
+        self.setCentralWidget(body)
+
+        self._restore_settings()
+        self._build_actions()
+        self._connect_signals()
+
+    # ----- construction ------------------------------------------------------------------
+
+    def _restore_settings(self) -> None:
+        geometry = self.settings.get("window_geometry")
+        if geometry:
+            self.restoreGeometry(QByteArray(base64.b64decode(geometry)))
+        else:
+            self.resize(1280, 800)
+        self.sampling.set_values(
+            {**self.settings.get("sampling"), "system_prompt": self.settings.get("system_prompt")}
+        )
+        self.sampling.set_user_presets(self.settings.get("sampling_presets"))
+        self.sampling.setVisible(self.settings.get("sampling_panel_visible"))
+        self.input.set_enter_sends(self.settings.get("enter_sends"))
+
+    def _build_actions(self) -> None:
+        def action(text: str, shortcut: str | QKeySequence, slot) -> QAction:
+            act = QAction(text, self)
+            act.setShortcut(QKeySequence(shortcut))
+            act.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            act.triggered.connect(slot)
+            self.addAction(act)
+            return act
+
+        action("New chat", "Ctrl+N", self.controller.new_chat)
+        action("Search history", "Ctrl+F", self.sidebar.focus_search)
+        action("Pick checkpoint", "Ctrl+K", self.picker.open_popup)
+        action("Shortcuts", "F1", lambda: ShortcutsDialog(self).exec())
+        action("Stop", "Esc", self.controller.stop)
+        action("Regenerate", "Ctrl+R", self._regenerate_last)
+        action("Copy last reply", "Ctrl+Shift+C", self._copy_last)
+        action("Show raw tokens", "Ctrl+Shift+R", self._toggle_raw)
+        action(
+            "Toggle sampling panel",
+            "Ctrl+Shift+S",
+            lambda: self.sampling.setVisible(not self.sampling.isVisible()),
+        )
+
+    def _connect_signals(self) -> None:
+        c, bg = self.controller, self.background
+        # checkpoints
+        bg.checkpoints_found.connect(self.picker.set_entries)
+        bg.checkpoints_found.connect(self._autoload_once)
+        bg.summary_ready.connect(self._on_summary)
+        self.picker.selection_changed.connect(bg.summarize)
+        self.picker.load_requested.connect(c.load_checkpoint)
+        self.picker.folder_chosen.connect(self._on_folder)
+        c.model_loading.connect(self.picker.set_progress)
+        c.model_loaded.connect(self._on_model_loaded)
+        c.model_load_failed.connect(lambda _path, _reason: self.picker.set_progress(0, "load failed"))
+        # chat
+        self.input.send_requested.connect(self._send)
+        self.input.stop_requested.connect(c.stop)
+        self.chat.regenerate_requested.connect(lambda i: c.regenerate(i, self._params()))
+        self.chat.edit_requested.connect(lambda i, text: c.edit_and_resend(i, text, self._params()))
+        self.chat.branch_requested.connect(c.switch_branch)
+        self.chat.copy_requested.connect(lambda text: QApplication.clipboard().setText(text))
+        c.conversation_changed.connect(self.chat.set_messages)
+        c.reply_started.connect(self.chat.begin_assistant)
+        c.reply_event.connect(self.chat.append_event)
+        c.reply_finished.connect(self._on_reply_finished)
+        c.busy_changed.connect(self.input.set_generating)
+        c.context_changed.connect(self.status.set_context)
+        c.notice.connect(self._on_notice)
+        # history
+        c.conversations_listed.connect(self.sidebar.set_conversations)
+        self.sidebar.conversation_selected.connect(c.open_conversation)
+        self.sidebar.new_requested.connect(c.new_chat)
+        self.sidebar.rename_requested.connect(c.rename)
+        self.sidebar.delete_requested.connect(c.delete)
+        self.sidebar.undo_delete_requested.connect(c.undelete)
+        self.sidebar.export_requested.connect(self._on_export)
+        self.sidebar.search_changed.connect(bg.search)
+        bg.search_results.connect(self.sidebar.set_search_results)
+        # settings
+        self.sampling.values_changed.connect(self._on_sampling_changed)
+        self.sampling.presets_changed.connect(lambda p: self.settings.set("sampling_presets", p))
+
+    # ----- slots -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Called once the event loop runs: list checkpoints and history, reopen the last model."""
+        apply_theme(QApplication.instance(), self.settings.get("theme"))
+        self.controller.refresh_list()
+        self.background.scan()
+        for warning in self.settings.warnings:
+            self.banner.show_warning("Settings reset", warning)
+
+    def _autoload_once(self, entries: list) -> None:
+        """On the first scan: reopen the last checkpoint, else the newest chat one, else the demo."""
+        self.background.checkpoints_found.disconnect(self._autoload_once)
+        from ..app import demo_checkpoint
+
+        last = self.settings.get("last_checkpoint")
+        if last.get("dir") and Path(last["dir"]).is_dir():
+            target = (Path(last["dir"]), last.get("step"))
+        elif entries := [e for e in entries if e.source != "demo"]:
+            ranked = sorted(entries, key=lambda e: ({"rl": 0, "sft": 1, "mid": 2}.get(e.source, 3), e.tag))
+            target = (ranked[0].path, ranked[0].steps[-1])
+        elif (demo := demo_checkpoint()) is not None:
+            target = (demo, None)
+        else:
+            self.banner.show_info(
+                "No checkpoints yet", "Train one with nanochat, or use Open folder… to pick one."
+            )
+            return
+        path, step = target
+        if step is None:
+            from ..engine.checkpoint import model_steps
+
+            steps = model_steps(path)
+            step = steps[-1] if steps else 0
+        self.picker.select(path, step)
+        self.controller.load_checkpoint(path, step)
+
+    def _on_summary(self, summary) -> None:
+        info = {
+            "era": summary.era,
+            "params": summary.params,
+            "dtype": summary.stored_dtype,
+            "memory_bytes": summary.memory_estimate(),
+            "sequence_len": summary.sequence_len,
+            "error": summary.error,
+        }
+        self.picker.set_summary(info)
+
+    def _on_folder(self, folder: Path) -> None:
+        self.background.extra_dirs.append(folder)
+        self.background.scan()
+
+    def _on_model_loaded(self, info: dict) -> None:
+        self.picker.set_progress(100, "loaded")
+        self.status.set_device_info(info)
+        self.status.set_context(0, info["sequence_len"])
+        self.chat.set_mode_notice(
+            None
+            if info.get("chat_mode")
+            else "Completion mode: this checkpoint has no chat format, so your text is continued."
+        )
+        if info.get("demo"):
+            self.banner.show_info(
+                "Demo model",
+                "This is a tiny demo model bundled with Nanoscope. "
+                "Train your own with nanochat and it will show up here.",
+            )
+
+    def _on_reply_finished(self, stats: dict) -> None:
+        self.chat.end_assistant(stats)
+        if "decode_tok_s" in stats:
+            self.status.set_speed(stats["decode_tok_s"], stats["ttft_ms"])
+
+    def _on_notice(self, level: str, title: str, message: str) -> None:
+        {"error": self.banner.show_error, "warning": self.banner.show_warning}.get(
+            level, self.banner.show_info
+        )(title, message)
+
+    def _on_sampling_changed(self, values: dict) -> None:
+        values = dict(values)
+        self.settings.set("system_prompt", values.pop("system_prompt", ""))
+        self.settings.set("sampling", values)
+
+    def _on_export(self, conv_id: int, fmt: str) -> None:
+        suffix = {"md": "Markdown (*.md)", "json": "JSON (*.json)"}[fmt]
+        target, _ = QFileDialog.getSaveFileName(self, "Export conversation", f"conversation.{fmt}", suffix)
+        if target:
+            self.controller.export(conv_id, fmt, Path(target))
+
+    def _params(self) -> dict:
+        """The sampling values for the next reply (a fresh seed when the seed is unlocked)."""
+        values = self.sampling.values()
+        values["seed"] = self.sampling.next_seed()
+        return values
+
+    def _send(self, text: str) -> None:
+        if self.controller.send(text, self._params()):
+            self.input.clear()
+
+    def _toggle_raw(self) -> None:
+        on = not self.chat.raw_mode
+        self.settings.set("show_raw_tokens", on)
+        self.chat.set_raw_mode(on, self.controller.token_text)
+
+    def _regenerate_last(self) -> None:
+        last = len(self.controller.path) - 1
+        if last >= 0:
+            self.controller.regenerate(last, self._params())
+
+    def _copy_last(self) -> None:
+        for _, message in reversed(self.controller.path):
+            if message.role == "assistant":
+                QApplication.clipboard().setText(message.plain_text())
+                return
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.settings.set("window_geometry", base64.b64encode(bytes(self.saveGeometry())).decode())
+        self.settings.set("sampling_panel_visible", self.sampling.isVisible())
+        self.controller.shutdown()
+        super().closeEvent(event)
