@@ -38,9 +38,11 @@ class Background(QObject):
         self._summary_task: asyncio.Task | None = None
 
     def _spawn(self, coro) -> asyncio.Task | None:
+        """Schedule on the running (qasync) loop; without one (plain Qt tests) the work is skipped."""
         try:
-            loop = asyncio.get_event_loop()
+            loop = asyncio.get_running_loop()
         except RuntimeError:
+            coro.close()
             return None
         return loop.create_task(coro)
 

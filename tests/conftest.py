@@ -1,0 +1,48 @@
+"""Shared test setup: offscreen Qt, isolated app folders, and a guard against leaked threads.
+
+Every test runs with NANOSCOPE_HOME in its own tmp folder and NANOCHAT_BASE_DIR pointing at an
+empty one, so nothing reads or writes the developer's real settings, history or checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch):
+    from desktop import paths
+
+    monkeypatch.setenv("NANOSCOPE_HOME", str(tmp_path / "nanoscope-home"))
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(tmp_path / "no-nanochat-here"))
+    paths.set_home(None)
+    yield
+    paths.set_home(None)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_qthreads(request):
+    """Fail a GUI test that leaves a QThread running: it would crash a later test."""
+    if "qtbot" not in request.fixturenames:
+        yield
+        return
+    from PySide6.QtCore import QThread
+
+    started: list[QThread] = []
+    original = QThread.start
+
+    def tracking_start(self, *args, **kwargs):
+        started.append(self)
+        return original(self, *args, **kwargs)
+
+    QThread.start = tracking_start
+    try:
+        yield
+    finally:
+        QThread.start = original
+    running = [t.objectName() or repr(t) for t in started if t.isRunning()]
+    assert not running, f"QThreads still running after the test: {running}"
