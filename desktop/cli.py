@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .engine.errors import NanoscopeError
+from .engine.errors import NanoscopeError, is_out_of_memory
 
 EXIT_ERROR = 2
 
@@ -236,19 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     except NanoscopeError as exc:
         print(f"nanoscope: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except MemoryError:
+    except (MemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
         print(
-            "nanoscope: error: out of memory; try --dtype bfloat16 or a smaller checkpoint", file=sys.stderr
+            "nanoscope: error: out of memory; try --dtype bfloat16, another --device or a smaller checkpoint",
+            file=sys.stderr,
         )
         return EXIT_ERROR
-    except RuntimeError as exc:
-        if "out of memory" in str(exc).lower():
-            print(
-                "nanoscope: error: out of memory; try --dtype bfloat16, --device cpu or a smaller checkpoint",
-                file=sys.stderr,
-            )
-            return EXIT_ERROR
-        raise
     except KeyboardInterrupt:
         return 130
 

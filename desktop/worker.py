@@ -15,7 +15,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from .engine.errors import NanoscopeError
+from .engine.errors import NanoscopeError, is_out_of_memory
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -23,7 +23,7 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, NanoscopeError):
         return str(exc)
     text = str(exc)
-    if isinstance(exc, MemoryError) or "out of memory" in text.lower():
+    if is_out_of_memory(exc):
         return "out of memory: try the bfloat16 dtype, another device, or a smaller checkpoint"
     first = text.strip().splitlines()[0] if text.strip() else ""
     return f"{type(exc).__name__}: {first}"[:300]

@@ -21,3 +21,15 @@ class TokenizerError(NanoscopeError):
 
 class ContextError(NanoscopeError):
     """A prompt does not fit the model's context."""
+
+
+class OutOfMemoryError(NanoscopeError):
+    """An allocation failed (CPU RAM or GPU memory)."""
+
+
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch reports allocation failures as RuntimeError subclasses with these phrases."""
+    return isinstance(exc, MemoryError) or any(m in str(exc).lower() for m in OOM_MARKERS)

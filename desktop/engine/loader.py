@@ -14,7 +14,7 @@ from . import checkpoint as ckpt
 from .classify import classify, is_ignorable
 from .config import ModelConfig
 from .device import describe_device, dtype_name, pick_device, pick_dtype
-from .errors import CheckpointError
+from .errors import CheckpointError, OutOfMemoryError, is_out_of_memory
 from .model import GPT
 
 Progress = Callable[[int, str], None]
@@ -126,10 +126,19 @@ def load_model(
     with torch.device("meta"):
         model = GPT(cfg)
     wanted = {k: t for k, t in sd.items() if not is_ignorable(k, cfg)}
-    # Cast to the compute dtype (a no-op, hence no copy, for fp32 weights on CPU).
-    wanted = {k: t.to(device=dev, dtype=compute) for k, t in wanted.items()}
-    model.load_state_dict(wanted, strict=True, assign=True)
-    model.prepare(dev, compute)
+    try:
+        # Cast to the compute dtype (a no-op, hence no copy, for fp32 weights on CPU).
+        wanted = {k: t.to(device=dev, dtype=compute) for k, t in wanted.items()}
+        model.load_state_dict(wanted, strict=True, assign=True)
+        model.prepare(dev, compute)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        need = sum(t.numel() for t in wanted.values()) * torch.empty((), dtype=compute).element_size()
+        raise OutOfMemoryError(
+            f"{model_path}: out of memory loading {need / 2**30:.1f} GiB of weights as {dtype_name(compute)} "
+            f"on {dev.type}; try the bfloat16 dtype, another device, or a smaller checkpoint"
+        ) from None
     model.eval()
     attention = "sdpa"
     if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 9:  # pragma: no cover - Hopper only
