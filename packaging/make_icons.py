@@ -34,6 +34,7 @@ from PySide6.QtGui import (
     QPainterPathStroker,
     QPen,
     QRadialGradient,
+    QTransform,
 )
 from PySide6.QtSvg import QSvgGenerator
 
@@ -128,14 +129,16 @@ def _draw_tile(p: QPainter, t: _Tile, size: int) -> None:
         p.fillPath(tile, QBrush(sheen))
 
 
-def _draw_tokens(
-    p: QPainter, t: _Tile, rows, height: float, colour: QColor, lit: tuple[int, int] | None = None
-) -> None:
-    p.setPen(Qt.PenStyle.NoPen)
+def _token_paths(
+    t: _Tile, rows, height: float, lit: tuple[int, int] | None = None
+) -> tuple[QPainterPath, QPainterPath]:
+    """(ordinary pills, the lit pill) as paths, so the lens can transform and cut them exactly."""
+    plain, focus = QPainterPath(), QPainterPath()
     for r, (y, pills) in enumerate(rows):
         for i, (x, w) in enumerate(pills):
-            p.setBrush(TOKEN_LIT if (r, i) == lit else colour)
-            p.drawRoundedRect(t.rect(x, y, w, height), t.len(height / 2), t.len(height / 2))
+            target = focus if (r, i) == lit else plain
+            target.addRoundedRect(t.rect(x, y, w, height), t.len(height / 2), t.len(height / 2))
+    return plain, focus
 
 
 def _lens_geometry(small: bool) -> tuple[float, float, float, float]:
@@ -166,21 +169,19 @@ def _draw_lens(p: QPainter, t: _Tile, size: int) -> None:
     # Glass: a lighter disc with the tokens drawn magnified inside it.
     glass = QPainterPath()
     glass.addEllipse(centre, t.len(r), t.len(r))
-    p.save()
-    p.setClipPath(glass)
     fill = QRadialGradient(centre, t.len(r))
     fill.setColorAt(0.0, QColor(255, 255, 255, 40))
     fill.setColorAt(1.0, QColor(255, 255, 255, 14))
     p.fillPath(glass, QBrush(fill))
-    if not small:
-        zoom = 1.8
-        p.translate(centre)
-        p.scale(zoom, zoom)
-        p.translate(-centre)
-        _draw_tokens(p, t, TOKEN_ROWS, TOKEN_HEIGHT, TOKEN_ZOOMED, LIT)
+    # Cut to the glass by path intersection, not a clip region: SVG renderers differ on clipPath.
+    if small:
+        plain, focus = _token_paths(t, SMALL_ROWS, SMALL_TOKEN_HEIGHT, SMALL_LIT)
     else:
-        _draw_tokens(p, t, SMALL_ROWS, SMALL_TOKEN_HEIGHT, TOKEN_ZOOMED, SMALL_LIT)
-    p.restore()
+        zoom = QTransform.fromTranslate(centre.x(), centre.y())
+        zoom = QTransform().translate(-centre.x(), -centre.y()) * QTransform.fromScale(1.8, 1.8) * zoom
+        plain, focus = (zoom.map(path) for path in _token_paths(t, TOKEN_ROWS, TOKEN_HEIGHT, LIT))
+    p.fillPath(plain.intersected(glass), TOKEN_ZOOMED)
+    p.fillPath(focus.intersected(glass), TOKEN_LIT)
 
     # Ring, then a glint in the upper left that makes it read as glass.
     p.setBrush(Qt.BrushStyle.NoBrush)
@@ -198,12 +199,11 @@ def paint_icon(p: QPainter, size: int) -> None:
     p.setRenderHint(QPainter.RenderHint.Antialiasing)
     t = _Tile(size)
     _draw_tile(p, t, size)
-    if size <= 16:
-        pass  # at 16 px the surrounding text is only noise; the lens and its token carry the idea
-    elif size <= 32:
-        _draw_tokens(p, t, SMALL_ROWS, SMALL_TOKEN_HEIGHT, TOKEN)
-    else:
-        _draw_tokens(p, t, TOKEN_ROWS, TOKEN_HEIGHT, TOKEN)
+    # At 16 px the surrounding text is only noise; the lens and its token carry the idea.
+    if 16 < size <= 32:
+        p.fillPath(_token_paths(t, SMALL_ROWS, SMALL_TOKEN_HEIGHT)[0], TOKEN)
+    elif size > 32:
+        p.fillPath(_token_paths(t, TOKEN_ROWS, TOKEN_HEIGHT)[0], TOKEN)
     _draw_lens(p, t, size)
 
 
@@ -228,15 +228,14 @@ def icns_bytes(pngs: dict[int, bytes]) -> bytes:
     Lengths are big-endian and include their own 8-byte headers.
     """
     body = b"".join(
-        ICNS_TYPES[size] + struct.pack(">I", 8 + len(pngs[size])) + pngs[size]
-        for size in sorted(ICNS_TYPES)
+        ICNS_TYPES[size] + struct.pack(">I", 8 + len(pngs[size])) + pngs[size] for size in sorted(ICNS_TYPES)
     )
     return b"icns" + struct.pack(">I", 8 + len(body)) + body
 
 
 def write_svg(path: Path, size: int = 1024) -> None:
     """The large drawing as SVG, for Linux's ``hicolor/scalable`` and for docs."""
-    gen = QSvgGenerator(QSvgGenerator.SvgVersion.Svg11)  # 1.1, not Tiny: the lens needs clipPath
+    gen = QSvgGenerator()
     gen.setFileName(str(path))
     gen.setSize(QSize(size, size))
     gen.setViewBox(QRectF(0, 0, size, size))
@@ -262,7 +261,8 @@ def main(out_dir: Path = OUT_DIR) -> list[Path]:
     write_svg(svg)
     written += [icns, svg]
     for path in written:
-        print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} ({path.stat().st_size} B)")
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        print(f"wrote {shown} ({path.stat().st_size} B)")
     return written
 
 

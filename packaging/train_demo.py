@@ -176,8 +176,21 @@ def arithmetic_operands(rng: random.Random) -> tuple[int, str, int]:
     return a, sym, b
 
 
+def pseudo_word(rng: random.Random) -> str:
+    """A pronounceable made-up word: copying it letter by letter cannot be memorised."""
+    syllables = [rng.choice("bcdfghjklmnprstvwz") + rng.choice("aeiou") + rng.choice(("", "", "n", "r", "s", "l"))
+                 for _ in range(rng.randint(2, 4))]
+    return "".join(syllables)
+
+
 def count_operands(rng: random.Random, words: Sequence[str]) -> tuple[str, str]:
-    word = rng.choice(FAVOURITE_WORDS) if rng.random() < 0.15 else rng.choice(words)
+    r = rng.random()
+    if r < 0.15:
+        word = rng.choice(FAVOURITE_WORDS)
+    elif r < 0.5:
+        word = pseudo_word(rng)
+    else:
+        word = rng.choice(words)
     letter = rng.choice(word) if rng.random() < 0.85 else rng.choice("abcdefghijklmnopqrstuvwxyz")
     return word, letter
 
@@ -707,21 +720,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--documents", type=int, default=450, help="prose paragraphs to train on (200 more validate)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--held-out", type=int, default=60, help="questions graded through the engine")
+    ap.add_argument("--check-only", action="store_true", help="only grade the demo already in --out")
     return ap.parse_args(argv)
 
 
 @dataclass
 class Data:
-    chats: list[list[Message]]
-    words: list[str]
     train: list[Example]
     val: dict[str, list[Example]]  # "chat" (the SFT-like data) and "prose"
     tok: TiktokenTokenizer
     token_bytes: torch.Tensor  # UTF-8 length of each token, 0 for specials (for bits per byte)
 
 
-def build_data(args: argparse.Namespace) -> Data:
-    """Generate the text, learn and save the tokenizer, and render everything to ids + masks."""
+@dataclass
+class Text:
+    chats: list[list[Message]]
+    val_chats: list[list[Message]]
+    docs: list[str]  # the first 200 validate
+    words: list[str]
+
+
+def generate_text(args: argparse.Namespace) -> Text:
+    """All the synthetic conversations and the prose, from the seed alone."""
     rng = random.Random(args.seed)
     paragraphs = prose_paragraphs()
     words = vocabulary(paragraphs)
@@ -732,6 +752,12 @@ def build_data(args: argparse.Namespace) -> Data:
     val_rng = random.Random(args.seed + 2)
     val_chats = [conversation(val_rng, words) for _ in range(400)]
     print(f"data: {len(chats)} conversations, {len(docs)} prose paragraphs, {len(words)} words for letter counts")
+    return Text(chats, val_chats, docs, words)
+
+
+def build_data(args: argparse.Namespace, text: Text) -> Data:
+    """Learn and save the tokenizer, then render everything to ids + masks."""
+    chats, val_chats, docs = text.chats, text.val_chats, text.docs
 
     t0 = time.perf_counter()
     ranks = train_bpe([s for c in chats for s in message_strings(c)] + docs, VOCAB_SIZE - len(SPECIAL_TOKENS))
@@ -754,7 +780,7 @@ def build_data(args: argparse.Namespace) -> Data:
     val = {"chat": fits([render_chat(tok, c) for c in val_chats]),
            "prose": fits([render_document(tok, d) for d in docs[:200]])}
     print(f"tokens: train {sum(len(e.ids) for e in train):,}, trained on {sum(sum(e.mask) for e in train):,}")
-    return Data(chats, words, train, val, tok, token_bytes)
+    return Data(train, val, tok, token_bytes)
 
 
 def build_model(args: argparse.Namespace) -> GPT:
@@ -854,8 +880,8 @@ def save_checkpoint(model: GPT, run: Training, args: argparse.Namespace) -> Path
     return ckpt_dir
 
 
-def print_tables(run: Training, scores: dict[str, Score]) -> None:
-    """The markdown tables docs/DEMO_MODEL.md shows."""
+def print_loss_table(run: Training) -> None:
+    """The loss table docs/DEMO_MODEL.md shows (markdown)."""
     print("\n| step | train loss (EMA) | val loss, chat | val bpb, chat | val loss, prose |")
     print("|---:|---:|---:|---:|---:|")
     picks = run.evals[:: max(1, len(run.evals) // 6)]
@@ -864,6 +890,15 @@ def print_tables(run: Training, scores: dict[str, Score]) -> None:
     for step, ema, losses in picks:
         train = "–" if math.isnan(ema) else f"{ema:.3f}"
         print(f"| {step} | {train} | {losses['chat'][0]:.3f} | {losses['chat'][1]:.3f} | {losses['prose'][0]:.3f} |")
+
+
+def grade_demo(args: argparse.Namespace, text: Text) -> None:
+    """Grade the saved demo through the engine and print the accuracy table (markdown)."""
+    seen = {m.plain_text() for c in text.chats for m in c if m.role == "user"}
+    sets: dict[str, Sequence[Case]] = {"showcase": SHOWCASE,
+                                       "held-out": held_out_cases(args.seed + 3, seen, text.words, args.held_out)}
+    sets.update(novel_cases(args.seed + 5, text.words, args.held_out // 3))
+    scores = check_with_engine(args.out, sets)
     print("\n| question set | questions | exact call | right result | whole reply exact |\n|---|---:|---:|---:|---:|")
     for label, sc in scores.items():
         cells = " | ".join(f"{k} ({100 * k / sc.n:.0f}%)" for k in (sc.call, sc.tool, sc.reply))
@@ -876,7 +911,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    data = build_data(args)
+    text = generate_text(args)
+    if args.check_only:
+        grade_demo(args, text)
+        return 0
+    data = build_data(args, text)
     model = build_model(args)
     run = train_model(model, data, args)
     val_loss, val_bpb = run.last_eval("chat")
@@ -892,12 +931,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     draw_loss_curve(args.plot, curves)
     print(f"loss curve -> {args.plot}")
 
-    seen = {m.plain_text() for c in data.chats for m in c if m.role == "user"}
-    sets: dict[str, Sequence[Case]] = {"showcase": SHOWCASE,
-                                       "held-out": held_out_cases(args.seed + 3, seen, data.words, args.held_out)}
-    sets.update(novel_cases(args.seed + 5, data.words, args.held_out // 3))
-    scores = check_with_engine(args.out, sets)
-    print_tables(run, scores)
+    print_loss_table(run)
+    grade_demo(args, text)
     print(f"total wall time {(time.perf_counter() - started) / 60:.1f} min")
     return 0
 

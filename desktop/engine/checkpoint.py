@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, UnsupportedFormatError
+from .errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
 
 MODEL_RE = re.compile(r"model_(\d+)\.pt")
 META_RE = re.compile(r"meta_(\d+)\.json")
@@ -100,7 +100,10 @@ def load_state_dict(path: Path) -> dict[str, Any]:
             f"{path}: refused to load: the file contains pickled code or objects "
             f"that are not tensors ({first[:160]})"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, MemoryError) as exc:
+        if is_out_of_memory(exc):
+            raise OutOfMemoryError(f"{path}: out of memory while reading the file; close other programs "
+                                   "or use a smaller checkpoint") from None
         raise CheckpointError(f"{path}: file is truncated or corrupt ({_first_line(exc)})") from None
     if not isinstance(sd, dict):
         raise CheckpointError(f"{path}: expected a dict of tensors, found {type(sd).__name__}")
