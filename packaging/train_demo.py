@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from desktop.engine.calculator import calculate
 from desktop.engine.classify import classify, expected_shapes
 from desktop.engine.config import ModelConfig, e7_short_window, has_value_embedding, padded_vocab
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
@@ -176,11 +177,18 @@ def arithmetic_operands(rng: random.Random) -> tuple[int, str, int]:
     return a, sym, b
 
 
+def calculator_accepts(word: str) -> bool:
+    """nanochat's calculator refuses strings holding e.g. "exec", "open" or "dir": no data about those."""
+    return calculate(f"'{word}'.count('a')") is not None
+
+
 def pseudo_word(rng: random.Random) -> str:
     """A pronounceable made-up word: copying it letter by letter cannot be memorised."""
-    syllables = [rng.choice("bcdfghjklmnprstvwz") + rng.choice("aeiou") + rng.choice(("", "", "n", "r", "s", "l"))
-                 for _ in range(rng.randint(2, 4))]
-    return "".join(syllables)
+    while True:
+        word = "".join(rng.choice("bcdfghjklmnprstvwz") + rng.choice("aeiou") + rng.choice(("", "", "n", "r", "s", "l"))
+                       for _ in range(rng.randint(2, 4)))
+        if calculator_accepts(word):
+            return word
 
 
 def count_operands(rng: random.Random, words: Sequence[str]) -> tuple[str, str]:
@@ -251,7 +259,7 @@ def prose_paragraphs() -> list[str]:
 def vocabulary(paragraphs: Iterable[str]) -> list[str]:
     """Plain lower-case words from the prose, for the letter-counting questions."""
     found = {w for p in paragraphs for w in re.findall(r"\b[a-z]{4,10}\b", p)}
-    return sorted(found)
+    return sorted(w for w in found if calculator_accepts(w))
 
 
 def message_strings(messages: Sequence[Message]) -> Iterable[str]:
