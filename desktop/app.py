@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import traceback
 from pathlib import Path
@@ -95,10 +96,8 @@ def run_app(args: argparse.Namespace) -> int:
         paths.set_home(tempfile.mkdtemp(prefix="nanoscope-smoke-"))
     window = build(args)
     app.aboutToQuit.connect(window.close)  # closeEvent shuts the worker down in order
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         qasync.run(_run(window, smoke))
-    except asyncio.CancelledError:
-        pass
     return int(getattr(window, "exit_code", 0))
 
 

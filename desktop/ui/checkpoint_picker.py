@@ -7,6 +7,7 @@ from pathlib import Path
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton
 
+PRECISIONS = (("Auto", "auto"), ("Exact · fp32", "float32"), ("Fast · bf16", "bfloat16"))
 SOURCE_NAMES = {"base": "base", "mid": "mid", "sft": "sft", "rl": "rl", "folder": "folder"}
 
 
@@ -31,6 +32,7 @@ class CheckpointPicker(QFrame):
     selection_changed = Signal(Path, int)
     load_requested = Signal(Path, int)
     folder_chosen = Signal(Path)
+    precision_changed = Signal(str)
 
     def __init__(self) -> None:
         super().__init__()
@@ -48,6 +50,15 @@ class CheckpointPicker(QFrame):
             combo.setToolTip(tip)
             combo.setMinimumWidth(90)
         self.tag.setMinimumWidth(140)
+        self.precision = QComboBox()
+        self.precision.setAccessibleName("Precision")
+        for label, value in PRECISIONS:
+            self.precision.addItem(label, value)
+        self.precision.setToolTip(
+            "Exact: float32, the same tokens as nanochat's Engine.\n"
+            "Fast: bfloat16 weights and compute; close, not identical, numbers.\n"
+            "Auto: bfloat16 on recent NVIDIA GPUs, float32 elsewhere (as nanochat)."
+        )
         self.open_btn = QPushButton("Open folder…")
         self.open_btn.setToolTip("Pick any folder holding model_*.pt and meta_*.json")
         self.load_btn = QPushButton("Load")
@@ -62,7 +73,15 @@ class CheckpointPicker(QFrame):
         self.progress.hide()
         row = QHBoxLayout(self)
         row.setContentsMargins(12, 8, 12, 8)
-        for w in (QLabel("Checkpoint"), self.source, self.tag, self.step, self.load_btn, self.open_btn):
+        for w in (
+            QLabel("Checkpoint"),
+            self.source,
+            self.tag,
+            self.step,
+            self.precision,
+            self.load_btn,
+            self.open_btn,
+        ):
             row.addWidget(w)
         row.addSpacing(12)
         row.addWidget(self.summary, 1)
@@ -71,6 +90,7 @@ class CheckpointPicker(QFrame):
         self.tag.currentIndexChanged.connect(self._fill_steps)
         self.step.currentIndexChanged.connect(self._emit_selection)
         self.load_btn.clicked.connect(self._load)
+        self.precision.activated.connect(lambda _i: self.precision_changed.emit(self.precision.currentData()))
         self.open_btn.clicked.connect(self._open_folder)
         self._device = ""
 
@@ -128,6 +148,10 @@ class CheckpointPicker(QFrame):
         index = self.step.findData(step)
         if index >= 0:
             self.step.setCurrentIndex(index)
+
+    def set_precision(self, dtype: str) -> None:
+        index = self.precision.findData(dtype)
+        self.precision.setCurrentIndex(max(0, index))
 
     def open_popup(self) -> None:
         self.source.setFocus()

@@ -89,6 +89,7 @@ class MainWindow(QMainWindow):
         self.sampling.set_user_presets(self.settings.get("sampling_presets"))
         self.sampling.setVisible(self.settings.get("sampling_panel_visible"))
         self.input.set_enter_sends(self.settings.get("enter_sends"))
+        self.picker.set_precision(self.settings.get("dtype"))
 
     def _build_actions(self) -> None:
         def action(text: str, shortcut: str | QKeySequence, slot) -> QAction:
@@ -122,6 +123,7 @@ class MainWindow(QMainWindow):
         self.picker.selection_changed.connect(bg.summarize)
         self.picker.load_requested.connect(c.load_checkpoint)
         self.picker.folder_chosen.connect(self._on_folder)
+        self.picker.precision_changed.connect(self._on_precision)
         c.model_loading.connect(self.picker.set_progress)
         c.model_loaded.connect(self._on_model_loaded)
         c.model_load_failed.connect(lambda _path, _reason: self.picker.set_progress(0, "load failed"))
@@ -204,6 +206,12 @@ class MainWindow(QMainWindow):
     def _on_folder(self, folder: Path) -> None:
         self.background.extra_dirs.append(folder)
         self.background.scan()
+
+    def _on_precision(self, dtype: str) -> None:
+        """A new precision applies at once: reload the loaded checkpoint with it."""
+        if self.settings.set("dtype", dtype) and self.controller.model_info:
+            info = self.controller.model_info
+            self.controller.load_checkpoint(Path(info["path"]), info["step"])
 
     def _on_model_loaded(self, info: dict) -> None:
         self.picker.set_progress(100, "loaded")

@@ -111,7 +111,8 @@ def style_sheet(c: Colors) -> str:
     QFrame#InputBar {{ background: {c.window}; }}
     QPlainTextEdit#Input {{ background: {c.base}; border: 1px solid {c.border}; border-radius: 10px;
         padding: 6px; }}
-    QPushButton {{ background: {c.base}; border: 1px solid {c.border}; border-radius: 6px; padding: 5px 12px; }}
+    QPushButton {{ background: {c.base}; border: 1px solid {c.border}; border-radius: 6px;
+        padding: 5px 12px; }}
     QPushButton:hover {{ border-color: {c.accent}; }}
     QPushButton#Primary {{ background: {c.accent}; color: white; border: none; font-weight: 600; }}
     QPushButton#Danger {{ background: {c.error}; color: white; border: none; font-weight: 600; }}
