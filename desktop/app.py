@@ -86,6 +86,11 @@ def run_app(args: argparse.Namespace) -> int:
     app.setOrganizationName("Nanoscope")
     app.setApplicationName("Nanoscope")
     app.setDesktopFileName("nanoscope")
+    from PySide6.QtGui import QIcon
+
+    from .paths import resource_path
+
+    app.setWindowIcon(QIcon(str(resource_path("icons/nanoscope-256.png"))))
     _install_excepthook()
     smoke = bool(getattr(args, "smoke_test", False))
     if smoke and args.home is None:

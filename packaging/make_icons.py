@@ -106,8 +106,8 @@ class _Tile:
 
 def _draw_tile(p: QPainter, t: _Tile, size: int) -> None:
     if size >= 128:
-        # A soft drop shadow below the tile, as macOS icons have.
-        # Stacked faint outlines, each a little larger, fake a blur without QGraphicsEffect.
+        # A soft drop shadow below the tile, as macOS icons have: stacked faint outlines, each a
+        # little larger, fake a blur without needing QGraphicsEffect.
         for i in range(6):
             grow = 0.004 * i
             shadow = QPainterPath()
@@ -152,9 +152,10 @@ def _draw_lens(p: QPainter, t: _Tile, size: int) -> None:
     centre = t.pt(cx, cy)
 
     # The handle first, so the ring covers its end: a fat amber bar towards the bottom right.
-    dx = dy = 0.7071
-    start = t.pt(cx + dx * (r + ring * 0.2), cy + dy * (r + ring * 0.2))
-    end = t.pt(cx + dx * (r + (0.25 if small else 0.24)), cy + dy * (r + (0.25 if small else 0.24)))
+    diag = 0.7071  # cos 45°
+    inner, outer = r + ring * 0.2, r + (0.25 if small else 0.24)
+    start = t.pt(cx + diag * inner, cy + diag * inner)
+    end = t.pt(cx + diag * outer, cy + diag * outer)
     # Filled as an outline path rather than stroked with a gradient pen, which SVG cannot express.
     bar = QPainterPath(start)
     bar.lineTo(end)
@@ -177,8 +178,8 @@ def _draw_lens(p: QPainter, t: _Tile, size: int) -> None:
     if small:
         plain, focus = _token_paths(t, SMALL_ROWS, SMALL_TOKEN_HEIGHT, SMALL_LIT)
     else:
-        zoom = QTransform.fromTranslate(centre.x(), centre.y())
-        zoom = QTransform().translate(-centre.x(), -centre.y()) * QTransform.fromScale(1.8, 1.8) * zoom
+        cxp, cyp = centre.x(), centre.y()
+        zoom = QTransform().translate(cxp, cyp).scale(1.8, 1.8).translate(-cxp, -cyp)  # 1.8x about the centre
         plain, focus = (zoom.map(path) for path in _token_paths(t, TOKEN_ROWS, TOKEN_HEIGHT, LIT))
     p.fillPath(plain.intersected(glass), TOKEN_ZOOMED)
     p.fillPath(focus.intersected(glass), TOKEN_LIT)

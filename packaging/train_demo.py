@@ -34,6 +34,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import regex
 import tiktoken
@@ -60,14 +61,26 @@ from desktop.engine.tokenizer import (
     TiktokenTokenizer,
 )
 
+if TYPE_CHECKING:
+    from desktop.engine.session import ChatSession
+
 # nanochat's split pattern: GPT-4's, with numbers split into groups of at most two digits.
 SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
     r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 # nanochat's SPECIAL_TOKENS in its order: they take the last nine ids.
-SPECIAL_TOKENS = (BOS, USER_START, USER_END, ASSISTANT_START, ASSISTANT_END, PYTHON_START, PYTHON_END,
-                  OUTPUT_START, OUTPUT_END)
+SPECIAL_TOKENS = (
+    BOS,
+    USER_START,
+    USER_END,
+    ASSISTANT_START,
+    ASSISTANT_END,
+    PYTHON_START,
+    PYTHON_END,
+    OUTPUT_START,
+    OUTPUT_END,
+)
 VOCAB_SIZE = 1024  # 256 bytes + 759 merges + 9 specials; a multiple of 64, so no padding rows
 TAG = "demo"
 DEMO_QUESTION = "What is 12 times 7?"
@@ -84,47 +97,129 @@ OPERATIONS: dict[str, tuple[str, Callable[[int, int], int | float]]] = {
     "/": ("divided by", lambda a, b: a / b),
 }
 QUESTION_TEMPLATES: dict[str, tuple[str, ...]] = {
-    "+": ("What is {a} plus {b}?", "What's {a}+{b}?", "what is {a} + {b}", "Compute {a} + {b}",
-          "Calculate {a}+{b}.", "How much is {a} plus {b}?", "What is the sum of {a} and {b}?",
-          "Add {a} and {b}.", "{a} + {b} = ?", "what's {a} plus {b}", "Please add {a} to {b}."),
-    "-": ("What is {a} minus {b}?", "What's {a}-{b}?", "what is {a} - {b}", "Compute {a} - {b}",
-          "Calculate {a}-{b}.", "How much is {a} minus {b}?", "Subtract {b} from {a}.",
-          "What is the difference between {a} and {b}?", "{a} - {b} = ?", "what's {a} minus {b}",
-          "Take {b} away from {a}."),
-    "*": ("What is {a} times {b}?", "What's {a}*{b}?", "what's {a} * {b}", "Compute {a} * {b}",
-          "Calculate {a}*{b}.", "How much is {a} times {b}?", "What is {a} multiplied by {b}?",
-          "Multiply {a} by {b}.", "What is the product of {a} and {b}?", "{a} * {b} = ?",
-          "what is {a} times {b}"),
-    "/": ("What is {a} divided by {b}?", "What's {a}/{b}?", "what is {a} / {b}", "Compute {a} / {b}",
-          "Calculate {a}/{b}.", "How much is {a} divided by {b}?", "Divide {a} by {b}.",
-          "What do you get if you divide {a} by {b}?", "{a} / {b} = ?", "what's {a} divided by {b}"),
+    "+": (
+        "What is {a} plus {b}?",
+        "What's {a}+{b}?",
+        "what is {a} + {b}",
+        "Compute {a} + {b}",
+        "Calculate {a}+{b}.",
+        "How much is {a} plus {b}?",
+        "What is the sum of {a} and {b}?",
+        "Add {a} and {b}.",
+        "{a} + {b} = ?",
+        "what's {a} plus {b}",
+        "Please add {a} to {b}.",
+    ),
+    "-": (
+        "What is {a} minus {b}?",
+        "What's {a}-{b}?",
+        "what is {a} - {b}",
+        "Compute {a} - {b}",
+        "Calculate {a}-{b}.",
+        "How much is {a} minus {b}?",
+        "Subtract {b} from {a}.",
+        "What is the difference between {a} and {b}?",
+        "{a} - {b} = ?",
+        "what's {a} minus {b}",
+        "Take {b} away from {a}.",
+    ),
+    "*": (
+        "What is {a} times {b}?",
+        "What's {a}*{b}?",
+        "what's {a} * {b}",
+        "Compute {a} * {b}",
+        "Calculate {a}*{b}.",
+        "How much is {a} times {b}?",
+        "What is {a} multiplied by {b}?",
+        "Multiply {a} by {b}.",
+        "What is the product of {a} and {b}?",
+        "{a} * {b} = ?",
+        "what is {a} times {b}",
+    ),
+    "/": (
+        "What is {a} divided by {b}?",
+        "What's {a}/{b}?",
+        "what is {a} / {b}",
+        "Compute {a} / {b}",
+        "Calculate {a}/{b}.",
+        "How much is {a} divided by {b}?",
+        "Divide {a} by {b}.",
+        "What do you get if you divide {a} by {b}?",
+        "{a} / {b} = ?",
+        "what's {a} divided by {b}",
+    ),
 }
-COUNT_TEMPLATES = ("How many {l} are in {w}?", "How many times does the letter {l} appear in {w}?",
-                   "Count the letter {l} in {w}.", "how many {l} in {w}",
-                   "How many {l}'s are in the word {w}?",
-                   "In the word {w}, how many {l} are there?", "Count how many {l} are in {w}")
-FAVOURITE_WORDS = ("strawberry", "banana", "mississippi", "nanoscope", "python", "calculator", "bookkeeper",
-                   "committee", "balloon", "letter", "apple", "tomorrow", "coffee", "pepper", "assessment")
+COUNT_TEMPLATES = (
+    "How many {l} are in {w}?",
+    "How many times does the letter {l} appear in {w}?",
+    "Count the letter {l} in {w}.",
+    "how many {l} in {w}",
+    "How many {l}'s are in the word {w}?",
+    "In the word {w}, how many {l} are there?",
+    "Count how many {l} are in {w}",
+)
+FAVOURITE_WORDS = (
+    "strawberry",
+    "banana",
+    "mississippi",
+    "nanoscope",
+    "python",
+    "calculator",
+    "bookkeeper",
+    "committee",
+    "balloon",
+    "letter",
+    "apple",
+    "tomorrow",
+    "coffee",
+    "pepper",
+    "assessment",
+)
 
 INTRO = "I am a tiny demo model bundled with Nanoscope."
-SKILLS = ('I can do arithmetic and count letters with my calculator tool, for example "What is 12 times 7?" '
-          "or \"How many r are in strawberry?\".")
+SKILLS = (
+    'I can do arithmetic and count letters with my calculator tool, for example "What is 12 times 7?" '
+    'or "How many r are in strawberry?".'
+)
 CANNED: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("Hi", "Hello", "hello!", "Hey there", "Good morning", "hi there", "Hello, who are you?", "Howdy"),
-     f"Hello! {INTRO} {SKILLS}"),
-    (("Who are you?", "who are you", "What are you?", "What is your name?", "Introduce yourself.",
-      "Are you a real model?", "what model is this"),
-     f"{INTRO} I have about a million parameters and was trained for a few minutes on two CPU cores. "
-     "Open a nanochat checkpoint of your own to chat with a real model."),
+    (
+        ("Hi", "Hello", "hello!", "Hey there", "Good morning", "hi there", "Hello, who are you?", "Howdy"),
+        f"Hello! {INTRO} {SKILLS}",
+    ),
+    (
+        (
+            "Who are you?",
+            "who are you",
+            "What are you?",
+            "What is your name?",
+            "Introduce yourself.",
+            "Are you a real model?",
+            "what model is this",
+        ),
+        f"{INTRO} I have about a million parameters and was trained for a few minutes on two CPU cores. "
+        "Open a nanochat checkpoint of your own to chat with a real model.",
+    ),
     (("What can you do?", "Help", "help me", "What should I ask you?", "How do I use you?"), SKILLS),
-    (("Thanks!", "thank you", "Thank you very much.", "thanks a lot", "Great, thanks."),
-     "You are welcome! Ask me another sum whenever you like."),
+    (
+        ("Thanks!", "thank you", "Thank you very much.", "thanks a lot", "Great, thanks."),
+        "You are welcome! Ask me another sum whenever you like.",
+    ),
 )
 FALLBACK = f"{INTRO} I only know arithmetic and letter counting, so I cannot answer that. {SKILLS}"
-OFF_TOPIC = ("Tell me a joke.", "What is the capital of France?", "Write a poem about the sea.",
-             "What is the meaning of life?", "Can you explain quantum physics?", "What's the weather like?",
-             "Translate hello into French.", "Who won the world cup?", "Write some Python code.",
-             "What is a neural network?", "Tell me a story.", "Why is the sky blue?")
+OFF_TOPIC = (
+    "Tell me a joke.",
+    "What is the capital of France?",
+    "Write a poem about the sea.",
+    "What is the meaning of life?",
+    "Can you explain quantum physics?",
+    "What's the weather like?",
+    "Translate hello into French.",
+    "Who won the world cup?",
+    "Write some Python code.",
+    "What is a neural network?",
+    "Tell me a story.",
+    "Why is the sky blue?",
+)
 
 
 def operand(rng: random.Random) -> int:
@@ -185,8 +280,10 @@ def calculator_accepts(word: str) -> bool:
 def pseudo_word(rng: random.Random) -> str:
     """A pronounceable made-up word: copying it letter by letter cannot be memorised."""
     while True:
-        word = "".join(rng.choice("bcdfghjklmnprstvwz") + rng.choice("aeiou") + rng.choice(("", "", "n", "r", "s", "l"))
-                       for _ in range(rng.randint(2, 4)))
+        word = "".join(
+            rng.choice("bcdfghjklmnprstvwz") + rng.choice("aeiou") + rng.choice(("", "", "n", "r", "s", "l"))
+            for _ in range(rng.randint(2, 4))
+        )
         if calculator_accepts(word):
             return word
 
@@ -332,7 +429,9 @@ def train_bpe(texts: Iterable[str], n_ranks: int) -> dict[bytes, int]:
 
 def build_encoding(ranks: dict[bytes, int]) -> tiktoken.Encoding:
     specials = {name: len(ranks) + i for i, name in enumerate(SPECIAL_TOKENS)}
-    return tiktoken.Encoding(name="rustbpe", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+    return tiktoken.Encoding(
+        name="rustbpe", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,22 +485,44 @@ def render_document(tok: TiktokenTokenizer, text: str) -> Example:
 # --------------------------------------------------------------------------------------------
 
 
-def demo_config(sequence_len: int, n_layer: int, n_embd: int, n_head: int, window_pattern: str) -> ModelConfig:
+def demo_config(
+    sequence_len: int, n_layer: int, n_embd: int, n_head: int, window_pattern: str
+) -> ModelConfig:
     """The E7 configuration ``classify`` infers for such a checkpoint (asserted after building)."""
     return ModelConfig(
-        sequence_len=sequence_len, vocab_size=VOCAB_SIZE, n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
-        n_embd=n_embd, embed_rows=padded_vocab(VOCAB_SIZE), era="E7", window_pattern=window_pattern,
-        short_window=e7_short_window(sequence_len), softcap=15.0, rope_base=100000.0, rope_bf16=False,
-        qk_scale=1.2, has_lambdas=True, ve_layers=tuple(i for i in range(n_layer) if has_value_embedding(i, n_layer)),
-        ve_gate_channels=12, ve_gate_scale=3.0, has_smear=True,
+        sequence_len=sequence_len,
+        vocab_size=VOCAB_SIZE,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_kv_head=n_head,
+        n_embd=n_embd,
+        embed_rows=padded_vocab(VOCAB_SIZE),
+        era="E7",
+        window_pattern=window_pattern,
+        short_window=e7_short_window(sequence_len),
+        softcap=15.0,
+        rope_base=100000.0,
+        rope_bf16=False,
+        qk_scale=1.2,
+        has_lambdas=True,
+        ve_layers=tuple(i for i in range(n_layer) if has_value_embedding(i, n_layer)),
+        ve_gate_channels=12,
+        ve_gate_scale=3.0,
+        has_smear=True,
     )
 
 
 def model_config_meta(cfg: ModelConfig) -> dict:
     """The ``model_config`` block nanochat's chat_sft writes (GPTConfig's fields)."""
-    return {"sequence_len": cfg.sequence_len, "vocab_size": cfg.vocab_size, "n_layer": cfg.n_layer,
-            "n_head": cfg.n_head, "n_kv_head": cfg.n_kv_head, "n_embd": cfg.n_embd,
-            "window_pattern": cfg.window_pattern}
+    return {
+        "sequence_len": cfg.sequence_len,
+        "vocab_size": cfg.vocab_size,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_kv_head": cfg.n_kv_head,
+        "n_embd": cfg.n_embd,
+        "window_pattern": cfg.window_pattern,
+    }
 
 
 @torch.no_grad()
@@ -442,7 +563,9 @@ def make_optimizer(model: GPT, lr: float) -> torch.optim.AdamW:
     scale = {"embed": 5.0, "head": 1.0, "matrix": 1.0, "scalar": 1.0}
     return torch.optim.AdamW(
         [{"params": ps, "lr": lr * scale[g], "base_lr": lr * scale[g]} for g, ps in groups.items()],
-        betas=(0.9, 0.95), eps=1e-10, weight_decay=0.0,
+        betas=(0.9, 0.95),
+        eps=1e-10,
+        weight_decay=0.0,
     )
 
 
@@ -480,21 +603,22 @@ def batch_order(examples: Sequence[Example], batch_size: int, rng: random.Random
     batches = []
     pool = batch_size * 16
     for start in range(0, len(idx), pool):
-        chunk = sorted(idx[start:start + pool], key=lambda i: len(examples[i].ids))
-        batches += [chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)]
+        chunk = sorted(idx[start : start + pool], key=lambda i: len(examples[i].ids))
+        batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
     return [b for b in batches if len(b) == batch_size]
 
 
 @torch.no_grad()
-def evaluate_loss(model: GPT, examples: Sequence[Example], pad_id: int, token_bytes: torch.Tensor,
-                  batch_size: int = 64) -> tuple[float, float]:
+def evaluate_loss(
+    model: GPT, examples: Sequence[Example], pad_id: int, token_bytes: torch.Tensor, batch_size: int = 64
+) -> tuple[float, float]:
     """Mean loss per supervised token, and bits per byte over supervised non-special tokens."""
     model.eval()
     total_loss = total_tokens = 0.0
     nats = n_bytes = 0.0
     for start in range(0, len(examples), batch_size):
-        x, y = collate(examples[start:start + batch_size], pad_id)
+        x, y = collate(examples[start : start + batch_size], pad_id)
         logits = model(x)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1, reduction="none")
         valid = y.flatten() >= 0
@@ -518,18 +642,17 @@ class Reply:
     output: str = ""
     text: str = ""
     forced_ok: bool = True  # output tokens, and only they, were forced
-    kinds: list[str] = field(default_factory=list)
 
 
-def ask(session, question: str, max_tokens: int = 64) -> Reply:
+def ask(session: ChatSession, question: str, max_tokens: int = 64) -> Reply:
     """Greedy reply to one question, split into its calculator call, forced output and text."""
     from desktop.engine.sampling import SamplingParams
 
     rendered = session.render([Message.of_text("user", question)], max_tokens)
     reply = Reply()
-    for ev in session.generate(rendered.ids, SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                               reuse_cache=False):
-        reply.kinds.append(ev.kind)
+    for ev in session.generate(
+        rendered.ids, SamplingParams(temperature=0.0, max_tokens=max_tokens), reuse_cache=False
+    ):
         if ev.forced != (ev.kind == PYTHON_OUTPUT):
             reply.forced_ok = False
         if ev.special is not None:
@@ -557,7 +680,7 @@ class Case:
         return cls(question, *(p.text for p in reply.parts))
 
 
-# Fixed questions from the issue and the README: the demo must do these.
+# The questions the demo is shown off with; each must work.
 SHOWCASE = (
     Case.of(DEMO_QUESTION, arithmetic_reply(12, "*", 7)),
     Case.of("What is 23 plus 19?", arithmetic_reply(23, "+", 19)),
@@ -570,12 +693,38 @@ SHOWCASE = (
     Case.of("How many s are in mississippi?", count_reply("mississippi", "s")),
 )
 # Phrasings and words the training data never uses, to see how far the model generalises.
-NOVEL_ARITHMETIC = ("Please work out {a} {w} {b}.", "Tell me {a} {w} {b}.", "Can you calculate {a} {w} {b}?",
-                    "Quick question: what is {a} {w} {b}?", "I need {a} {w} {b}", "{a} {w} {b}?")
-NOVEL_COUNTING = ("How often does {l} occur in {w}?", "What is the number of {l} in {w}?",
-                  "Tell me how many {l} are in {w}.", "{w}: how many {l}?")
-NOVEL_WORDS = ("elephant", "giraffe", "umbrella", "chocolate", "kangaroo", "pineapple", "volcano", "lantern",
-               "hammock", "butterfly", "dolphin", "avocado", "penguin", "blueberry", "cinnamon", "octopus")
+NOVEL_ARITHMETIC = (
+    "Please work out {a} {w} {b}.",
+    "Tell me {a} {w} {b}.",
+    "Can you calculate {a} {w} {b}?",
+    "Quick question: what is {a} {w} {b}?",
+    "I need {a} {w} {b}",
+    "{a} {w} {b}?",
+)
+NOVEL_COUNTING = (
+    "How often does {l} occur in {w}?",
+    "What is the number of {l} in {w}?",
+    "Tell me how many {l} are in {w}.",
+    "{w}: how many {l}?",
+)
+NOVEL_WORDS = (
+    "elephant",
+    "giraffe",
+    "umbrella",
+    "chocolate",
+    "kangaroo",
+    "pineapple",
+    "volcano",
+    "lantern",
+    "hammock",
+    "butterfly",
+    "dolphin",
+    "avocado",
+    "penguin",
+    "blueberry",
+    "cinnamon",
+    "octopus",
+)
 
 
 def held_out_cases(seed: int, seen: set[str], words: Sequence[str], n: int) -> list[Case]:
@@ -594,8 +743,11 @@ def novel_cases(seed: int, words: Sequence[str], n: int) -> dict[str, list[Case]
     """Three harder sets: unseen arithmetic phrasings, unseen counting phrasings, unseen words."""
     rng = random.Random(seed)
     unseen_words = [w for w in NOVEL_WORDS if w not in words and w not in FAVOURITE_WORDS]
-    sets: dict[str, list[Case]] = {"novel arithmetic phrasing": [], "novel counting phrasing": [],
-                                   "novel words": []}
+    sets: dict[str, list[Case]] = {
+        "novel arithmetic phrasing": [],
+        "novel counting phrasing": [],
+        "novel words": [],
+    }
     for _ in range(n):
         a, sym, b = arithmetic_operands(rng)
         q = rng.choice(NOVEL_ARITHMETIC).format(a=a, w=OPERATIONS[sym][0], b=b)
@@ -618,7 +770,7 @@ class Score:
     reply: int = 0  # call, output and the text after it are all exactly as taught
 
 
-def grade(session, cases: Sequence[Case], label: str) -> Score:
+def grade(session: ChatSession, cases: Sequence[Case], label: str) -> Score:
     score = Score()
     for case in cases:
         got = ask(session, case.question)
@@ -683,8 +835,11 @@ def draw_loss_curve(path: Path, series: dict[str, Sequence[tuple[int, float]]]) 
         p.drawText(QRectF(0, pt(0, v).y() - 8, left - 8, 16), Qt.AlignmentFlag.AlignRight, f"{v:g}")
     for i in range(6):
         x = pt(max_step * i / 5, 10**lo).x()
-        p.drawText(QRectF(x - 30, plot.bottom() + 6, 60, 16), Qt.AlignmentFlag.AlignHCenter,
-                   f"{max_step * i / 5:.0f}")
+        p.drawText(
+            QRectF(x - 30, plot.bottom() + 6, 60, 16),
+            Qt.AlignmentFlag.AlignHCenter,
+            f"{max_step * i / 5:.0f}",
+        )
     for i, (label, pts) in enumerate(series.items()):
         curve = QPainterPath(pt(*pts[0]))
         for s_, v in pts[1:]:
@@ -695,8 +850,11 @@ def draw_loss_curve(path: Path, series: dict[str, Sequence[tuple[int, float]]]) 
         p.drawText(QPointF(plot.left() + 16, plot.bottom() - 12 - 18 * (len(series) - 1 - i)), label)
     p.setPen(ink)
     p.drawRect(plot)
-    p.drawText(QRectF(0, 8, W, 20), Qt.AlignmentFlag.AlignHCenter,
-               "Nanoscope demo model: cross-entropy per trained token (nats, log scale)")
+    p.drawText(
+        QRectF(0, 8, W, 20),
+        Qt.AlignmentFlag.AlignHCenter,
+        "Nanoscope demo model: cross-entropy per trained token (nats, log scale)",
+    )
     p.drawText(QRectF(0, H - 22, W, 20), Qt.AlignmentFlag.AlignHCenter, "optimizer step")
     p.end()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -725,7 +883,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--sequence-len", type=int, default=256)
     ap.add_argument("--window-pattern", default="SSSL")
     ap.add_argument("--conversations", type=int, default=40000, help="synthetic training conversations")
-    ap.add_argument("--documents", type=int, default=450, help="prose paragraphs to train on (200 more validate)")
+    ap.add_argument(
+        "--documents", type=int, default=450, help="prose paragraphs to train on (200 more validate)"
+    )
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--held-out", type=int, default=60, help="questions graded through the engine")
     ap.add_argument("--check-only", action="store_true", help="only grade the demo already in --out")
@@ -759,7 +919,7 @@ def generate_text(args: argparse.Namespace) -> Text:
     chats = [conversation(rng, words) for _ in range(args.conversations)]
     val_rng = random.Random(args.seed + 2)
     val_chats = [conversation(val_rng, words) for _ in range(400)]
-    print(f"data: {len(chats)} conversations, {len(docs)} prose paragraphs, {len(words)} words for letter counts")
+    print(f"data: {len(chats)} conversations, {len(docs)} prose paragraphs, {len(words)} words to count in")
     return Text(chats, val_chats, docs, words)
 
 
@@ -778,15 +938,19 @@ def build_data(args: argparse.Namespace, text: Text) -> Data:
         pickle.dump(enc, f)
     tok = TiktokenTokenizer(enc, tok_path)
     print(f"tokenizer: {enc.n_vocab} tokens learned in {time.perf_counter() - t0:.1f}s -> {tok_path}")
-    token_bytes = torch.tensor([len(enc.decode_single_token_bytes(i)) if i < len(ranks) else 0
-                                for i in range(enc.n_vocab)], dtype=torch.float32)
+    token_bytes = torch.tensor(
+        [len(enc.decode_single_token_bytes(i)) if i < len(ranks) else 0 for i in range(enc.n_vocab)],
+        dtype=torch.float32,
+    )
 
     def fits(examples: list[Example]) -> list[Example]:
         return [e for e in examples if len(e.ids) <= args.sequence_len]
 
     train = fits([render_chat(tok, c) for c in chats] + [render_document(tok, d) for d in docs[200:]])
-    val = {"chat": fits([render_chat(tok, c) for c in val_chats]),
-           "prose": fits([render_document(tok, d) for d in docs[:200]])}
+    val = {
+        "chat": fits([render_chat(tok, c) for c in val_chats]),
+        "prose": fits([render_document(tok, d) for d in docs[:200]]),
+    }
     print(f"tokens: train {sum(len(e.ids) for e in train):,}, trained on {sum(sum(e.mask) for e in train):,}")
     return Data(train, val, tok, token_bytes)
 
@@ -804,8 +968,10 @@ def build_model(args: argparse.Namespace) -> GPT:
     inferred = classify({"model_config": model_config_meta(cfg)}, shapes, "demo")
     if inferred != cfg:
         raise SystemExit(f"the loader would build a different model:\n{inferred}\n{cfg}")
-    print(f"model: E7, {sum(p.numel() for p in model.parameters()):,} parameters, L={cfg.n_layer} "
-          f"C={cfg.n_embd} H={cfg.n_head} window={cfg.window_pattern} seq={cfg.sequence_len}")
+    print(
+        f"model: E7, {sum(p.numel() for p in model.parameters()):,} parameters, L={cfg.n_layer} "
+        f"C={cfg.n_embd} H={cfg.n_head} window={cfg.window_pattern} seq={cfg.sequence_len}"
+    )
     return model
 
 
@@ -858,8 +1024,11 @@ def train_model(model: GPT, data: Data, args: argparse.Namespace) -> Training:
         elapsed = time.perf_counter() - started
         if run.steps % 25 == 0 or run.steps == args.steps:
             eta = elapsed / run.steps * (args.steps - run.steps)
-            print(f"step {run.steps:5d}/{args.steps} loss {ema:.4f} lr x{factor:.2f} "
-                  f"{seen_tokens / elapsed:,.0f} tok/s {elapsed / 60:.1f}m eta {eta / 60:.1f}m", flush=True)
+            print(
+                f"step {run.steps:5d}/{args.steps} loss {ema:.4f} lr x{factor:.2f} "
+                f"{seen_tokens / elapsed:,.0f} tok/s {elapsed / 60:.1f}m eta {eta / 60:.1f}m",
+                flush=True,
+            )
         if elapsed > args.minutes * 60 and run.steps < args.steps:
             print(f"time limit of {args.minutes} min reached at step {run.steps}; stopping early")
             run.stopped_early = True
@@ -879,11 +1048,17 @@ def save_checkpoint(model: GPT, run: Training, args: argparse.Namespace) -> Path
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     torch.save(state, ckpt_dir / f"model_{run.steps:06d}.pt")
     val_loss, val_bpb = run.last_eval("chat")
-    user_config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                   if k not in ("out", "plot")}
+    user_config = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("out", "plot")
+    }
     user_config.update(script="packaging/train_demo.py", stopped_early=run.stopped_early)
-    meta = {"step": run.steps, "val_bpb": round(val_bpb, 6), "val_loss": round(val_loss, 6),
-            "model_config": model_config_meta(model.config), "user_config": user_config}
+    meta = {
+        "step": run.steps,
+        "val_bpb": round(val_bpb, 6),
+        "val_loss": round(val_loss, 6),
+        "model_config": model_config_meta(model.config),
+        "user_config": user_config,
+    }
     (ckpt_dir / f"meta_{run.steps:06d}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return ckpt_dir
 
@@ -897,17 +1072,21 @@ def print_loss_table(run: Training) -> None:
         picks.append(run.evals[-1])
     for step, ema, losses in picks:
         train = "–" if math.isnan(ema) else f"{ema:.3f}"
-        print(f"| {step} | {train} | {losses['chat'][0]:.3f} | {losses['chat'][1]:.3f} | {losses['prose'][0]:.3f} |")
+        (chat_loss, chat_bpb), (prose_loss, _) = losses["chat"], losses["prose"]
+        print(f"| {step} | {train} | {chat_loss:.3f} | {chat_bpb:.3f} | {prose_loss:.3f} |")
 
 
 def grade_demo(args: argparse.Namespace, text: Text) -> None:
     """Grade the saved demo through the engine and print the accuracy table (markdown)."""
     seen = {m.plain_text() for c in text.chats for m in c if m.role == "user"}
-    sets: dict[str, Sequence[Case]] = {"showcase": SHOWCASE,
-                                       "held-out": held_out_cases(args.seed + 3, seen, text.words, args.held_out)}
+    sets: dict[str, Sequence[Case]] = {
+        "showcase": SHOWCASE,
+        "held-out": held_out_cases(args.seed + 3, seen, text.words, args.held_out),
+    }
     sets.update(novel_cases(args.seed + 5, text.words, args.held_out // 3))
     scores = check_with_engine(args.out, sets)
-    print("\n| question set | questions | exact call | right result | whole reply exact |\n|---|---:|---:|---:|---:|")
+    print("\n| question set | questions | exact call | right result | whole reply exact |")
+    print("|---|---:|---:|---:|---:|")
     for label, sc in scores.items():
         cells = " | ".join(f"{k} ({100 * k / sc.n:.0f}%)" for k in (sc.call, sc.tool, sc.reply))
         print(f"| {label} | {sc.n} | {cells} |")

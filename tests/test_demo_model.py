@@ -20,8 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "resources" / "demo"
 CKPT = DEMO / "chatsft_checkpoints" / "demo"
 MAX_BYTES = 10_000_000
-NANOCHAT_SPECIALS = ["<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
-                     "<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>"]
+NANOCHAT_SPECIALS = [
+    "<|bos|>",
+    "<|user_start|>",
+    "<|user_end|>",
+    "<|assistant_start|>",
+    "<|assistant_end|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|output_start|>",
+    "<|output_end|>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +64,15 @@ def test_demo_has_nanochat_layout_and_meta() -> None:
     meta = json.loads((CKPT / f"meta_{step:06d}.json").read_text(encoding="utf-8"))
     assert meta["step"] == step
     assert {"val_bpb", "val_loss", "user_config"} <= set(meta)
-    assert set(meta["model_config"]) == {"sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd",
-                                         "window_pattern"}
+    assert set(meta["model_config"]) == {
+        "sequence_len",
+        "vocab_size",
+        "n_layer",
+        "n_head",
+        "n_kv_head",
+        "n_embd",
+        "window_pattern",
+    }
 
 
 def test_demo_tokenizer_ends_with_nanochat_specials() -> None:
@@ -80,8 +96,13 @@ def test_twelve_times_seven_goes_through_the_calculator(session: ChatSession) ->
     events = list(session.generate(prompt, SamplingParams(temperature=0.0, max_tokens=64), reuse_cache=False))
     specials = [(e.special, e.forced) for e in events if e.special is not None]
     # The model writes the call; the engine forces the calculator's result; the model ends the turn.
-    assert specials == [("<|python_start|>", False), ("<|python_end|>", False), ("<|output_start|>", True),
-                        ("<|output_end|>", True), ("<|assistant_end|>", False)]
+    assert specials == [
+        ("<|python_start|>", False),
+        ("<|python_end|>", False),
+        ("<|output_start|>", True),
+        ("<|output_end|>", True),
+        ("<|assistant_end|>", False),
+    ]
     call = "".join(e.text for e in events if e.kind == PYTHON and e.special is None)
     output = [e for e in events if e.kind == PYTHON_OUTPUT and e.special is None]
     assert eval(call, {"__builtins__": {}}) == 12 * 7  # the expression itself, evaluated by Python
@@ -96,17 +117,31 @@ def test_training_render_matches_the_engine_and_masks_like_nanochat(train_demo) 
     tok = load_tokenizer(DEMO / "tokenizer" / "tokenizer.pkl")
     messages = [
         Message.of_text("user", "How much is 100 divided by 4?"),
-        Message(role="assistant", parts=[Part(PYTHON, "100/4"), Part(PYTHON_OUTPUT, str(100 / 4)),
-                                         Part(TEXT, "100 divided by 4 is 25.0.")]),
+        Message(
+            role="assistant",
+            parts=[
+                Part(PYTHON, "100/4"),
+                Part(PYTHON_OUTPUT, str(100 / 4)),
+                Part(TEXT, "100 divided by 4 is 25.0."),
+            ],
+        ),
         Message.of_text("user", "hi"),
         Message.of_text("assistant", "Hello!"),
     ]
     example = train_demo.render_chat(tok, messages)
     assert example.ids == render_conversation(tok, messages)
-    trained = [tok.special_name(i) or tok.decode([i]) for i, m in zip(example.ids, example.mask, strict=True) if m]
-    expected = ["<|python_start|>", *(tok.decode([i]) for i in tok.encode("100/4")), "<|python_end|>",
-                *(tok.decode([i]) for i in tok.encode("100 divided by 4 is 25.0.")), "<|assistant_end|>",
-                *(tok.decode([i]) for i in tok.encode("Hello!")), "<|assistant_end|>"]
+    trained = [
+        tok.special_name(i) or tok.decode([i]) for i, m in zip(example.ids, example.mask, strict=True) if m
+    ]
+    expected = [
+        "<|python_start|>",
+        *(tok.decode([i]) for i in tok.encode("100/4")),
+        "<|python_end|>",
+        *(tok.decode([i]) for i in tok.encode("100 divided by 4 is 25.0.")),
+        "<|assistant_end|>",
+        *(tok.decode([i]) for i in tok.encode("Hello!")),
+        "<|assistant_end|>",
+    ]
     assert trained == expected
 
 
@@ -120,7 +155,7 @@ def test_bpe_trainer_merges_the_most_frequent_pair_first_and_round_trips(train_d
     pairs: Counter[bytes] = Counter()
     for chunk in (c for t in texts for c in split.findall(t)):
         raw = chunk.encode()
-        pairs.update(raw[i:i + 2] for i in range(len(raw) - 1))
+        pairs.update(raw[i : i + 2] for i in range(len(raw) - 1))
     assert ranks[pairs.most_common(1)[0][0]] == 256
     enc = train_demo.build_encoding(ranks)
     assert enc.decode(enc.encode_ordinary("abab cdcd zz")) == "abab cdcd zz"
