@@ -102,8 +102,10 @@ def load_state_dict(path: Path) -> dict[str, Any]:
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, MemoryError) as exc:
         if is_out_of_memory(exc):
-            raise OutOfMemoryError(f"{path}: out of memory while reading the file; close other programs "
-                                   "or use a smaller checkpoint") from None
+            raise OutOfMemoryError(
+                f"{path}: out of memory while reading the file; close other programs "
+                "or use a smaller checkpoint"
+            ) from None
         raise CheckpointError(f"{path}: file is truncated or corrupt ({_first_line(exc)})") from None
     if not isinstance(sd, dict):
         raise CheckpointError(f"{path}: expected a dict of tensors, found {type(sd).__name__}")

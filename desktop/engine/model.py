@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from .attention import flash_attn_kvcache_fn, sdpa_attention
 from .config import ModelConfig
 from .kvcache import KVCache
-from .parallel_linear import linear_rows, split_rows
+from .parallel_linear import RowLinear, parallelize
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -61,6 +61,16 @@ class Attention(nn.Module):
         if self.ve_channels:
             self.ve_gate = nn.Linear(self.ve_channels, cfg.n_kv_head, bias=False)
         self.use_flash = False
+        self._qkv: RowLinear | None = None
+
+    def fuse_qkv(self) -> None:
+        """One matrix-vector product for q, k and v: their rows stacked, so each output is the
+        same dot product as before (bit-identical) and the separate weights become views of it."""
+        fused = torch.cat([self.c_q.weight, self.c_k.weight, self.c_v.weight])
+        nq, nk = self.c_q.weight.shape[0], self.c_k.weight.shape[0]
+        for lin, part in zip((self.c_q, self.c_k, self.c_v), fused.split((nq, nk, nk)), strict=True):
+            lin.weight = nn.Parameter(part, requires_grad=False)
+        self._qkv = RowLinear(fused)
 
     def forward(
         self,
@@ -72,9 +82,14 @@ class Attention(nn.Module):
         ve: torch.Tensor | None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
-        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
-        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        if self._qkv is not None:
+            nq, nk = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+            q, k, v = self._qkv(x).split((nq, nk, nk), dim=-1)
+        else:
+            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
+        q = q.view(B, T, self.n_head, self.head_dim)
+        k = k.view(B, T, self.n_kv_head, self.head_dim)
+        v = v.contiguous().view(B, T, self.n_kv_head, self.head_dim)
         if ve is not None:
             gate = self.ve_scale * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))
             v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)
@@ -244,15 +259,21 @@ class GPT(nn.Module):
             self.smear_lambda = nn.Parameter(torch.zeros(1))
             self.backout_lambda = nn.Parameter(torch.zeros(1))
         self.windows = cfg.window_sizes()
-        self._head_halves: tuple[torch.Tensor, torch.Tensor] | None = None
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
 
-    def prepare(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Finish a model whose weights were just attached: rotary tables and decode helpers."""
+    def prepare(self, device: torch.device, dtype: torch.dtype, decode_paths: bool = True) -> None:
+        """Finish a model whose weights were just attached: rotary tables and, unless
+        ``decode_paths`` is off, the bit-exact decode speed-ups (fused q/k/v, row-parallel GEMV)."""
         self.cos, self.sin = rotary_tables(self.config, device, dtype)
         self.requires_grad_(False)
-        self._head_halves = split_rows(self.lm_head.weight)
+        if not decode_paths:
+            return
+        for block in self.transformer.h:
+            block.attn.fuse_qkv()
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                parallelize(module)
 
     @property
     def device(self) -> torch.device:
@@ -297,11 +318,7 @@ class GPT(nn.Module):
         x = norm(x)
         if last_only:
             x = x[:, -1:]
-        if self._head_halves is not None and x.shape[0] * x.shape[1] == 1:
-            logits = linear_rows(x, self._head_halves)  # same numbers, both cores
-        else:
-            logits = self.lm_head(x)
-        logits = logits[..., : cfg.vocab_size].float()
+        logits = self.lm_head(x)[..., : cfg.vocab_size].float()
         return cfg.softcap * torch.tanh(logits / cfg.softcap)
 
     def _smear(self, e: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
