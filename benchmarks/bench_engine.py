@@ -28,14 +28,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from make_checkpoint import write_e7  # noqa: E402
-from nanochat_baseline import NanochatE7  # noqa: E402
+from make_checkpoint import write_e7
+from nanochat_baseline import NanochatE7
+from perf_report import write_section
 
-from desktop.engine.bench import decode_bytes_per_step, measure_bandwidth  # noqa: E402
-from desktop.engine.generation import generate_columns  # noqa: E402
-from desktop.engine.loader import load_model  # noqa: E402
-from desktop.engine.sampling import SamplingParams  # noqa: E402
-from perf_report import write_section  # noqa: E402
+from desktop.engine.bench import decode_bytes_per_step, measure_bandwidth
+from desktop.engine.generation import generate_columns
+from desktop.engine.loader import load_model
+from desktop.engine.sampling import SamplingParams
 
 STEP = 1000
 
@@ -81,9 +81,12 @@ def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
     prompt = torch.randint(0, 32000, (16,), generator=g).tolist()
     same_ids = list(ours(exact, prompt, 24)) == list(baseline.generate(prompt, 24, 0.8, 50, seed=1))
     runs: dict[str, list[float]] = {"baseline": [], "exact": [], "fast": []}
-    gens = {"baseline": lambda: baseline.generate(prompt, new, 0.8, 50, seed=1),
-            "exact": lambda: ours(exact, prompt, new), "fast": lambda: ours(fast, prompt, new)}
-    for name, make in gens.items():  # warm-up
+    gens = {
+        "baseline": lambda: baseline.generate(prompt, new, 0.8, 50, seed=1),
+        "exact": lambda: ours(exact, prompt, new),
+        "fast": lambda: ours(fast, prompt, new),
+    }
+    for make in gens.values():  # warm-up
         _rate(make())
     for _ in range(repeats):  # A/B/C alternating
         for name, make in gens.items():
@@ -101,9 +104,15 @@ def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
 
     turn = turn_ttft(exact, g)
     step_bytes = decode_bytes_per_step(exact)
-    del fast, baseline
-    return {"depth": depth, "params": sum(p.numel() for p in exact.parameters()), "same_ids": same_ids,
-            "decode": decode, "ttft_ms": ttft, "bytes_per_step": step_bytes, "turn": turn}
+    return {
+        "depth": depth,
+        "params": sum(p.numel() for p in exact.parameters()),
+        "same_ids": same_ids,
+        "decode": decode,
+        "ttft_ms": ttft,
+        "bytes_per_step": step_bytes,
+        "turn": turn,
+    }
 
 
 def turn_ttft(model, g: torch.Generator) -> dict:
@@ -127,12 +136,16 @@ def turn_ttft(model, g: torch.Generator) -> dict:
 
 
 def markdown(results: list[dict], bw: dict, meta: dict) -> str:
-    lines = [f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['threads']} threads; "
-             f"measured {meta['date']}. Same-run bandwidth: copy {bw['copy_gbs']:.1f} GB/s, "
-             f"fp32 matrix-vector {bw['matvec_gbs']:.1f} GB/s.", "",
-             "| depth | params | nanochat-style tok/s | exact tok/s (×) | fast bf16 tok/s (×) | exact MBU vs matvec "
-             "| TTFT@16/256/1024 nanochat → exact (ms) | turn-N TTFT full → cached (ms) | same ids |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['threads']} threads; "
+        f"measured {meta['date']}. Same-run bandwidth: copy {bw['copy_gbs']:.1f} GB/s, "
+        f"fp32 matrix-vector {bw['matvec_gbs']:.1f} GB/s.",
+        "",
+        "| depth | params | nanochat-style tok/s | exact tok/s (×) | fast bf16 tok/s (×) "
+        "| exact MBU vs matvec | TTFT@16/256/1024 nanochat → exact (ms) "
+        "| turn-N TTFT full → cached (ms) | same ids |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         d, t = r["decode"], r["ttft_ms"]
         mbu = r["bytes_per_step"] * d["exact"] / 1e9 / bw["matvec_gbs"]
@@ -141,7 +154,8 @@ def markdown(results: list[dict], bw: dict, meta: dict) -> str:
             f"| {r['depth']} | {r['params'] / 1e6:.0f}M | {d['baseline']:.1f} | {d['exact']:.1f} "
             f"({d['exact'] / d['baseline']:.2f}×) | {d['fast']:.1f} ({d['fast'] / d['baseline']:.2f}×) | "
             f"{mbu:.2f} | {tt} | {r['turn']['full_ms']:.0f} → {r['turn']['cached_ms']:.0f} "
-            f"({r['turn']['cached_ms'] / r['turn']['full_ms']:.2f}) | {r['same_ids']} |")
+            f"({r['turn']['cached_ms'] / r['turn']['full_ms']:.2f}) | {r['same_ids']} |"
+        )
     return "\n".join(lines)
 
 
@@ -151,7 +165,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--base", type=Path, default=Path("/tmp/nanoscope-bench"))
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
+    )
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     bw = measure_bandwidth(torch.device("cpu"), torch.float32)
@@ -160,8 +176,12 @@ def main() -> int:
         r = bench_depth(args.base, depth, args.repeats, args.new_tokens)
         print(json.dumps(r), flush=True)
         results.append(r)
-    meta = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")}
+    meta = {
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
     write_section(args.out, "engine", markdown(results, bw, meta))
     print(json.dumps({"bandwidth": bw, "results": results}))
     return 0

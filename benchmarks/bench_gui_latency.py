@@ -70,9 +70,13 @@ def main() -> int:
 
     def on_finished(stats: dict) -> None:
         heartbeat.stop()
-        result.update(tokens=stats.get("new_tokens"), tok_s=stats.get("decode_tok_s"),
-                      max_stall_ms=max(gaps), p99_stall_ms=statistics.quantiles(gaps, n=100)[98],
-                      ticks=len(gaps))
+        result.update(
+            tokens=stats.get("new_tokens"),
+            tok_s=stats.get("decode_tok_s"),
+            max_stall_ms=max(gaps),
+            p99_stall_ms=statistics.quantiles(gaps, n=100)[98],
+            ticks=len(gaps),
+        )
         window.close()
         app.quit()
 
@@ -80,9 +84,11 @@ def main() -> int:
     c.reply_finished.connect(on_finished)
     c.load_checkpoint(ckpt, 10)
     app.exec()
-    body = (f"Streaming {result['tokens']} tokens at {result['tok_s']:.0f} tok/s into the chat view: "
-            f"worst GUI-thread stall {result['max_stall_ms']:.1f} ms, p99 {result['p99_stall_ms']:.1f} ms "
-            f"over {result['ticks']} heartbeats of {INTERVAL_MS} ms (target: no stall over 50 ms).")
+    body = (
+        f"Streaming {result['tokens']} tokens at {result['tok_s']:.0f} tok/s into the chat view: "
+        f"worst GUI-thread stall {result['max_stall_ms']:.1f} ms, p99 {result['p99_stall_ms']:.1f} ms "
+        f"over {result['ticks']} heartbeats of {INTERVAL_MS} ms (target: no stall over 50 ms)."
+    )
     write_section(args.out, "gui-latency", body)
     print(json.dumps(result))
     return 0

@@ -27,6 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from perf_report import write_section
+
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
 from desktop.store import HistoryStore
 
@@ -115,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=10_000)
     parser.add_argument("--messages", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=15, help="runs per search query")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="nanoscope-bench-") as tmp:
@@ -132,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     start_s = open_s + list_s
     worst_ms = max(s for s, _ in search.values()) * 1000
     print(f"targets: start {start_s:.3f} s (< 2 s), slowest search median {worst_ms:.1f} ms (< 100 ms)")
+    medians = ", ".join(f"{QUERIES[k]!r} {s * 1000:.2f} ms" for k, (s, _) in search.items())
+    write_section(
+        args.out,
+        "history-scale",
+        f"{args.conversations:,} conversations / {args.messages:,} messages ({size_mb:.0f} MB): "
+        f"open + list the first 200 conversations {start_s * 1000:.1f} ms (target < 2 s); "
+        f"search medians {medians} (target < 100 ms).",
+    )
     print(
         json.dumps(
             {
