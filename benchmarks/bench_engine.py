@@ -32,27 +32,12 @@ from make_checkpoint import write_e7
 from nanochat_baseline import NanochatE7
 from perf_report import write_section
 
-from desktop.engine.bench import decode_bytes_per_step, measure_bandwidth
+from desktop.engine.bench import IdsOnlyTokenizer, decode_bytes_per_step, measure_bandwidth
 from desktop.engine.generation import generate_columns
 from desktop.engine.loader import load_model
 from desktop.engine.sampling import SamplingParams
 
 STEP = 1000
-
-
-class _NoTools:
-    """A tokenizer stand-in: benchmarks feed ids and need no text or tool tokens."""
-
-    stop_ids = frozenset()
-
-    def special_id(self, _name: str) -> None:
-        return None
-
-    def decode(self, _ids) -> str:
-        return ""
-
-    def encode(self, _text: str) -> list[int]:
-        return []
 
 
 def _rate(gen) -> tuple[float, float]:
@@ -69,7 +54,7 @@ def _rate(gen) -> tuple[float, float]:
 
 def ours(model, prompt: list[int], new: int, temperature: float = 0.8, top_k: int = 50):
     params = SamplingParams(temperature=temperature, top_k=top_k, max_tokens=new, seed=1)
-    return (c.tokens[0] for c in generate_columns(model, _NoTools(), prompt, params))
+    return (c.tokens[0] for c in generate_columns(model, IdsOnlyTokenizer(), prompt, params))
 
 
 def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
@@ -124,13 +109,13 @@ def turn_ttft(model, g: torch.Generator) -> dict:
     full, cached = [], []
     for _ in range(3):
         t0 = time.perf_counter()
-        list(generate_columns(model, _NoTools(), follow, params))
+        list(generate_columns(model, IdsOnlyTokenizer(), follow, params))
         full.append(time.perf_counter() - t0)
         cache = KVCache(model.config, 1, 1100, model.device, torch.float32)
-        list(generate_columns(model, _NoTools(), history, params, cache=cache))
+        list(generate_columns(model, IdsOnlyTokenizer(), history, params, cache=cache))
         cache.truncate(len(history))
         t0 = time.perf_counter()
-        list(generate_columns(model, _NoTools(), follow, params, cache=cache))
+        list(generate_columns(model, IdsOnlyTokenizer(), follow, params, cache=cache))
         cached.append(time.perf_counter() - t0)
     return {"full_ms": statistics.median(full) * 1000, "cached_ms": statistics.median(cached) * 1000}
 

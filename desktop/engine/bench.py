@@ -19,6 +19,32 @@ from .generation import GenerationStats
 from .sampling import SamplingParams
 
 
+class IdsOnlyTokenizer:
+    """Stands in when a checkpoint has no tokenizer: benchmarks feed token ids and need no text."""
+
+    kind = "ids-only"
+    path = None
+    bos_id = 0
+    stop_ids = frozenset()
+    has_chat_tokens = False
+
+    def __init__(self, vocab_size: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.warnings: list[str] = []
+
+    def special_id(self, _name: str) -> None:
+        return None
+
+    def special_name(self, _id: int) -> None:
+        return None
+
+    def decode(self, _ids) -> str:
+        return ""
+
+    def encode(self, _text: str) -> list[int]:
+        return []
+
+
 def peak_rss_bytes() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
@@ -79,23 +105,30 @@ def _run(session, prompt: list[int], params: SamplingParams, reuse: bool) -> Gen
 
 def run_bench(args: argparse.Namespace) -> int:
     from .discovery import resolve_spec
-    from .session import ChatSession, SessionOptions
+    from .errors import TokenizerError
+    from .loader import load_model
+    from .session import ChatSession, tokenizer_dirs
+    from .tokenizer import select_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     directory, step = resolve_spec(args.model)
     t0 = time.perf_counter()
-    session = ChatSession.open(
-        directory,
-        SessionOptions(
-            step=args.step if args.step is not None else step,
-            device=args.device,
-            dtype=args.dtype,
-            tokenizer=args.tokenizer,
-            softcap=args.softcap,
-        ),
+    loaded = load_model(
+        directory, args.step if args.step is not None else step, args.device, args.dtype, args.softcap
     )
     load_s = time.perf_counter() - t0
+    try:
+        tok = select_tokenizer(
+            tokenizer_dirs(directory, None),
+            loaded.config.vocab_size,
+            loaded.config.is_fork,
+            explicit=args.tokenizer,
+        )
+    except TokenizerError as exc:  # speed needs no text: measure with token ids alone
+        print(f"nanoscope: warning: {exc}; benchmarking with token ids only", file=sys.stderr)
+        tok = IdsOnlyTokenizer(loaded.config.vocab_size)
+    session = ChatSession(loaded, tok)
     rss_after_load = peak_rss_bytes()
     model, cfg = session.model, session.loaded.config
     dev = session.loaded.device
