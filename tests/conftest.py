@@ -44,5 +44,16 @@ def _no_leaked_qthreads(request):
         yield
     finally:
         QThread.start = original
-    running = [t.objectName() or repr(t) for t in started if t.isRunning()]
-    assert not running, f"QThreads still running after the test: {running}"
+    running = [t for t in started if _is_running(t)]
+    for thread in running:  # stop them so the failure does not also crash the next test
+        thread.quit()
+        thread.wait(5000)
+    names = [t.objectName() or repr(t) for t in running]
+    assert not running, f"QThreads still running after the test: {names}"
+
+
+def _is_running(thread) -> bool:
+    try:
+        return thread.isRunning()
+    except RuntimeError:  # the C++ object was deleted (deleteLater after finished): not running
+        return False

@@ -16,6 +16,7 @@ from .errors import CheckpointError, UnsupportedFormatError
 
 Shape = tuple[int, ...]
 
+AMBIGUOUS_E3_E5 = "E3 and E5 checkpoints cannot be told apart"
 FORK_META_PREFIXES = ("engram_", "mhc_", "mtp_", "dsa_", "mamba")
 FORK_META_KEYS = {
     "rope_theta",
@@ -119,14 +120,16 @@ def classify(
         raise UnsupportedFormatError(f"{where}: nanochat MoE-branch checkpoints are not supported")
 
     if is_fork(mc, keys):
-        cfg = _fork_config(mc, keys, common, where, warnings)
+        cfg = _fork_config({**mc, "user_config": meta.get("user_config")}, keys, common, where, warnings)
     else:
         cfg = _upstream_config(mc, keys, common, where, warnings)
     if softcap_override is not None:
         cfg["softcap"] = float(softcap_override)
-        if cfg["era"] in ("E3", "E5") and softcap_override == 20:
-            cfg["era"] = "E5"
-            cfg["rope_bf16"] = False
+        if cfg["era"] in ("E3", "E5"):
+            warnings[:] = [w for w in warnings if not w.startswith(AMBIGUOUS_E3_E5)]  # the user decided
+            if softcap_override == 20:
+                cfg["era"] = "E5"
+                cfg["rope_bf16"] = False
     model = ModelConfig(**cfg, warnings=tuple(warnings))
     verify_shapes(model, keys, where)
     return model
@@ -168,7 +171,7 @@ def _upstream_config(
         if gate[-1] != 32:
             raise CheckpointError(f"{where}: ve_gate width {gate[-1]} is neither 12 (E6+) nor 32 (E3)")
         warnings.append(
-            "E3 and E5 checkpoints cannot be told apart; using softcap 15 "
+            f"{AMBIGUOUS_E3_E5}; using softcap 15 "
             "(pass --softcap 20 for checkpoints trained 2026-03-03..03-09)"
         )
     elif "resid_lambdas" in keys:
@@ -218,7 +221,7 @@ def _fork_config(
         long_window=long_w,
         short_window=int(mc.get("window_short") or 0) or long_w // 2,
     )
-    user_cfg = mc.get("user_config") or {}
+    user_cfg = mc.get("user_config") or {}  # the meta's top-level user_config, passed in by classify()
     if isinstance(user_cfg, Mapping) and user_cfg.get("xla_flash_attn"):
         cfg["window_pattern"] = "L"
         warnings.append("trained with XLA flash attention, which ignores windows: every layer runs as L")

@@ -69,8 +69,11 @@ def resolve_step(directory: Path, step: int | None) -> int:
     return step
 
 
-def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> None:
-    """mid/SFT metas of Jan 2026 lost ``window_pattern``; the base meta of the same tag has it (spec §1.6)."""
+def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> bool:
+    """mid/SFT metas of Jan 2026 lost ``window_pattern``; the base meta of the same tag has it (spec §1.6).
+
+    Returns True when the pattern is missing and no base meta could supply it.
+    """
     mc = meta.get("model_config")
     phase = directory.parent.name
     if (
@@ -78,18 +81,18 @@ def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> 
         or "window_pattern" in mc
         or phase not in ("mid_checkpoints", "chatsft_checkpoints")
     ):
-        return
+        return False
     base = directory.parent.parent / "base_checkpoints" / directory.name
     steps = ckpt.model_steps(base) if base.is_dir() else []
-    if not steps:
-        return
     try:
-        base_mc = ckpt.read_meta(ckpt.meta_file(base, steps[-1])).get("model_config", {})
+        base_mc = ckpt.read_meta(ckpt.meta_file(base, steps[-1])).get("model_config", {}) if steps else {}
     except CheckpointError:
-        return
+        base_mc = {}
     if isinstance(base_mc, dict) and isinstance(base_mc.get("window_pattern"), str):
         mc["window_pattern"] = base_mc["window_pattern"]
         warnings.append(f"meta has no window_pattern; using {base_mc['window_pattern']!r} from {base}")
+        return False
+    return True
 
 
 def load_model(
@@ -110,13 +113,18 @@ def load_model(
     report(5, f"reading {meta_path.name}")
     meta = ckpt.read_meta(meta_path)
     warnings: list[str] = []
-    _borrow_window_pattern(directory, meta, warnings)
+    pattern_unknown = _borrow_window_pattern(directory, meta, warnings)
     report(10, f"mapping {model_path.name}")
     sd = ckpt.load_state_dict(model_path)
     cfg = classify(
         meta, {k: tuple(t.shape) for k, t in sd.items()}, str(model_path), softcap_override=softcap
     )
     warnings.extend(cfg.warnings)
+    if pattern_unknown and cfg.era not in ("E0", "E1"):  # E0/E1 predate windows: nothing was lost
+        warnings.append(
+            "meta has no window_pattern and no base checkpoint of this tag was found: every "
+            "layer runs as L, which differs from training past sequence_len/2 if it used windows"
+        )
     report(40, "checking values")
     ckpt.check_finite(sd, model_path)
 

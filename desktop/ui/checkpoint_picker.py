@@ -1,55 +1,100 @@
-"""The checkpoint picker bar: source / tag / step, Open folder…, Load, and a summary before loading."""
+"""The checkpoint bar: Source / Tag / Step, precision, Load, Open folder…, a summary and load progress.
+
+The summary (era, parameters, stored dtype, context, memory needed) is shown *before* loading,
+so a user sees that a 1.9B checkpoint needs 8 GB before pressing Load.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSizePolicy,
+    QWidget,
+)
+
+from . import theme
 
 PRECISIONS = (("Auto", "auto"), ("Exact · fp32", "float32"), ("Fast · bf16", "bfloat16"))
-SOURCE_NAMES = {"base": "base", "mid": "mid", "sft": "sft", "rl": "rl", "folder": "folder"}
+SOURCE_NAMES = {"base": "Base", "mid": "Mid", "sft": "SFT", "rl": "RL", "folder": "Folder", "demo": "Demo"}
 
 
 def human_params(n: int) -> str:
+    """561_000_000 → "561M", 1_880_000_000 → "1.9B", 85_000 → "85K"."""
     for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
         if n >= size:
-            return f"{n / size:.1f}{unit}".replace(".0", "")
+            value = n / size
+            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.1f}".removesuffix(".0") + unit
     return str(n)
 
 
 def human_bytes(n: float) -> str:
+    """Binary units, one decimal from KB up: 1_288_490_188 → "1.2 GB"."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1024 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return ""
+    raise AssertionError("unreachable")
+
+
+def format_summary(info: dict) -> str:
+    """One line: "E7 · 561M params · stored bfloat16 · 2048 ctx · ≈1.2 GB on cuda"."""
+    parts = [str(info.get("era", "?")), f"{human_params(int(info.get('params', 0)))} params"]
+    if info.get("dtype"):
+        parts.append(f"stored {info['dtype']}")
+    if info.get("sequence_len"):
+        parts.append(f"{info['sequence_len']} ctx")
+    memory = f"≈{human_bytes(info['memory_bytes'])}" if info.get("memory_bytes") else ""
+    if memory:
+        parts.append(f"{memory} on {info['device']}" if info.get("device") else f"{memory} to run")
+    elif info.get("device"):
+        parts.append(str(info["device"]))
+    return "  ·  ".join(parts)
 
 
 class CheckpointPicker(QFrame):
-    """Signals: selection_changed(Path, int), load_requested(Path, int), folder_chosen(Path)."""
+    """Signals: selection_changed(Path, int step), load_requested(Path, int step),
+    folder_chosen(Path), precision_changed(str "auto" | "float32" | "bfloat16").
+
+    Entries have .source, .tag, .path and .steps (ascending). Programmatic changes
+    (``set_entries``, ``select``) emit selection_changed once for the resulting selection."""
 
     selection_changed = Signal(Path, int)
     load_requested = Signal(Path, int)
     folder_chosen = Signal(Path)
     precision_changed = Signal(str)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
         self.setObjectName("PickerBar")
+        self.setAccessibleName("Checkpoint picker")
         self.entries: list = []
+
         self.source = QComboBox()
         self.tag = QComboBox()
         self.step = QComboBox()
-        for combo, name, tip in (
-            (self.source, "Source", "Training phase: base, mid, sft or rl"),
-            (self.tag, "Tag", "Model tag (e.g. d20)"),
-            (self.step, "Step", "Checkpoint step"),
+        for combo, name, tip, width in (
+            (
+                self.source,
+                "Source",
+                "Training phase: base, mid, sft, rl, or an opened folder (Ctrl+K)",
+                80,
+            ),
+            (self.tag, "Tag", "Model tag, e.g. d20 (the run's folder)", 120),
+            (self.step, "Step", "Training step of the checkpoint (newest first)", 110),
         ):
             combo.setAccessibleName(name)
             combo.setToolTip(tip)
-            combo.setMinimumWidth(90)
-        self.tag.setMinimumWidth(140)
+            combo.setMinimumWidth(width)
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.precision = QComboBox()
         self.precision.setAccessibleName("Precision")
         for label, value in PRECISIONS:
@@ -59,42 +104,58 @@ class CheckpointPicker(QFrame):
             "Fast: bfloat16 weights and compute; close, not identical, numbers.\n"
             "Auto: bfloat16 on recent NVIDIA GPUs, float32 elsewhere (as nanochat)."
         )
-        self.open_btn = QPushButton("Open folder…")
-        self.open_btn.setToolTip("Pick any folder holding model_*.pt and meta_*.json")
         self.load_btn = QPushButton("Load")
         self.load_btn.setObjectName("Primary")
         self.load_btn.setToolTip("Load the selected checkpoint")
-        self.summary = QLabel("No checkpoint selected")
-        self.summary.setObjectName("Muted")
+        self.load_btn.setAccessibleName("Load checkpoint")
+        self.open_btn = QPushButton("Open folder…")
+        self.open_btn.setIconSize(QSize(16, 16))
+        self.open_btn.setToolTip("Pick any folder holding model_<step>.pt and meta_<step>.json")
+        self.open_btn.setAccessibleName("Open checkpoint folder")
+
+        self.summary = theme.ElidedLabel("No checkpoint selected")
+        self.summary.setObjectName("Summary")
         self.summary.setAccessibleName("Checkpoint summary")
+        self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.progress_label = QLabel()
+        self.progress_label.setObjectName("Muted")
         self.progress = QProgressBar()
-        self.progress.setMaximumWidth(160)
+        self.progress.setFixedWidth(140)
         self.progress.setTextVisible(False)
+        self.progress.setAccessibleName("Load progress")
         self.progress.hide()
+
+        icon_label = QLabel()
+        icon_label.setPixmap(theme.avatar("assistant", theme.is_dark(), 22))
+        self._icon_label = icon_label
         row = QHBoxLayout(self)
         row.setContentsMargins(12, 8, 12, 8)
-        for w in (
-            QLabel("Checkpoint"),
-            self.source,
-            self.tag,
-            self.step,
-            self.precision,
-            self.load_btn,
-            self.open_btn,
-        ):
+        row.setSpacing(6)
+        for w in (icon_label, self.source, self.tag, self.step):
             row.addWidget(w)
-        row.addSpacing(12)
+        row.addSpacing(6)
+        row.addWidget(self.precision)
+        row.addWidget(self.load_btn)
+        row.addSpacing(10)
         row.addWidget(self.summary, 1)
+        row.addWidget(self.progress_label)
         row.addWidget(self.progress)
+        row.addSpacing(6)
+        row.addWidget(self.open_btn)
+
         self.source.currentIndexChanged.connect(self._fill_tags)
         self.tag.currentIndexChanged.connect(self._fill_steps)
         self.step.currentIndexChanged.connect(self._emit_selection)
         self.load_btn.clicked.connect(self._load)
         self.precision.activated.connect(lambda _i: self.precision_changed.emit(self.precision.currentData()))
         self.open_btn.clicked.connect(self._open_folder)
-        self._device = ""
+        self._refresh_icons()
+        self._update_enabled()
+
+    # ----- entries and selection -------------------------------------------------------------
 
     def set_entries(self, entries: list) -> None:
+        """Replace the list; the previous selection is kept when it still exists."""
         previous = self.current()
         self.entries = list(entries)
         self.source.blockSignals(True)
@@ -105,11 +166,11 @@ class CheckpointPicker(QFrame):
         self._fill_tags()
         if previous is not None:
             self.select(*previous)
-        self.load_btn.setEnabled(bool(self.entries))
+        self._update_enabled()
 
     def _entry(self):
-        src, tag = self.source.currentData(), self.tag.currentData()
-        return next((e for e in self.entries if e.source == src and str(e.path) == tag), None)
+        src, path = self.source.currentData(), self.tag.currentData()
+        return next((e for e in self.entries if e.source == src and str(e.path) == path), None)
 
     def _fill_tags(self) -> None:
         src = self.source.currentData()
@@ -118,15 +179,17 @@ class CheckpointPicker(QFrame):
         for e in self.entries:
             if e.source == src:
                 self.tag.addItem(e.tag, str(e.path))
+                self.tag.setItemData(self.tag.count() - 1, str(e.path), Qt.ItemDataRole.ToolTipRole)
         self.tag.blockSignals(False)
         self._fill_steps()
 
     def _fill_steps(self) -> None:
         entry = self._entry()
+        steps = list(entry.steps) if entry else []
         self.step.blockSignals(True)
         self.step.clear()
-        for s in reversed(entry.steps if entry else []):
-            self.step.addItem(str(s), s)
+        for s in reversed(steps):
+            self.step.addItem(f"step {s:,}" + ("  (latest)" if s == steps[-1] and len(steps) > 1 else ""), s)
         self.step.blockSignals(False)
         self._emit_selection()
 
@@ -137,49 +200,62 @@ class CheckpointPicker(QFrame):
 
     def current(self) -> tuple[Path, int] | None:
         entry, step = self._entry(), self.step.currentData()
-        return (entry.path, int(step)) if entry is not None and step is not None else None
+        return (Path(entry.path), int(step)) if entry is not None and step is not None else None
 
-    def select(self, path: Path, step: int) -> None:
+    def select(self, path: Path, step: int) -> bool:
+        """Show ``path`` at ``step``; False when no entry has that path."""
         entry = next((e for e in self.entries if Path(e.path) == Path(path)), None)
         if entry is None:
-            return
+            return False
         self.source.setCurrentIndex(self.source.findData(entry.source))
         self.tag.setCurrentIndex(self.tag.findData(str(entry.path)))
         index = self.step.findData(step)
         if index >= 0:
             self.step.setCurrentIndex(index)
+        return True
 
     def set_precision(self, dtype: str) -> None:
-        index = self.precision.findData(dtype)
-        self.precision.setCurrentIndex(max(0, index))
+        self.precision.setCurrentIndex(max(0, self.precision.findData(dtype)))
 
     def open_popup(self) -> None:
+        """Ctrl+K: focus the source list and open it."""
         self.source.setFocus()
         self.source.showPopup()
 
-    def set_summary(self, info: dict) -> None:
-        if info.get("error"):
-            self.summary.setText(f"⚠ {info['error']}")
-            self.summary.setToolTip(info["error"])
-            return
-        mem = human_bytes(info.get("memory_bytes", 0))
-        parts = [
-            info.get("era", "?"),
-            f"{human_params(info.get('params', 0))} params",
-            f"stored {info.get('dtype', '?')}",
-            f"ctx {info.get('sequence_len', '?')}",
-            f"≈{mem} to run",
-        ]
-        if info.get("device"):
-            parts.append(info["device"])
-        self.summary.setText("  ·  ".join(parts))
-        self.summary.setToolTip("Estimated from the meta and tensor shapes, before loading")
+    # ----- summary and progress ----------------------------------------------------------------
+
+    def set_summary(self, info: dict | None) -> None:
+        """Keys: era, params, dtype (stored), sequence_len, memory_bytes, device; or error."""
+        error = (info or {}).get("error")
+        self.summary.setProperty("error", bool(error))
+        theme.repolish(self.summary)
+        if not info:
+            self.summary.setText("No checkpoint selected")
+        elif error:
+            self.summary.setText(f"⚠ {error}")
+        else:
+            self.summary.setText(format_summary(info))
+            self.summary.setToolTip(
+                "Read from the checkpoint's meta and tensor shapes, before loading.\n"
+                "Memory is an estimate of the weights plus a full-context KV cache."
+            )
 
     def set_progress(self, percent: int, message: str) -> None:
+        """1–99: loading (bar and step shown, Load disabled); 100: done; 0: idle or failed."""
+        loading = 0 < percent < 100
         self.progress.setValue(percent)
-        self.progress.setVisible(0 < percent < 100)
-        self.load_btn.setEnabled(not 0 < percent < 100)
-        self.progress.setToolTip(message)
+        self.progress.setVisible(loading)
+        self.progress_label.setText(message if percent < 100 else "")
+        self.progress_label.setVisible(percent < 100 and bool(message))
+        self.load_btn.setEnabled(not loading and bool(self.entries))
+        self.load_btn.setText("Loading…" if loading else "Load")
+
+    def _update_enabled(self) -> None:
+        has = bool(self.entries)
+        for w in (self.source, self.tag, self.step, self.load_btn):
+            w.setEnabled(has)
+        if not has:
+            self.summary.setText("No checkpoints found: use Open folder… or train one with nanochat")
 
     def _load(self) -> None:
         cur = self.current()
@@ -190,3 +266,12 @@ class CheckpointPicker(QFrame):
         folder = QFileDialog.getExistingDirectory(self, "Open a checkpoint folder")
         if folder:
             self.folder_chosen.emit(Path(folder))
+
+    def _refresh_icons(self) -> None:
+        self.open_btn.setIcon(theme.icon("folder", theme.colors().text))
+        self._icon_label.setPixmap(theme.avatar("assistant", theme.is_dark(), 22))
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._refresh_icons()

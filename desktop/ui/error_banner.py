@@ -1,65 +1,69 @@
-"""An inline, dismissable banner for errors, warnings and notes (one line, details on demand)."""
+"""An inline banner above the conversation: error (red), warning (amber) or info (blue).
+
+One line of title and message (elided, full text in the tooltip), the technical details behind
+a "Details" toggle (selectable, for bug reports), and a close button. A newer notice replaces
+the current one.
+"""
 
 from __future__ import annotations
 
-import html
-
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QToolButton, QVBoxLayout, QWidget
 
 from . import theme
 
+DETAILS_MAX_LINES = 8  # then the details scroll
+SEVERITY_ICONS = {"error": "error", "warning": "warning", "info": "info"}
+
 
 class ErrorBanner(QFrame):
-    def __init__(self) -> None:
-        super().__init__()
+    """Signals: dismissed() when the user closes it. ``level`` is the severity shown last."""
+
+    dismissed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
         self.setObjectName("Banner")
         self.setAccessibleName("Notification")
-        self.title = QLabel()
-        self.message = QLabel()
-        self.message.setWordWrap(True)
-        self.message.setTextFormat(Qt.TextFormat.RichText)
-        self.details = QLabel()
-        self.details.setTextFormat(Qt.TextFormat.RichText)
-        self.details.setWordWrap(True)
-        self.details.hide()
+        self.level = ""
+
+        self.icon = QLabel()
+        self.icon.setFixedSize(18, 18)
+        self.title = theme.ElidedLabel()
+        self.title.setObjectName("BannerTitle")
+        self.message = theme.ElidedLabel()
+        self.message.setAccessibleName("Message")
         self.more = QToolButton()
+        self.more.setObjectName("Flat")
         self.more.setText("Details")
-        self.more.setAutoRaise(True)
-        self.more.hide()
-        self.close_btn = QToolButton()
-        self.close_btn.setText("✕")
-        self.close_btn.setAutoRaise(True)
-        self.close_btn.setAccessibleName("Dismiss")
-        text = QVBoxLayout()
-        text.addWidget(self.title)
-        text.addWidget(self.message)
-        text.addWidget(self.details)
-        row = QHBoxLayout(self)
-        row.setContentsMargins(14, 8, 8, 8)
-        row.addLayout(text, 1)
+        self.more.setCheckable(True)
+        self.more.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.more.setIconSize(QSize(14, 14))
+        self.more.setToolTip("Show the technical details")
+        self.more.setAccessibleName("Show details")
+        self.close_btn = theme.flat_button("close", "Dismiss")
+        self.details = QPlainTextEdit()
+        self.details.setObjectName("BannerDetails")
+        self.details.setReadOnly(True)
+        self.details.setAccessibleName("Details")
+        self.details.hide()
+
+        row = QHBoxLayout()
+        row.setSpacing(8)
+        row.addWidget(self.icon)
+        row.addWidget(self.title)
+        row.addWidget(self.message, 1)
         row.addWidget(self.more)
         row.addWidget(self.close_btn)
-        self.more.clicked.connect(lambda: self.details.setVisible(not self.details.isVisible()))
-        self.close_btn.clicked.connect(self.hide)
-        self.level = ""
-        self.hide()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 7, 6, 7)
+        lay.setSpacing(6)
+        lay.addLayout(row)
+        lay.addWidget(self.details)
 
-    def _show(self, level: str, title: str, message: str, details: str | None) -> None:
-        c = theme.colors()
-        color = {"error": c.error, "warning": c.warning}.get(level, c.info)
-        self.level = level
-        self.setStyleSheet(
-            f"QFrame#Banner {{ border: 1px solid {color}; border-left: 5px solid {color};"
-            f" border-radius: 8px; margin: 8px 24px 0 24px; background: {c.base}; }}"
-        )
-        icon = {"error": "✖", "warning": "⚠"}.get(level, "ℹ")
-        self.title.setText(f'<b style="color:{color}">{icon} {html.escape(title)}</b>')
-        self.message.setText(html.escape(message))
-        self.details.setText(html.escape(details or ""))
-        self.details.hide()
-        self.more.setVisible(bool(details))
-        self.show()
+        self.more.toggled.connect(self._on_more)
+        self.close_btn.clicked.connect(self._dismiss)
+        self.hide()
 
     def show_error(self, title: str, message: str, details: str | None = None) -> None:
         self._show("error", title, message, details)
@@ -69,3 +73,39 @@ class ErrorBanner(QFrame):
 
     def show_info(self, title: str, message: str, details: str | None = None) -> None:
         self._show("info", title, message, details)
+
+    def _show(self, level: str, title: str, message: str, details: str | None) -> None:
+        self.level = level
+        self.setProperty("severity", level)
+        theme.repolish(self)
+        self.title.setText(title)
+        self.message.setText(message)
+        self.message.setToolTip(f"{title}\n{message}")
+        self.details.setPlainText(details or "")
+        lines = min(DETAILS_MAX_LINES, (details or "").count("\n") + 1)
+        self.details.setFixedHeight(lines * self.details.fontMetrics().lineSpacing() + 16)
+        self.more.setVisible(bool(details))
+        self.more.setChecked(False)
+        self._refresh_icons()
+        self.show()
+
+    def _on_more(self, open_: bool) -> None:
+        self.details.setVisible(open_)
+        self.more.setToolTip("Hide the technical details" if open_ else "Show the technical details")
+        self._refresh_icons()
+
+    def _dismiss(self) -> None:
+        self.hide()
+        self.dismissed.emit()
+
+    def _refresh_icons(self) -> None:
+        c = theme.colors()
+        color = {"error": c.error, "warning": c.warning}.get(self.level, c.info)
+        self.icon.setPixmap(theme.icon(SEVERITY_ICONS.get(self.level, "info"), color, 18).pixmap(18, 18))
+        self.more.setIcon(theme.icon("chevron-up" if self.more.isChecked() else "chevron-down", c.muted))
+        theme.retint_flat_buttons(self)
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._refresh_icons()

@@ -1,41 +1,128 @@
-"""The history sidebar: new chat, search, the conversation list, rename/delete/export, undo."""
+"""The history sidebar: New chat, search, the conversation list (rename/delete/export) and Undo.
+
+Rows show the title and, under it, how long ago the chat changed (or, while searching, the
+matching snippet with the matches highlighted). Deleting hides the row at once and offers Undo
+for a few seconds; the store only marks the chat deleted, so Undo is cheap.
+"""
 
 from __future__ import annotations
 
-import html
 import time
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QColor, QFont, QKeySequence, QPainter, QPainterPath
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMenu,
     QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
+    QWidget,
 )
 
+from . import theme
+
 UNDO_MS = 8000
-MARK_START, MARK_END = "\x02", "\x03"
+MARK_START, MARK_END = "\x02", "\x03"  # the store wraps search matches in these
+ID_ROLE = Qt.ItemDataRole.UserRole
+SUBTITLE_ROLE = Qt.ItemDataRole.UserRole + 1
+TITLE_ROLE = Qt.ItemDataRole.UserRole + 2  # the stored title, to tell a rename from a no-op edit
+EXPORT_FORMATS = (("md", "Markdown…"), ("json", "JSON…"))
 
 
 def relative_time(epoch: float, now: float | None = None) -> str:
-    delta = max(0.0, (now or time.time()) - epoch)
+    """ "just now", "5 min ago", "3 h ago", "yesterday", "4 days ago", then the date."""
+    now = time.time() if now is None else now
+    delta = max(0.0, now - epoch)
     if delta < 60:
         return "just now"
-    for size, unit in ((86400 * 7, "w"), (86400, "d"), (3600, "h"), (60, "min")):
-        if delta >= size:
-            return f"{int(delta // size)} {unit} ago"
-    return ""
+    if delta < 3600:
+        return f"{int(delta // 60)} min ago"
+    if delta < 86400:
+        return f"{int(delta // 3600)} h ago"
+    if delta < 2 * 86400:
+        return "yesterday"
+    if delta < 7 * 86400:
+        return f"{int(delta // 86400)} days ago"
+    then, today = time.localtime(epoch), time.localtime(now)
+    return time.strftime("%d %b" if then.tm_year == today.tm_year else "%d %b %Y", then).lstrip("0")
+
+
+class _RowDelegate(QStyledItemDelegate):
+    """Paints a row as a rounded card: title on top, the muted subtitle (or snippet) below."""
+
+    PAD_X, PAD_Y, GAP = 10, 7, 2
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+        fm = option.fontMetrics
+        return QSize(120, 2 * self.PAD_Y + fm.height() * 2 + self.GAP)
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        c = theme.colors()
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        rect = option.rect.adjusted(2, 1, -2, -1)
+        selected = bool(option.state & QStyle.StateFlag.State_Selected)
+        hovered = bool(option.state & QStyle.StateFlag.State_MouseOver)
+        if selected or hovered:
+            path = QPainterPath()
+            path.addRoundedRect(rect, 8, 8)
+            painter.fillPath(path, QColor(c.selection if selected else c.hover))
+        fm = option.fontMetrics
+        text_rect = rect.adjusted(self.PAD_X, self.PAD_Y, -self.PAD_X, -self.PAD_Y)
+        title_font = QFont(option.font)
+        title_font.setWeight(QFont.Weight.DemiBold if selected else QFont.Weight.Medium)
+        painter.setFont(title_font)
+        painter.setPen(QColor(c.text))
+        title = index.data(Qt.ItemDataRole.DisplayRole) or "Untitled"
+        title_rect = QRect(text_rect.left(), text_rect.top(), text_rect.width(), fm.height())
+        painter.drawText(
+            title_rect,
+            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+            painter.fontMetrics().elidedText(title, Qt.TextElideMode.ElideRight, title_rect.width()),
+        )
+        painter.setFont(option.font)
+        sub_top = title_rect.bottom() + 1 + self.GAP
+        self._draw_marked(
+            painter, index.data(SUBTITLE_ROLE) or "", QPoint(text_rect.left(), sub_top), text_rect.width(), fm
+        )
+        painter.restore()
+
+    @staticmethod
+    def _draw_marked(painter: QPainter, text: str, origin: QPoint, width: int, fm) -> None:
+        """Draw ``text`` in one line; runs between MARK_START/MARK_END in the accent colour."""
+        c = theme.colors()
+        x, baseline = origin.x(), origin.y() + fm.ascent()
+        marked = False
+        for chunk in text.replace(MARK_END, MARK_START).split(MARK_START):
+            room = origin.x() + width - x
+            if room <= 0:
+                break
+            shown = fm.elidedText(chunk, Qt.TextElideMode.ElideRight, room)
+            painter.setPen(QColor(c.accent if marked else c.muted))
+            painter.drawText(QPoint(x, baseline), shown)
+            x += fm.horizontalAdvance(shown)
+            if shown != chunk:
+                break
+            marked = not marked
+
+    def updateEditorGeometry(self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        rect = option.rect.adjusted(self.PAD_X - 4, self.PAD_Y - 3, -self.PAD_X + 2, 0)
+        rect.setHeight(option.fontMetrics.height() + 8)
+        editor.setGeometry(rect)
 
 
 class HistorySidebar(QFrame):
     """Signals: conversation_selected(int), new_requested(), rename_requested(int, str),
-    delete_requested(int), undo_delete_requested(int), export_requested(int, str), search_changed(str)."""
+    delete_requested(int), undo_delete_requested(int), export_requested(int, str "md"|"json"),
+    search_changed(str) (every keystroke: the receiver debounces)."""
 
     conversation_selected = Signal(int)
     new_requested = Signal()
@@ -45,116 +132,226 @@ class HistorySidebar(QFrame):
     export_requested = Signal(int, str)
     search_changed = Signal(str)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
         self.setObjectName("Sidebar")
         self.setMinimumWidth(200)
         self.setAccessibleName("Conversation history")
-        col = QVBoxLayout(self)
-        col.setContentsMargins(10, 12, 10, 10)
-        self.new_btn = QPushButton("+  New chat")
+        self._rows: list = []
+        self._deleted: int | None = None
+        self._filling = False
+
+        self.new_btn = QPushButton("New chat")
         self.new_btn.setObjectName("Primary")
         self.new_btn.setToolTip("Start a new conversation (Ctrl+N)")
+        self.new_btn.setAccessibleName("New chat")
+        self.new_btn.setCursor(Qt.CursorShape.PointingHandCursor)
         self.search = QLineEdit()
-        self.search.setPlaceholderText("Search chats  (Ctrl+F)")
+        self.search.setPlaceholderText("Search chats")
+        self.search.setToolTip("Search titles and messages (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
         self.search.setAccessibleName("Search conversations")
+        self.search_icon = QAction(self.search)
+        self.search.addAction(self.search_icon, QLineEdit.ActionPosition.LeadingPosition)
+
         self.list = QListWidget()
+        self.list.setObjectName("HistoryList")
         self.list.setAccessibleName("Conversations")
+        self.list.setItemDelegate(_RowDelegate(self.list))
+        self.list.setMouseTracking(True)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.list.setWordWrap(True)
+        self.list.setEditTriggers(QListWidget.EditTrigger.EditKeyPressed)
+        self.list.setUniformItemSizes(True)
+        self.empty = QLabel("No chats yet")
+        self.empty.setObjectName("Muted")
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty.setWordWrap(True)
+
         self.undo_bar = QFrame()
-        undo_row = QHBoxLayout(self.undo_bar)
-        undo_row.setContentsMargins(4, 2, 4, 2)
+        self.undo_bar.setObjectName("UndoBar")
         self.undo_label = QLabel("Chat deleted")
         self.undo_btn = QPushButton("Undo")
+        self.undo_btn.setAccessibleName("Undo delete")
+        self.undo_btn.setCursor(Qt.CursorShape.PointingHandCursor)
+        undo_row = QHBoxLayout(self.undo_bar)
+        undo_row.setContentsMargins(12, 6, 6, 6)
         undo_row.addWidget(self.undo_label, 1)
         undo_row.addWidget(self.undo_btn)
         self.undo_bar.hide()
+
+        col = QVBoxLayout(self)
+        col.setContentsMargins(10, 12, 10, 10)
+        col.setSpacing(8)
         col.addWidget(self.new_btn)
         col.addWidget(self.search)
+        col.addWidget(self.empty)
         col.addWidget(self.list, 1)
         col.addWidget(self.undo_bar)
-        self._deleted: int | None = None
+
         self._undo_timer = QTimer(self)
         self._undo_timer.setSingleShot(True)
         self._undo_timer.setInterval(UNDO_MS)
         self._undo_timer.timeout.connect(self.undo_bar.hide)
-        self._rows: list = []
+
         self.new_btn.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.search_changed)
-        self.list.itemClicked.connect(self._on_clicked)
+        self.list.currentItemChanged.connect(self._on_current_changed)
+        self.list.itemChanged.connect(self._on_item_edited)
         self.list.customContextMenuRequested.connect(self._menu)
         self.undo_btn.clicked.connect(self._undo)
+        for keys, slot in (
+            (QKeySequence.StandardKey.Delete, self._delete_current),
+            ("F2", self._rename_current),
+        ):
+            action = QAction(self.list)
+            action.setShortcut(QKeySequence(keys))
+            action.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+            action.triggered.connect(slot)
+            self.list.addAction(action)
+        self._refresh_icons()
+        self._update_empty()
+
+    # ----- content ---------------------------------------------------------------------------
 
     def focus_search(self) -> None:
         self.search.setFocus()
         self.search.selectAll()
 
     def set_conversations(self, rows: list) -> None:
+        """Rows with .id .title .updated (epoch) .kind; ignored while a search is shown."""
         self._rows = list(rows)
         if not self.search.text().strip():
-            self._fill([(r.id, r.title, relative_time(r.updated), r.kind) for r in rows])
+            self._show_rows()
 
     def set_search_results(self, hits: list) -> None:
+        """Hits with .conversation_id .title .snippet (matches between MARK_START/MARK_END)."""
         if not self.search.text().strip():
-            self._fill([(r.id, r.title, relative_time(r.updated), r.kind) for r in self._rows])
+            self._show_rows()
             return
-        self._fill([(h.conversation_id, h.title, h.snippet, "chat") for h in hits], rich=True)
+        self._fill([(h.conversation_id, h.title, h.snippet) for h in hits])
 
-    def _fill(self, rows: list[tuple[int, str, str, str]], rich: bool = False) -> None:
+    def _show_rows(self) -> None:
+        self._fill([(r.id, r.title, _subtitle(r)) for r in self._rows])
+
+    def _fill(self, rows: list[tuple[int, str, str]]) -> None:
         current = self.current_id()
+        self._filling = True
         self.list.clear()
-        for conv_id, title, sub, kind in rows:
-            prefix = "⇆ " if kind == "compare" else ""
-            sub_text = sub.replace(MARK_START, "«").replace(MARK_END, "»") if rich else sub
-            item = QListWidgetItem(f"{prefix}{title}\n{sub_text}")
-            item.setData(Qt.ItemDataRole.UserRole, conv_id)
-            item.setToolTip(html.escape(title))
+        for conv_id, title, subtitle in rows:
+            item = QListWidgetItem(title or "Untitled")
+            item.setData(ID_ROLE, conv_id)
+            item.setData(TITLE_ROLE, title)
+            item.setData(SUBTITLE_ROLE, subtitle)
+            item.setToolTip(title)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if conv_id == current:
-                item.setSelected(True)
+                self.list.setCurrentItem(item)
+        self._filling = False
+        self._update_empty()
+
+    def _update_empty(self) -> None:
+        searching = bool(self.search.text().strip())
+        self.empty.setText("No chats match your search" if searching else "No chats yet")
+        self.empty.setVisible(self.list.count() == 0)
 
     def current_id(self) -> int | None:
         item = self.list.currentItem()
-        return item.data(Qt.ItemDataRole.UserRole) if item is not None else None
+        return item.data(ID_ROLE) if item is not None else None
 
     def select(self, conv_id: int) -> None:
+        """Highlight a conversation without emitting conversation_selected."""
+        self._filling = True
         for i in range(self.list.count()):
-            if self.list.item(i).data(Qt.ItemDataRole.UserRole) == conv_id:
+            if self.list.item(i).data(ID_ROLE) == conv_id:
                 self.list.setCurrentRow(i)
-                return
+                break
+        self._filling = False
 
-    def _on_clicked(self, item: QListWidgetItem) -> None:
-        self.conversation_selected.emit(item.data(Qt.ItemDataRole.UserRole))
+    def _item(self, conv_id: int) -> QListWidgetItem | None:
+        for i in range(self.list.count()):
+            if self.list.item(i).data(ID_ROLE) == conv_id:
+                return self.list.item(i)
+        return None
 
-    def _menu(self, pos) -> None:
-        item = self.list.itemAt(pos)
-        if item is None:
+    # ----- user actions ----------------------------------------------------------------------
+
+    def _on_current_changed(self, item: QListWidgetItem | None, _previous) -> None:
+        if item is not None and not self._filling:
+            self.conversation_selected.emit(item.data(ID_ROLE))
+
+    def rename(self, conv_id: int) -> None:
+        """Edit the title in place; Enter commits (rename_requested), Esc cancels."""
+        item = self._item(conv_id)
+        if item is not None:
+            self.list.setCurrentItem(item)
+            self.list.editItem(item)
+
+    def _on_item_edited(self, item: QListWidgetItem) -> None:
+        if self._filling:
             return
-        conv_id = item.data(Qt.ItemDataRole.UserRole)
-        menu = QMenu(self)
-        menu.addAction("Rename…", lambda: self._rename(conv_id, item.text().split("\n")[0]))
-        menu.addAction("Export as Markdown…", lambda: self.export_requested.emit(conv_id, "md"))
-        menu.addAction("Export as JSON…", lambda: self.export_requested.emit(conv_id, "json"))
-        menu.addSeparator()
-        menu.addAction("Delete", lambda: self.delete(conv_id))
-        menu.exec(self.list.mapToGlobal(pos))
-
-    def _rename(self, conv_id: int, old: str) -> None:
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=old.removeprefix("⇆ "))
-        if ok and title.strip():
-            self.rename_requested.emit(conv_id, title.strip())
+        new, old = item.text().strip(), item.data(TITLE_ROLE)
+        if new and new != old:
+            item.setData(TITLE_ROLE, new)
+            self.rename_requested.emit(item.data(ID_ROLE), new)
+        elif not new:
+            item.setText(old)  # an emptied title is a cancel
 
     def delete(self, conv_id: int) -> None:
-        """Delete with an undo bar (the store only marks the chat deleted)."""
+        """Delete (the row goes at once) and offer Undo for UNDO_MS."""
+        item = self._item(conv_id)
+        if item is not None:
+            self._filling = True
+            self.list.takeItem(self.list.row(item))
+            self._filling = False
+        self._rows = [r for r in self._rows if r.id != conv_id]
         self._deleted = conv_id
         self.delete_requested.emit(conv_id)
         self.undo_bar.show()
         self._undo_timer.start()
+        self._update_empty()
 
     def _undo(self) -> None:
         if self._deleted is not None:
             self.undo_delete_requested.emit(self._deleted)
             self._deleted = None
+        self._undo_timer.stop()
         self.undo_bar.hide()
+
+    def _delete_current(self) -> None:
+        if (conv_id := self.current_id()) is not None:
+            self.delete(conv_id)
+
+    def _rename_current(self) -> None:
+        if (conv_id := self.current_id()) is not None:
+            self.rename(conv_id)
+
+    def _menu(self, pos: QPoint) -> None:
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        conv_id = item.data(ID_ROLE)
+        menu = QMenu(self)
+        menu.addAction("Rename", lambda: self.rename(conv_id)).setShortcut(QKeySequence("F2"))
+        export = menu.addMenu("Export as")
+        for fmt, label in EXPORT_FORMATS:
+            export.addAction(label, lambda fmt=fmt: self.export_requested.emit(conv_id, fmt))
+        menu.addSeparator()
+        menu.addAction("Delete", lambda: self.delete(conv_id)).setShortcut(QKeySequence.StandardKey.Delete)
+        menu.exec(self.list.viewport().mapToGlobal(pos))
+
+    def _refresh_icons(self) -> None:
+        c = theme.colors()
+        self.new_btn.setIcon(theme.icon("plus", c.on_accent))
+        self.search_icon.setIcon(theme.icon("search", c.muted))
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._refresh_icons()
+
+
+def _subtitle(row) -> str:
+    when = relative_time(row.updated)
+    return when if row.kind in ("chat", "", None) else f"{when} · {row.kind}"

@@ -1,98 +1,215 @@
-"""The message input: Enter sends, Shift+Enter adds a line (configurable), Esc stops."""
+"""The message input: a rounded box that grows with its text, Send / Stop, and a hint line.
+
+Enter sends and Shift+Enter starts a new line (``set_enter_sends(False)`` swaps to Ctrl+Enter
+to send); Esc stops a reply being generated. The text stays in the box after ``send_requested``
+until the caller accepts it with ``clear()``, so a refused send (no model loaded) loses nothing.
+"""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from . import theme
+
+MAX_VISIBLE_LINES = 8
+COLUMN_MAX_WIDTH = 860  # the chat column's width, so the box lines up with the messages
+PLACEHOLDER = "Message the model…"
 
 
 class _Editor(QPlainTextEdit):
+    """Turns Enter / Ctrl+Enter / Esc into ``submit`` and ``stop``; everything else is typing."""
+
     submit = Signal()
     stop = Signal()
 
     def __init__(self) -> None:
         super().__init__()
         self.enter_sends = True
+        self.generating = False
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         key, mods = event.key(), event.modifiers()
         if key in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
             shift = bool(mods & Qt.KeyboardModifier.ShiftModifier)
             ctrl = bool(mods & Qt.KeyboardModifier.ControlModifier)
-            if (self.enter_sends and not shift) or (not self.enter_sends and ctrl):
+            if (self.enter_sends and not shift and not ctrl) or (not self.enter_sends and ctrl):
                 self.submit.emit()
                 return
-        if key == Qt.Key.Key_Escape:
+            if self.enter_sends and ctrl:
+                return  # Ctrl+Enter neither sends nor adds a line in this mode
+            self.insertPlainText("\n")  # a real newline: Qt would insert U+2028 for Shift+Enter
+            return
+        if key == Qt.Key.Key_Escape and self.generating:
             self.stop.emit()
             return
         super().keyPressEvent(event)
 
 
 class InputBox(QFrame):
-    """Signals: send_requested(str), stop_requested()."""
+    """Signals: send_requested(str), stop_requested(), text_changed() (e.g. to count tokens)."""
 
     send_requested = Signal(str)
     stop_requested = Signal()
+    text_changed = Signal()
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
         self.setObjectName("InputBar")
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        self.generating = False
+
         self.editor = _Editor()
         self.editor.setObjectName("Input")
         self.editor.setAccessibleName("Message input")
-        self.editor.setPlaceholderText("Message the model…  (Enter to send, Shift+Enter for a new line)")
-        self.editor.setMaximumHeight(96)
-        self.editor.setMinimumHeight(56)
+        self.editor.setTabChangesFocus(True)
+        self.editor.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.editor.document().setDocumentMargin(2)
+        self.editor.installEventFilter(self)
+
         self.send_btn = QPushButton("Send")
         self.send_btn.setObjectName("Primary")
+        self.send_btn.setIconSize(QSize(16, 16))
         self.send_btn.setAccessibleName("Send message")
+        self.send_btn.setCursor(Qt.CursorShape.PointingHandCursor)
         self.stop_btn = QPushButton("Stop")
         self.stop_btn.setObjectName("Danger")
+        self.stop_btn.setIconSize(QSize(16, 16))
         self.stop_btn.setAccessibleName("Stop generating")
-        self.stop_btn.setToolTip("Stop generating (Esc)")
+        self.stop_btn.setToolTip("Stop generating (Esc); the partial reply is kept")
+        self.stop_btn.setCursor(Qt.CursorShape.PointingHandCursor)
         self.stop_btn.hide()
-        self.hint = QLabel()
-        self.hint.setObjectName("Muted")
-        buttons = QVBoxLayout()
-        buttons.addWidget(self.send_btn)
-        buttons.addWidget(self.stop_btn)
-        buttons.addStretch(1)
-        row = QHBoxLayout()
+
+        self.frame = QFrame()
+        self.frame.setObjectName("InputFrame")
+        row = QHBoxLayout(self.frame)
+        row.setContentsMargins(12, 8, 8, 8)
+        row.setSpacing(8)
         row.addWidget(self.editor, 1)
-        row.addLayout(buttons)
-        col = QVBoxLayout(self)
-        col.setContentsMargins(24, 8, 24, 10)
-        col.addLayout(row)
-        col.addWidget(self.hint)
+        row.addWidget(self.send_btn, 0, Qt.AlignmentFlag.AlignBottom)
+        row.addWidget(self.stop_btn, 0, Qt.AlignmentFlag.AlignBottom)
+
+        self.hint = QLabel()
+        self.hint.setObjectName("Hint")
+        self.hint.setAccessibleName("Token count")
+        self.keys_hint = QLabel()
+        self.keys_hint.setObjectName("Hint")
+        hints = QHBoxLayout()
+        hints.setContentsMargins(6, 0, 6, 0)
+        hints.addWidget(self.hint)
+        hints.addStretch(1)
+        hints.addWidget(self.keys_hint)
+
+        column = QWidget()
+        column.setMaximumWidth(COLUMN_MAX_WIDTH - 40)
+        col = QVBoxLayout(column)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.setSpacing(4)
+        col.addWidget(self.frame)
+        col.addLayout(hints)
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(20, 6, 20, 8)
+        outer.addWidget(column)
+
         self.editor.submit.connect(self._submit)
         self.editor.stop.connect(self.stop_requested)
+        self.editor.textChanged.connect(self._on_text_changed)
+        self.editor.document().documentLayout().documentSizeChanged.connect(self._fit_height)
         self.send_btn.clicked.connect(self._submit)
         self.stop_btn.clicked.connect(self.stop_requested)
-        self.generating = False
+        self._refresh_icons()
+        self.set_enter_sends(True)
+        self._fit_height()
+        self._on_text_changed()
 
-    def set_enter_sends(self, on: bool) -> None:
-        self.editor.enter_sends = on
-        self.editor.setPlaceholderText(
-            "Message the model…  (Enter to send, Shift+Enter for a new line)"
-            if on
-            else "Message the model…  (Ctrl+Enter to send)"
-        )
+    # ----- API -------------------------------------------------------------------------------
 
-    def set_hint(self, text: str) -> None:
-        self.hint.setText(text)
+    def text(self) -> str:
+        return self.editor.toPlainText()
 
-    def set_generating(self, on: bool) -> None:
-        self.generating = on
-        self.send_btn.setVisible(not on)
-        self.stop_btn.setVisible(on)
-
-    def _submit(self) -> None:
-        text = self.editor.toPlainText()
-        if self.generating or not text.strip():
-            return
-        # The text stays until the caller accepts it (clear()): a refused send loses nothing.
-        self.send_requested.emit(text)
+    def set_text(self, text: str) -> None:
+        self.editor.setPlainText(text)
 
     def clear(self) -> None:
         self.editor.clear()
+
+    def set_enter_sends(self, on: bool) -> None:
+        self.editor.enter_sends = on
+        self.editor.setPlaceholderText(PLACEHOLDER)
+        keys = (
+            "Enter to send · Shift+Enter for a new line"
+            if on
+            else "Ctrl+Enter to send · Enter for a new line"
+        )
+        self.keys_hint.setText(keys)
+        self.send_btn.setToolTip(f"Send ({'Enter' if on else 'Ctrl+Enter'})")
+
+    def set_hint(self, text: str) -> None:
+        """The left hint, e.g. "412 / 2048 tokens"."""
+        self.hint.setText(text)
+
+    def set_generating(self, on: bool) -> None:
+        """While a reply streams: Stop replaces Send, and Enter does not send."""
+        self.generating = on
+        self.editor.generating = on
+        self.send_btn.setVisible(not on)
+        self.stop_btn.setVisible(on)
+        self._on_text_changed()
+
+    def set_input_enabled(self, enabled: bool, reason: str = "") -> None:
+        """Disable typing (``reason`` shows as the placeholder, e.g. "Load a checkpoint first")."""
+        self.editor.setReadOnly(not enabled)
+        self.editor.setEnabled(enabled)
+        self.editor.setPlaceholderText(PLACEHOLDER if enabled else reason or PLACEHOLDER)
+        self._on_text_changed()
+
+    # ----- internals -------------------------------------------------------------------------
+
+    def _submit(self) -> None:
+        text = self.editor.toPlainText()
+        if self.generating or not self.editor.isEnabled() or not text.strip():
+            return
+        self.send_requested.emit(text)
+
+    def _on_text_changed(self) -> None:
+        has_text = bool(self.editor.toPlainText().strip())
+        self.send_btn.setEnabled(has_text and self.editor.isEnabled() and not self.generating)
+        self.text_changed.emit()
+
+    def _fit_height(self) -> None:
+        """One line when empty, growing to MAX_VISIBLE_LINES, then the editor scrolls."""
+        lines = max(
+            1, min(MAX_VISIBLE_LINES, int(self.editor.document().documentLayout().documentSize().height()))
+        )
+        margins = self.editor.contentsMargins()
+        doc_margin = 2 * self.editor.document().documentMargin()
+        height = (
+            lines * self.editor.fontMetrics().lineSpacing() + doc_margin + margins.top() + margins.bottom()
+        )
+        self.editor.setFixedHeight(int(height) + 2)
+
+    def _refresh_icons(self) -> None:
+        c = theme.colors()
+        self.send_btn.setIcon(theme.icon("send", c.on_accent))
+        self.stop_btn.setIcon(theme.icon("stop", c.on_accent))
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        if obj is self.editor and event.type() in (QEvent.Type.FocusIn, QEvent.Type.FocusOut):
+            self.frame.setProperty("focused", event.type() == QEvent.Type.FocusIn)
+            theme.repolish(self.frame)
+        return super().eventFilter(obj, event)
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            self._refresh_icons()

@@ -80,7 +80,7 @@ def render_raw_tokens(tokens: Sequence[tuple[str, bool]], *, dark: bool) -> str:
     """The token stream as chips: alternating shades show the boundaries, special tokens are
     drawn in the accent colour, tokens forced by a tool (not sampled) on the tool colour."""
     c = DARK if dark else LIGHT
-    shades = (c.inline_code_bg, c.hover)
+    shades = (c.token_a, c.token_b)
     chips = []
     forced = specials = 0
     for i, (text, was_forced) in enumerate(tokens):
@@ -205,15 +205,16 @@ class _Renderer:
         self.code_blocks.append(code)
         c = self.c
         highlighted = highlight(code, _lexer(language), _formatter(self.code_style)) if code else ""
-        head = f"background-color:{c.code_header}; padding:4px 10px; color:{c.muted}"
+        # Borders go on the cells: a table border would also draw a line between the header cells.
+        line = f"1px solid {c.border}"
+        head = f"background-color:{c.code_header}; padding:4px 10px; color:{c.muted}; border-top:{line}"
         return (
-            f'<table width="100%" cellspacing="0" cellpadding="0" bgcolor="{c.code_bg}"'
-            f' style="margin-top:4px; margin-bottom:10px; border-collapse:collapse;'
-            f' border:1px solid {c.border}">'
-            f'<tr><td style="{head}">{html.escape(language or "code")}</td>'
-            f'<td align="right" style="{head}"><a href="{COPY_CODE_SCHEME}:{index}"'
+            f'<table width="100%" cellspacing="0" cellpadding="0" border="0" bgcolor="{c.code_bg}"'
+            f' style="margin-top:4px; margin-bottom:10px; border-collapse:collapse">'
+            f'<tr><td style="{head}; border-left:{line}">{html.escape(language or "code")}</td>'
+            f'<td align="right" style="{head}; border-right:{line}"><a href="{COPY_CODE_SCHEME}:{index}"'
             f' style="color:{c.muted}; text-decoration:none">Copy</a></td></tr>'
-            f'<tr><td colspan="2" style="padding:8px 10px">'
+            f'<tr><td colspan="2" style="padding:8px 10px; border:{line}; border-top:none">'
             f'<pre style="margin:0; white-space:pre-wrap">{highlighted}</pre></td></tr></table>'
         )
 

@@ -1,26 +1,40 @@
-"""The sampling panel: sliders with numeric boxes, seed lock, presets, system prompt."""
+"""The sampling panel (right side): presets, system prompt, sampling knobs, reply length and seed.
+
+Each knob is a slider and a spin box kept in sync; the spin box holds the true value (a typed
+0.73 stays 0.73 while the slider shows the nearest step). Values are plain dicts with the keys of
+``DEFAULTS`` so they go straight into settings and the worker's request. The panel folds to a
+thin strip with its header button.
+"""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
+    QAbstractSpinBox,
     QComboBox,
     QDoubleSpinBox,
     QFrame,
-    QGridLayout,
     QHBoxLayout,
     QInputDialog,
     QLabel,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QSlider,
     QSpinBox,
     QToolButton,
     QVBoxLayout,
+    QWidget,
 )
+
+from . import theme
+
+SEED_MAX = 2**31 - 1
+EXPANDED_MIN_WIDTH = 270
+COLLAPSED_WIDTH = 44
 
 
 @dataclass(frozen=True)
@@ -31,6 +45,7 @@ class Knob:
     hi: float
     step: float
     decimals: int
+    off_at: float | None  # the value that turns the knob off (shown as "off"/"greedy")
     tip: str
 
 
@@ -42,17 +57,29 @@ KNOBS = (
         2.0,
         0.05,
         2,
-        "Randomness. 0 always picks the most likely token (greedy); higher values flatten the distribution.",
+        0.0,
+        "Randomness. 0 always takes the most likely token (greedy, repeatable);\n"
+        "higher values flatten the distribution for more varied text.",
     ),
-    Knob("top_k", "Top-k", 0, 200, 1, 0, "Sample only among the k most likely tokens. 0 turns it off."),
+    Knob(
+        "top_k",
+        "Top-k",
+        0,
+        200,
+        1,
+        0,
+        0,
+        "Sample only among the k most likely tokens. 0 turns it off.",
+    ),
     Knob(
         "top_p",
         "Top-p",
-        0.05,
+        0.01,
         1.0,
         0.01,
         2,
-        "Nucleus sampling: keep the smallest set of tokens whose probability adds up to p. 1 turns it off.",
+        1.0,
+        "Nucleus sampling: keep the smallest set of tokens whose probabilities add up to p.\n1 turns it off.",
     ),
     Knob(
         "min_p",
@@ -61,7 +88,8 @@ KNOBS = (
         0.99,
         0.01,
         2,
-        "Drop tokens less likely than min-p times the top token's probability. 0 turns it off.",
+        0.0,
+        "Drop tokens less likely than min-p × the most likely token's probability. 0 turns it off.",
     ),
     Knob(
         "repetition_penalty",
@@ -70,10 +98,21 @@ KNOBS = (
         2.0,
         0.01,
         2,
+        1.0,
         "Make tokens that already appeared less likely. 1 turns it off.",
     ),
-    Knob("max_tokens", "Max tokens", 1, 4096, 1, 0, "The longest reply, in tokens."),
+    Knob(
+        "max_tokens",
+        "Max tokens",
+        1,
+        4096,
+        1,
+        0,
+        None,
+        "The longest reply, in tokens. Generation also stops at the end-of-turn token.",
+    ),
 )
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 BUILTIN_PRESETS: dict[str, dict] = {
     "Greedy": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0},
@@ -81,11 +120,7 @@ BUILTIN_PRESETS: dict[str, dict] = {
     "Creative": {"temperature": 1.2, "top_k": 0, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1},
 }
 DEFAULTS = {
-    "temperature": 0.8,
-    "top_k": 50,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
+    **BUILTIN_PRESETS["Balanced"],  # nanochat's own defaults
     "max_tokens": 512,
     "seed": 42,
     "seed_locked": True,
@@ -93,157 +128,224 @@ DEFAULTS = {
 }
 
 
-class _KnobRow:
-    """A slider and a spin box kept in sync; the spin box holds the true value."""
+class _KnobRow(QWidget):
+    """Label, "off" note and spin box on one line, the slider under them."""
 
-    def __init__(self, knob: Knob, on_change) -> None:
+    changed = Signal()
+
+    def __init__(self, knob: Knob) -> None:
+        super().__init__()
         self.knob = knob
         self.scale = 1 / knob.step
-        self.slider = QSlider(Qt.Orientation.Horizontal)
-        self.slider.setRange(round(knob.lo * self.scale), round(knob.hi * self.scale))
+        self.label = QLabel(knob.label)
+        self.note = QLabel()
+        self.note.setObjectName("Muted")
         if knob.decimals:
-            self.box = QDoubleSpinBox()
+            self.box: QSpinBox | QDoubleSpinBox = QDoubleSpinBox()
             self.box.setDecimals(knob.decimals)
             self.box.setSingleStep(knob.step)
         else:
             self.box = QSpinBox()
         self.box.setRange(knob.lo, knob.hi)
-        self.box.setFixedWidth(76)
-        self.label = QLabel(knob.label)
-        self.note = QLabel()
-        self.note.setObjectName("Muted")
-        for w in (self.slider, self.box, self.label):
+        self.box.setFixedWidth(78)
+        self.box.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.box.setButtonSymbols(QAbstractSpinBox.ButtonSymbols.NoButtons)
+        self.box.setKeyboardTracking(False)  # typing "0.7" does not pass through 0 on the way
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.slider.setRange(round(knob.lo * self.scale), round(knob.hi * self.scale))
+        self.slider.setPageStep(max(1, (self.slider.maximum() - self.slider.minimum()) // 10))
+        for w in (self.label, self.box, self.slider):
             w.setToolTip(knob.tip)
-        self.slider.setAccessibleName(f"{knob.label} slider")
         self.box.setAccessibleName(knob.label)
-        self.slider.valueChanged.connect(lambda v: self.box.setValue(v / self.scale if knob.decimals else v))
+        self.slider.setAccessibleName(f"{knob.label} slider")
+        self.label.setBuddy(self.box)
+        top = QHBoxLayout()
+        top.setContentsMargins(0, 0, 0, 0)
+        top.addWidget(self.label)
+        top.addStretch(1)
+        top.addWidget(self.note)
+        top.addWidget(self.box)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 2, 0, 2)
+        lay.setSpacing(2)
+        lay.addLayout(top)
+        lay.addWidget(self.slider)
+        self.slider.valueChanged.connect(self._from_slider)
         self.box.valueChanged.connect(self._from_box)
-        self._on_change = on_change
 
-    def _from_box(self, value: float) -> None:
+    def _from_slider(self, position: int) -> None:
+        value = position / self.scale
+        self.box.setValue(round(value, self.knob.decimals) if self.knob.decimals else round(value))
+
+    def _from_box(self, _value: float) -> None:
+        self._sync_slider()
+        self.changed.emit()
+
+    def _sync_slider(self) -> None:
         self.slider.blockSignals(True)
-        self.slider.setValue(round(value * self.scale))
+        self.slider.setValue(round(self.box.value() * self.scale))
         self.slider.blockSignals(False)
         self._update_note()
-        self._on_change()
 
     def _update_note(self) -> None:
-        v = self.value()
-        off = {
-            "temperature": v == 0,
-            "top_k": v == 0,
-            "top_p": v >= 1,
-            "min_p": v == 0,
-            "repetition_penalty": v == 1,
-        }.get(self.knob.key, False)
+        off = self.knob.off_at is not None and abs(self.value() - self.knob.off_at) < 1e-9
         self.note.setText(("greedy" if self.knob.key == "temperature" else "off") if off else "")
 
     def value(self) -> float | int:
         v = self.box.value()
-        return round(v, self.knob.decimals) if self.knob.decimals else int(v)
+        return round(float(v), self.knob.decimals) if self.knob.decimals else int(v)
 
-    def set_value(self, v: float) -> None:
-        self.box.setValue(v)
-        self._update_note()
+    def set_value(self, value: float) -> None:
+        """Set without emitting ``changed``."""
+        self.box.blockSignals(True)
+        self.box.setValue(value)
+        self.box.blockSignals(False)
+        self._sync_slider()
 
 
 class SamplingPanel(QFrame):
-    """Signals: values_changed(dict), presets_changed(dict)."""
+    """Signals:
+    values_changed(dict): any value changed (by the user, a preset, Reset or ``set_values``).
+    presets_changed(dict): the user presets (name → values) after a save or delete.
+    collapsed_changed(bool): the panel was folded or unfolded.
+    """
 
     values_changed = Signal(dict)
     presets_changed = Signal(dict)
+    collapsed_changed = Signal(bool)
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
         self.setObjectName("SamplingPanel")
-        self.setMinimumWidth(260)
         self.setAccessibleName("Sampling settings")
+        self.setMinimumWidth(EXPANDED_MIN_WIDTH)
         self._user_presets: dict[str, dict] = {}
-        self._loading = False
-        col = QVBoxLayout(self)
-        col.setContentsMargins(14, 12, 14, 12)
-        title = QLabel("Sampling")
-        title.setObjectName("SectionTitle")
-        col.addWidget(title)
+        self._quiet = False
+        self._last_emitted: dict | None = None
 
-        presets = QHBoxLayout()
-        self.preset_box = QComboBox()
-        self.preset_box.setAccessibleName("Sampling preset")
-        self.preset_box.setToolTip("Apply a saved set of sampling values")
-        self.save_preset_btn = QToolButton()
-        self.save_preset_btn.setText("Save…")
-        self.save_preset_btn.setToolTip("Save the current values as a preset")
-        self.delete_preset_btn = QToolButton()
-        self.delete_preset_btn.setText("Delete")
-        self.delete_preset_btn.setToolTip("Delete the selected user preset")
-        presets.addWidget(self.preset_box, 1)
-        presets.addWidget(self.save_preset_btn)
-        presets.addWidget(self.delete_preset_btn)
-        col.addLayout(presets)
+        self.title = QLabel("Parameters")
+        self.title.setObjectName("PanelTitle")
+        self.collapse_btn = theme.flat_button("chevron-right", "Hide the parameters panel")
+        self.collapse_btn.clicked.connect(lambda: self.set_collapsed(not self.is_collapsed()))
+        header = QHBoxLayout()
+        header.setContentsMargins(14, 10, 8, 6)
+        header.addWidget(self.title)
+        header.addStretch(1)
+        header.addWidget(self.collapse_btn)
 
-        grid = QGridLayout()
-        grid.setVerticalSpacing(4)
-        self.rows: dict[str, _KnobRow] = {}
-        for i, knob in enumerate(KNOBS):
-            row = _KnobRow(knob, self._changed)
-            self.rows[knob.key] = row
-            grid.addWidget(row.label, 2 * i, 0)
-            grid.addWidget(row.note, 2 * i, 1, Qt.AlignmentFlag.AlignRight)
-            grid.addWidget(row.box, 2 * i, 2)
-            grid.addWidget(row.slider, 2 * i + 1, 0, 1, 3)
-        col.addLayout(grid)
-
-        seed_row = QHBoxLayout()
-        seed_label = QLabel("Seed")
-        seed_label.setToolTip(
-            "The random seed. With the lock on, every reply uses it: same prompt, same output."
-        )
-        self.seed_box = QSpinBox()
-        self.seed_box.setRange(0, 2**31 - 1)
-        self.seed_box.setAccessibleName("Seed")
-        self.seed_box.setToolTip(seed_label.toolTip())
-        self.lock_btn = QToolButton()
-        self.lock_btn.setCheckable(True)
-        self.lock_btn.setToolTip("Locked: reuse this seed. Unlocked: a new random seed for every reply.")
-        self.lock_btn.setAccessibleName("Lock seed")
-        self.random_btn = QToolButton()
-        self.random_btn.setText("Random")
-        self.random_btn.setToolTip("Pick a random seed")
-        self.random_btn.setAccessibleName("Randomise seed")
-        seed_row.addWidget(seed_label)
-        seed_row.addWidget(self.seed_box, 1)
-        seed_row.addWidget(self.lock_btn)
-        seed_row.addWidget(self.random_btn)
-        col.addLayout(seed_row)
-
-        sys_label = QLabel("System prompt")
-        sys_label.setToolTip("Merged into your first message, as nanochat does.")
+        self.body = QWidget()
+        self.body.setObjectName("PanelBody")
+        col = QVBoxLayout(self.body)
+        col.setContentsMargins(14, 4, 14, 14)
+        col.setSpacing(6)
+        col.addWidget(self._section("PRESET"))
+        col.addLayout(self._build_presets())
+        col.addSpacing(8)
+        col.addWidget(self._section("SYSTEM PROMPT"))
         self.system_edit = QPlainTextEdit()
+        self.system_edit.setObjectName("Field")
         self.system_edit.setAccessibleName("System prompt")
-        self.system_edit.setPlaceholderText("Optional instructions for the model")
-        self.system_edit.setMaximumHeight(90)
-        col.addWidget(sys_label)
+        self.system_edit.setPlaceholderText("Optional instructions, merged into your first message")
+        self.system_edit.setToolTip(
+            "nanochat has no system role: this text is put before your first message, as nanochat does."
+        )
+        self.system_edit.setFixedHeight(84)
+        self.system_edit.setTabChangesFocus(True)
         col.addWidget(self.system_edit)
+        col.addSpacing(8)
+        col.addWidget(self._section("SAMPLING"))
+        self.rows: dict[str, _KnobRow] = {}
+        for knob in KNOBS:
+            if knob.key == "max_tokens":
+                col.addSpacing(8)
+                col.addWidget(self._section("LENGTH"))
+            row = _KnobRow(knob)
+            row.changed.connect(self._changed)
+            self.rows[knob.key] = row
+            col.addWidget(row)
+        col.addSpacing(8)
+        col.addWidget(self._section("SEED"))
+        col.addLayout(self._build_seed())
+        col.addSpacing(12)
         self.reset_btn = QPushButton("Reset to defaults")
-        self.reset_btn.setToolTip("Restore the default sampling values")
+        self.reset_btn.setToolTip("Restore nanochat's default sampling values (keeps your presets)")
+        self.reset_btn.setAccessibleName("Reset to defaults")
+        self.reset_btn.clicked.connect(self.reset)
         col.addWidget(self.reset_btn)
         col.addStretch(1)
 
-        self.seed_box.valueChanged.connect(self._changed)
-        self.lock_btn.toggled.connect(self._on_lock)
-        self.random_btn.clicked.connect(lambda: self.seed_box.setValue(random.randrange(2**31 - 1)))
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("PanelScroll")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.body)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(0)
+        outer.addLayout(header)
+        outer.addWidget(self.scroll, 1)
+        self._filler = QWidget()  # keeps the header at the top while the panel is folded
+        self._filler.hide()
+        outer.addWidget(self._filler, 1)
+
         self.system_edit.textChanged.connect(self._changed)
-        self.reset_btn.clicked.connect(lambda: self.set_values(DEFAULTS))
-        self.preset_box.activated.connect(self._apply_preset)
-        self.save_preset_btn.clicked.connect(self._save_preset)
-        self.delete_preset_btn.clicked.connect(self._delete_preset)
         self._refresh_presets()
         self.set_values(DEFAULTS)
 
-    # ----- values ------------------------------------------------------------------------
+    @staticmethod
+    def _section(text: str) -> QLabel:
+        label = QLabel(text)
+        label.setObjectName("SectionTitle")
+        return label
+
+    def _build_presets(self) -> QHBoxLayout:
+        self.preset_box = QComboBox()
+        self.preset_box.setAccessibleName("Preset")
+        self.preset_box.setToolTip("Apply a set of sampling values")
+        self.preset_box.setPlaceholderText("Custom")
+        self.preset_box.activated.connect(self._on_preset_activated)
+        self.save_preset_btn = theme.flat_button("plus", "Save the current values as a preset…")
+        self.save_preset_btn.clicked.connect(self._ask_preset_name)
+        self.delete_preset_btn = theme.flat_button("close", "Delete this preset")
+        self.delete_preset_btn.clicked.connect(self._delete_current_preset)
+        row = QHBoxLayout()
+        row.setSpacing(4)
+        row.addWidget(self.preset_box, 1)
+        row.addWidget(self.save_preset_btn)
+        row.addWidget(self.delete_preset_btn)
+        return row
+
+    def _build_seed(self) -> QHBoxLayout:
+        self.seed_box = QSpinBox()
+        self.seed_box.setRange(0, SEED_MAX)
+        self.seed_box.setButtonSymbols(QAbstractSpinBox.ButtonSymbols.NoButtons)
+        self.seed_box.setAccessibleName("Seed")
+        self.seed_box.setToolTip("The random seed: the same seed, prompt and settings give the same reply.")
+        self.lock_btn = QToolButton()
+        self.lock_btn.setObjectName("Flat")
+        self.lock_btn.setCheckable(True)
+        self.lock_btn.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.lock_btn.setIconSize(QSize(16, 16))
+        self.lock_btn.setAccessibleName("Lock seed")
+        self.lock_btn.setToolTip(
+            "Locked: every reply uses this seed.\nUnlocked: a new random seed for each reply."
+        )
+        self.random_btn = theme.flat_button("dice", "Pick a new random seed")
+        self.seed_box.valueChanged.connect(lambda _seed: self._changed())
+        self.lock_btn.toggled.connect(self._on_lock)
+        self.random_btn.clicked.connect(lambda: self.seed_box.setValue(random.randint(0, SEED_MAX)))
+        row = QHBoxLayout()
+        row.setSpacing(4)
+        row.addWidget(self.seed_box, 1)
+        row.addWidget(self.lock_btn)
+        row.addWidget(self.random_btn)
+        return row
+
+    # ----- values ----------------------------------------------------------------------------
 
     def values(self) -> dict:
-        out: dict = {k: row.value() for k, row in self.rows.items()}
+        out: dict = {key: row.value() for key, row in self.rows.items()}
         out.update(
             seed=self.seed_box.value(),
             seed_locked=self.lock_btn.isChecked(),
@@ -252,82 +354,158 @@ class SamplingPanel(QFrame):
         return out
 
     def set_values(self, values: dict) -> None:
-        self._loading = True
-        for k, row in self.rows.items():
-            if k in values:
-                row.set_value(values[k])
+        """Show ``values`` (missing keys keep their value); emits values_changed once if any changed."""
+        self._quiet = True
+        for key, row in self.rows.items():
+            if key in values:
+                row.set_value(values[key])
         if "seed" in values:
             self.seed_box.setValue(int(values["seed"]))
         if "seed_locked" in values:
             self.lock_btn.setChecked(bool(values["seed_locked"]))
-            self._on_lock(bool(values["seed_locked"]))
         if "system_prompt" in values and values["system_prompt"] != self.system_edit.toPlainText():
             self.system_edit.setPlainText(values["system_prompt"])
-        self._loading = False
+        self._quiet = False
+        self._update_lock_look()
         self._changed()
+
+    def reset(self) -> None:
+        self.set_values({k: v for k, v in DEFAULTS.items() if k != "system_prompt"})
 
     def next_seed(self) -> int:
         """The seed for the next reply: the locked one, or a fresh random one (shown in the box)."""
         if not self.lock_btn.isChecked():
-            self.seed_box.setValue(random.randrange(2**31 - 1))
+            self.seed_box.setValue(random.randint(0, SEED_MAX))
         return self.seed_box.value()
 
-    def _on_lock(self, locked: bool) -> None:
-        self.lock_btn.setText("Locked" if locked else "Unlocked")
+    def _on_lock(self, _locked: bool) -> None:
+        self._update_lock_look()
         self._changed()
 
-    def _changed(self) -> None:
-        if not self._loading:
-            self.values_changed.emit(self.values())
+    def _update_lock_look(self) -> None:
+        locked = self.lock_btn.isChecked()
+        self.lock_btn.setText("Locked" if locked else "Random")
+        self.lock_btn.setProperty("icon_name", "lock" if locked else "unlock")
+        self.lock_btn.setIcon(theme.icon("lock" if locked else "unlock", theme.colors().muted))
 
-    # ----- presets -----------------------------------------------------------------------
+    def _changed(self) -> None:
+        if self._quiet:
+            return
+        self._sync_preset_box()
+        values = self.values()
+        if values != self._last_emitted:
+            self._last_emitted = values
+            self.values_changed.emit(dict(values))
+
+    # ----- presets ---------------------------------------------------------------------------
 
     def set_user_presets(self, presets: dict) -> None:
-        self._user_presets = dict(presets)
+        """The saved user presets (name → values); does not emit presets_changed."""
+        self._user_presets = {name: dict(values) for name, values in presets.items()}
         self._refresh_presets()
 
-    def _refresh_presets(self) -> None:
-        self.preset_box.clear()
-        self.preset_box.addItem("Presets…")
-        for name in BUILTIN_PRESETS:
-            self.preset_box.addItem(name)
-        for name in sorted(self._user_presets):
-            self.preset_box.addItem(f"★ {name}", name)
+    def user_presets(self) -> dict:
+        return {name: dict(values) for name, values in self._user_presets.items()}
 
-    def _preset_values(self, index: int) -> dict | None:
-        name = self.preset_box.itemText(index)
-        if name in BUILTIN_PRESETS:
-            return BUILTIN_PRESETS[name]
-        user = self.preset_box.itemData(index)
-        return self._user_presets.get(user) if user else None
-
-    def _apply_preset(self, index: int) -> None:
-        values = self._preset_values(index)
-        if values:
-            self.set_values(values)
-
-    def apply_preset(self, name: str) -> None:
-        index = self.preset_box.findText(name)
-        if index < 0:
-            index = self.preset_box.findData(name)
-        if index >= 0:
-            self.preset_box.setCurrentIndex(index)
-            self._apply_preset(index)
+    def apply_preset(self, name: str) -> bool:
+        """Apply a built-in or user preset by name; False if there is none by that name."""
+        values = BUILTIN_PRESETS.get(name) or self._user_presets.get(name)
+        if values is None:
+            return False
+        self.set_values(values)
+        return True
 
     def save_preset(self, name: str) -> None:
-        values = {k: v for k, v in self.values().items() if k != "system_prompt"}
-        self._user_presets[name] = values
+        """Save the current values (not the system prompt) as user preset ``name``."""
+        name = name.strip()
+        if not name:
+            return
+        if name in BUILTIN_PRESETS:
+            name = f"{name} (mine)"
+        self._user_presets[name] = {k: v for k, v in self.values().items() if k != "system_prompt"}
         self._refresh_presets()
-        self.presets_changed.emit(dict(self._user_presets))
+        self.presets_changed.emit(self.user_presets())
 
-    def _save_preset(self) -> None:
-        name, ok = QInputDialog.getText(self, "Save preset", "Preset name:")
-        if ok and name.strip():
-            self.save_preset(name.strip())
-
-    def _delete_preset(self) -> None:
-        user = self.preset_box.currentData()
-        if user in self._user_presets:
-            del self._user_presets[user]
+    def delete_preset(self, name: str) -> None:
+        if self._user_presets.pop(name, None) is not None:
             self._refresh_presets()
-            self.presets_changed.emit(dict(self._user_presets))
+            self.presets_changed.emit(self.user_presets())
+
+    def _refresh_presets(self) -> None:
+        self.preset_box.blockSignals(True)
+        self.preset_box.clear()
+        for name in BUILTIN_PRESETS:
+            self.preset_box.addItem(name, name)
+            self.preset_box.setItemData(
+                self.preset_box.count() - 1, _describe(BUILTIN_PRESETS[name]), Qt.ItemDataRole.ToolTipRole
+            )
+        if self._user_presets:
+            self.preset_box.insertSeparator(self.preset_box.count())
+        for name in sorted(self._user_presets, key=str.lower):
+            self.preset_box.addItem(name, name)
+            self.preset_box.setItemData(
+                self.preset_box.count() - 1, _describe(self._user_presets[name]), Qt.ItemDataRole.ToolTipRole
+            )
+        self.preset_box.blockSignals(False)
+        self._sync_preset_box()
+
+    def _sync_preset_box(self) -> None:
+        """Show the preset the current values match, or "Custom"."""
+        current = self.values()
+        match = -1
+        for i in range(self.preset_box.count()):
+            name = self.preset_box.itemData(i)
+            values = BUILTIN_PRESETS.get(name) or self._user_presets.get(name)
+            if values and all(
+                abs(float(values[k]) - float(current[k])) < 1e-9 for k in SAMPLING_KEYS if k in values
+            ):
+                match = i
+                break
+        self.preset_box.setCurrentIndex(match)
+        self.delete_preset_btn.setEnabled(self.preset_box.currentData() in self._user_presets)
+
+    def _on_preset_activated(self, index: int) -> None:
+        self.apply_preset(self.preset_box.itemData(index))
+
+    def _ask_preset_name(self) -> None:
+        name, ok = QInputDialog.getText(self, "Save preset", "Name for these sampling values:")
+        if ok:
+            self.save_preset(name)
+
+    def _delete_current_preset(self) -> None:
+        name = self.preset_box.currentData()
+        if name in self._user_presets:
+            self.delete_preset(name)
+
+    # ----- folding ---------------------------------------------------------------------------
+
+    def is_collapsed(self) -> bool:
+        return self.scroll.isHidden()
+
+    def set_collapsed(self, collapsed: bool) -> None:
+        """Fold to a thin strip holding only the unfold button (or unfold)."""
+        if collapsed == self.is_collapsed():
+            return
+        self.scroll.setVisible(not collapsed)
+        self.title.setVisible(not collapsed)
+        self._filler.setVisible(collapsed)
+        self.setMinimumWidth(COLLAPSED_WIDTH if collapsed else EXPANDED_MIN_WIDTH)
+        self.setMaximumWidth(COLLAPSED_WIDTH if collapsed else 16777215)
+        icon = "chevron-left" if collapsed else "chevron-right"
+        self.collapse_btn.setProperty("icon_name", icon)
+        self.collapse_btn.setIcon(theme.icon(icon, theme.colors().muted))
+        tip = "Show the parameters panel" if collapsed else "Hide the parameters panel"
+        self.collapse_btn.setToolTip(tip)
+        self.collapse_btn.setAccessibleName(tip)
+        self.collapsed_changed.emit(collapsed)
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            theme.retint_flat_buttons(self)
+
+
+def _describe(values: dict) -> str:
+    if values.get("temperature") == 0:
+        return "Greedy: always the most likely token"
+    return ", ".join(f"{k.replace('_', ' ')} {values[k]:g}" for k in SAMPLING_KEYS if k in values)

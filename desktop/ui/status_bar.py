@@ -1,28 +1,65 @@
-"""The status bar: device, dtype, attention backend, speed, TTFT and context use."""
+"""The status bar: device, dtype, attention kernel, speed, TTFT and how full the context is."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from . import theme
 
-AMBER_AT = 0.8
+WARN_ABOVE = 0.8  # the context bar turns amber past this fraction, red when full
+
+
+def format_device(info: dict) -> str:
+    """ "CUDA: NVIDIA H100", "MPS (Apple GPU)", "CPU · 8 threads" (the engine's ``device_name``
+    when given, else built from ``device``, ``name`` and ``threads``)."""
+    if info.get("device_name"):
+        return str(info["device_name"])
+    kind = str(info.get("device", "")).split(":")[0]
+    if kind == "cuda":
+        return f"CUDA: {info['name']}" if info.get("name") else "CUDA"
+    if kind == "mps":
+        return "MPS"
+    if kind == "cpu":
+        return f"CPU · {info['threads']} threads" if info.get("threads") else "CPU"
+    return kind
+
+
+def context_level(used: int, total: int) -> str:
+    """ "ok", "warn" (more than 80 % used) or "full"."""
+    if total <= 0:
+        return "ok"
+    ratio = used / total
+    return "full" if ratio >= 1 else "warn" if ratio > WARN_ABOVE else "ok"
 
 
 class StatusBar(QStatusBar):
-    def __init__(self) -> None:
-        super().__init__()
+    """Permanent labels: device · dtype · attention | tok/s · TTFT | context used / sequence_len."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setSizeGripEnabled(False)
         self.device = QLabel("No model loaded")
+        self.device.setToolTip("Where the model runs")
         self.dtype = QLabel()
+        self.dtype.setToolTip("Precision of the weights and compute")
         self.attention = QLabel()
-        self.speed = QLabel()
-        self.ttft = QLabel()
-        self.context = QLabel()
+        self.attention.setToolTip("Attention kernel")
+        self.speed = QLabel("— tok/s")
+        self.speed.setToolTip("Decode speed of the last reply")
+        self.ttft = QLabel("TTFT —")
+        self.ttft.setToolTip("Time to first token of the last reply (prompt processing)")
+        self.context = QLabel("0 / 0")
+        self.context.setToolTip("Prompt tokens used / the model's sequence_len")
         self.context_bar = QProgressBar()
-        self.context_bar.setMaximumWidth(120)
-        self.context_bar.setMaximumHeight(12)
+        self.context_bar.setObjectName("ContextBar")
+        self.context_bar.setFixedWidth(90)
         self.context_bar.setTextVisible(False)
+        self.context_bar.setRange(0, 1)
+        self.context_bar.setValue(0)
         self.context_bar.setAccessibleName("Context used")
+        self.context_bar.setProperty("level", "ok")
+        for w in (self.device, self.dtype, self.attention, self.speed, self.ttft, self.context):
+            w.setAccessibleName(w.toolTip())
         for w in (
             self.device,
             self.dtype,
@@ -33,24 +70,31 @@ class StatusBar(QStatusBar):
             self.context_bar,
         ):
             self.addPermanentWidget(w)
-        self.device.setToolTip("Where the model runs")
-        self.attention.setToolTip("Attention kernel")
-        self.context.setToolTip("Prompt tokens used / the model's sequence_len")
+        self.dtype.hide()
+        self.attention.hide()
 
     def set_device_info(self, info: dict) -> None:
-        self.device.setText(info.get("device_name", info.get("device", "")))
-        self.dtype.setText(info.get("dtype", ""))
-        self.attention.setText(info.get("attention", ""))
+        """Keys: device_name (or device, name, threads), dtype, attention."""
+        self.device.setText(format_device(info) or "No model loaded")
+        for label, key in ((self.dtype, "dtype"), (self.attention, "attention")):
+            label.setText(str(info.get(key) or ""))
+            label.setVisible(bool(info.get(key)))
 
-    def set_speed(self, tok_s: float, ttft_ms: float) -> None:
-        self.speed.setText(f"{tok_s:.1f} tok/s")
-        self.ttft.setText(f"TTFT {ttft_ms:.0f} ms")
+    def set_speed(self, tok_s: float | None, ttft_ms: float | None) -> None:
+        self.speed.setText(f"{tok_s:.1f} tok/s" if tok_s else "— tok/s")
+        self.ttft.setText(f"TTFT {ttft_ms:.0f} ms" if ttft_ms else "TTFT —")
 
     def set_context(self, used: int, total: int) -> None:
+        level = context_level(used, total)
         self.context.setText(f"{used} / {total}")
-        self.context_bar.setMaximum(max(1, total))
-        self.context_bar.setValue(min(used, total))
-        amber = total > 0 and used / total > AMBER_AT
-        color = theme.colors().warning if amber else theme.colors().accent
-        self.context_bar.setStyleSheet(f"QProgressBar::chunk {{ background: {color}; }}")
-        self.context_bar.setProperty("amber", amber)
+        self.context_bar.setRange(0, max(1, total))
+        self.context_bar.setValue(min(used, max(1, total)))
+        pct = 100 * used / total if total else 0
+        tip = f"Context: {used} of {total} tokens used ({pct:.0f} %)"
+        if level != "ok":
+            tip += "\nThe oldest turns are left out when the conversation no longer fits."
+        self.context_bar.setToolTip(tip)
+        self.context.setToolTip(tip)
+        if self.context_bar.property("level") != level:
+            self.context_bar.setProperty("level", level)
+            theme.repolish(self.context_bar)

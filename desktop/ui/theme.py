@@ -13,9 +13,9 @@ from functools import lru_cache
 from math import cos, radians, sin
 from string import Template
 
-from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPainterPath, QPalette, QPen, QPixmap
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QToolButton, QWidget
 
 THEME_MODES = ("system", "light", "dark")
 
@@ -52,6 +52,8 @@ class Colors:
     info: str
     info_bg: str
     success: str
+    token_a: str  # raw-token view: alternating chip colours
+    token_b: str
 
 
 LIGHT = Colors(
@@ -85,6 +87,8 @@ LIGHT = Colors(
     info="#2563c9",
     info_bg="#eaf2fe",
     success="#1d8a4c",
+    token_a="#dfe6fb",
+    token_b="#f7e2ee",
 )
 DARK = Colors(
     window="#17181c",
@@ -117,6 +121,8 @@ DARK = Colors(
     info="#74a7ff",
     info_bg="#1a2a44",
     success="#5cc98a",
+    token_a="#28304d",
+    token_b="#40283c",
 )
 
 _current = LIGHT
@@ -154,11 +160,15 @@ def system_prefers_dark(app: QGuiApplication) -> bool:
         return True
     if scheme == Qt.ColorScheme.Light:
         return False
-    # Our own palette replaces the system one, so remember the system's before the first apply.
+    _remember_system_palette(app)
+    return bool(app.property("nanoscope_system_dark"))
+
+
+def _remember_system_palette(app: QGuiApplication) -> None:
+    """Our palette replaces the system one, so note whether the system's was dark before."""
     if app.property("nanoscope_system_dark") is None:
         lightness = app.palette().color(QPalette.ColorRole.Window).lightness()
         app.setProperty("nanoscope_system_dark", lightness < 128)
-    return bool(app.property("nanoscope_system_dark"))
 
 
 def build_palette(c: Colors) -> QPalette:
@@ -193,6 +203,8 @@ def build_palette(c: Colors) -> QPalette:
 
 # Object names in the selectors are set by the widgets (setObjectName); dynamic properties
 # (role, severity, level) need ``repolish`` after they change.
+# Combo and spin boxes are left to Fusion: styling their frame in QSS means re-drawing
+# every sub-control (arrows, buttons) as images.
 _STYLE = Template("""
 QMainWindow, QDialog { background: $window; }
 QToolTip { background: $surface; color: $text; border: 1px solid $border; padding: 4px 6px; }
@@ -215,10 +227,7 @@ QToolButton#Flat { border: none; border-radius: 6px; padding: 3px; color: $muted
 QToolButton#Flat:hover { background: $hover; color: $text; }
 QToolButton#Flat:checked { background: $selection; color: $text; }
 QToolButton#Flat:disabled { color: $border; }
-QComboBox, QLineEdit, QSpinBox, QDoubleSpinBox {
-    background: $surface; border: 1px solid $border; border-radius: 7px; padding: 4px 7px; }
-QComboBox:focus, QLineEdit:focus, QSpinBox:focus, QDoubleSpinBox:focus { border-color: $accent; }
-QPlainTextEdit#Field { background: $surface; border: 1px solid $border; border-radius: 7px; padding: 4px; }
+QPlainTextEdit#Field { background: $surface; border: 1px solid $border; border-radius: 5px; padding: 3px; }
 QPlainTextEdit#Field:focus { border-color: $accent; }
 QLabel#Muted, QLabel#Hint { color: $muted; }
 QLabel#SectionTitle { color: $muted; font-weight: 700; }
@@ -272,7 +281,7 @@ QStatusBar { background: $sidebar; border-top: 1px solid $border; }
 QStatusBar::item { border: none; }
 QStatusBar QLabel { color: $muted; padding: 0 8px; }
 
-QFrame#Banner { border-radius: 10px; }
+QFrame#Banner { border-radius: 10px; margin: 8px 16px 0 16px; }
 QFrame#Banner[severity="error"] { background: $error_bg; border: 1px solid $error; }
 QFrame#Banner[severity="warning"] { background: $warning_bg; border: 1px solid $warning; }
 QFrame#Banner[severity="info"] { background: $info_bg; border: 1px solid $info; }
@@ -291,6 +300,7 @@ def apply_theme(app: QApplication, mode: str = "system") -> Colors:
     global _current
     if mode not in THEME_MODES:
         raise ValueError(f"theme mode must be one of {THEME_MODES}, got {mode!r}")
+    _remember_system_palette(app)
     dark = system_prefers_dark(app) if mode == "system" else mode == "dark"
     _current = DARK if dark else LIGHT
     # Fusion everywhere: native styles (macOS especially) ignore most palette colours.
@@ -315,6 +325,63 @@ def repolish(widget: QWidget) -> None:
     style.unpolish(widget)
     style.polish(widget)
     widget.update()
+
+
+# ----- small shared widgets ----------------------------------------------------------------
+
+
+def flat_button(icon_name: str, tip: str, checkable: bool = False) -> QToolButton:
+    """A small borderless icon button (message actions, panel toggles)."""
+    button = QToolButton()
+    button.setObjectName("Flat")
+    button.setProperty("icon_name", icon_name)  # lets a theme switch re-tint it
+    button.setIcon(icon(icon_name, colors().muted))
+    button.setIconSize(QSize(16, 16))
+    button.setToolTip(tip)
+    button.setAccessibleName(tip)
+    button.setCheckable(checkable)
+    button.setCursor(Qt.CursorShape.PointingHandCursor)
+    return button
+
+
+def retint_flat_buttons(root: QWidget) -> None:
+    """After a theme switch: repaint the icons of ``root``'s flat buttons in the new colours."""
+    for button in root.findChildren(QToolButton, "Flat"):
+        if button.property("icon_name"):
+            button.setIcon(icon(button.property("icon_name"), colors().muted))
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that ends in "…" when narrow instead of clipping or widening the layout.
+    ``text()`` returns the full text; the tooltip shows it too."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self._full = ""
+        self.setText(text)
+
+    def setText(self, text: str) -> None:
+        self._full = text
+        self.setToolTip(text if len(text) > 40 else "")
+        self._elide()
+        self.updateGeometry()
+
+    def text(self) -> str:
+        return self._full
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 4, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(40, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, self.width()))
 
 
 # ----- icons -------------------------------------------------------------------------------

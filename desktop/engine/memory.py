@@ -1,0 +1,119 @@
+"""How much memory the machine has free, and whether a set of checkpoints fits in it.
+
+The Compare view loads one model per pane, so a user picking four 1.9B checkpoints should hear
+*before* loading that they need ~30 GB. Estimates come from :class:`CheckpointSummary` (meta and
+tensor shapes, no weights). Free memory is read from the OS without importing torch; GPU memory
+is asked of torch only when torch is already imported (the worker threads import it), because
+importing it here would cost the GUI thread seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .discovery import CheckpointSummary
+
+MEMINFO = Path("/proc/meminfo")
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def available_ram() -> int | None:
+    """Bytes of RAM a new allocation can get without swapping, or None when unknown.
+
+    Linux: ``MemAvailable`` (free plus reclaimable cache). macOS: the whole ``hw.memsize``, since
+    its compressor and cache make "free" meaningless. Elsewhere: free physical pages.
+    """
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, timeout=2)
+            return int(out.stdout.strip())
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def available_vram() -> int | None:
+    """Free bytes on the current CUDA device, or None (no torch imported yet, or no CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def resolve_device(device: str) -> str:
+    """"auto" → "cuda" when torch (already imported) sees CUDA, else "cpu"; other names unchanged.
+
+    MPS shares the machine's RAM, so it is measured as RAM either way.
+    """
+    if device != "auto":
+        return device.split(":")[0]
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return "cuda"
+    except (RuntimeError, AttributeError):
+        pass
+    return "cpu"
+
+
+def bytes_per_param(device: str, dtype: str = "auto") -> int:
+    """The compute precision's size: "auto" is bf16 on CUDA and float32 elsewhere (as the loader picks)."""
+    if dtype == "auto":
+        return 2 if resolve_device(device) == "cuda" else 4
+    return _DTYPE_BYTES.get(dtype, 4)
+
+
+def human(n: float) -> str:
+    """Binary units with one decimal: 1_288_490_188 → "1.2 GB"."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def fits(
+    summaries: Iterable[CheckpointSummary], device: str = "auto", dtype: str = "auto"
+) -> tuple[bool, int, int, str]:
+    """(ok, needed bytes, available bytes, message) for loading every summary at once on ``device``.
+
+    Summaries that could not be read are left out (their pane shows its own error). When the
+    free memory cannot be measured the answer is ok, with available 0 and an empty message.
+    """
+    usable = [s for s in summaries if not s.error]
+    dev = resolve_device(device)
+    per_param = bytes_per_param(dev, dtype)
+    needed = sum(s.memory_estimate(per_param) for s in usable)
+    measured = available_vram() if dev == "cuda" else available_ram()
+    if measured is None or needed <= measured:
+        return True, needed, measured or 0, ""
+    where = "GPU memory" if dev == "cuda" else "RAM"
+    precision = "bfloat16" if per_param == 2 else "float32"
+    count = f"these {len(usable)} checkpoints need" if len(usable) > 1 else "this checkpoint needs"
+    message = (
+        f"{count[0].upper()}{count[1:]} about {human(needed)} of {where} as {precision}; "
+        f"{human(measured)} is free. Unload a pane or pick smaller checkpoints"
+        + (", or switch to bf16." if per_param == 4 else ".")
+    )
+    return False, needed, measured, message

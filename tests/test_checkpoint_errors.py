@@ -1,0 +1,408 @@
+"""Every mismatch of spec §5.4 (and the formats of §5.1) ends in one clear line naming the file.
+
+Nothing is silently patched, nothing hostile runs: pickled code in a model file or a tokenizer never
+executes (its marker file must never appear), and an absurd meta is refused before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoint_factory import (
+    REMOVE,
+    UNSUPPORTED_VARIANTS,
+    add_key,
+    default_config,
+    drop_key,
+    model_file,
+    set_nan,
+    truncate_file,
+    write_checkpoint,
+    write_huge_meta,
+    write_pickled_code_model,
+    write_with_wrong_vocab,
+)
+from tokenizer_factory import (
+    write_cpp_tokenizer_json,
+    write_evil_pickle,
+    write_tiktoken_pkl,
+    write_wrong_class_pickle,
+)
+
+from desktop.engine.chat_format import render_for_completion
+from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError, UnsupportedFormatError
+from desktop.engine.loader import load_model
+from desktop.engine.messages import Message
+from desktop.engine.session import ChatSession, SessionOptions
+
+
+def failure(exc_type: type[NanoscopeError], call, *args, **kwargs) -> str:
+    """Run ``call``, expect ``exc_type``, and return its message after checking it is one line."""
+    with pytest.raises(exc_type) as info:
+        call(*args, **kwargs)
+    message = str(info.value)
+    assert message and "\n" not in message, message
+    assert "Traceback" not in message
+    return message
+
+
+def load(directory: Path, **kwargs):
+    return load_model(directory, device="cpu", **kwargs)
+
+
+def open_session(directory: Path, **kwargs) -> ChatSession:
+    return ChatSession.open(directory, SessionOptions(device="cpu", **kwargs))
+
+
+# ---------------------------------------------------------------------------------------------------
+# model file
+
+
+def test_truncated_model_file(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E7", tokenizer=None)
+    path = truncate_file(model_file(ckpt))
+    message = failure(CheckpointError, load, ckpt)
+    assert str(path) in message and "truncated" in message
+
+
+def test_empty_model_file(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E2", tokenizer=None)
+    model_file(ckpt).write_bytes(b"")
+    assert str(model_file(ckpt)) in failure(CheckpointError, load, ckpt)
+
+
+def test_wrong_vocab_in_meta(tmp_path):
+    ckpt = write_with_wrong_vocab(tmp_path, "E7", tokenizer=None)
+    message = failure(CheckpointError, load, ckpt)
+    assert str(model_file(ckpt)) in message
+    assert "vocab_size=364" in message and "transformer.wte.weight" in message
+
+
+@pytest.mark.parametrize(
+    ("era", "key"),
+    [
+        ("E7", "transformer.h.1.attn.c_k.weight"),
+        ("E7", "smear_lambda"),
+        ("E2", "x0_lambdas"),
+        ("E4", "bigram_lambdas"),
+        ("fork_engram", "transformer.h.0.engram.order_mix.1.weight"),
+        ("fork_mhc", "transformer.h.1.mhc.score_out.weight"),
+    ],
+)
+def test_missing_key(tmp_path, era, key):
+    ckpt = write_checkpoint(tmp_path, era, tokenizer=None)
+    path = drop_key(ckpt, key)
+    message = failure(CheckpointError, load, ckpt)
+    assert str(path) in message and "missing" in message and key in message
+
+
+@pytest.mark.parametrize(
+    ("era", "key"),
+    [
+        ("E7", "transformer.h.0.attn.extra.weight"),
+        ("E2", "value_embeds.7.weight"),
+        ("E3", "transformer.h.0.attn.c_q.bias"),
+        ("fork", "bigram_lambdas"),
+    ],
+)
+def test_unexpected_key(tmp_path, era, key):
+    ckpt = write_checkpoint(tmp_path, era, tokenizer=None)
+    path = add_key(ckpt, key)
+    message = failure(CheckpointError, load, ckpt)
+    assert str(path) in message and key in message
+
+
+def test_value_embedding_on_the_wrong_layer(tmp_path):
+    # E3: VE only on layers with the parity of the last one (n_layer=4: layers 1 and 3), spec §1.4.
+    ckpt = write_checkpoint(tmp_path, "E3", tokenizer=None)
+    path = add_key(ckpt, "value_embeds.0.weight", torch.zeros(320, 32))
+    message = failure(CheckpointError, load, ckpt)
+    assert str(path) in message and "value_embeds" in message
+
+
+@pytest.mark.parametrize(
+    ("era", "key", "shape"),
+    [
+        ("E7", "transformer.h.1.mlp.c_fc.weight", (7, 64)),
+        ("E2", "transformer.h.0.attn.c_k.weight", (64, 64)),  # GQA: c_k rows must be Hkv*hd = 32
+        ("E4", "bigram_embed.embed.weight", (5 * 320, 64)),  # rows are 5 * unpadded V (spec §1.4)
+        ("E7", "smear_gate.weight", (1, 32)),
+        ("fork_engram_mhc", "transformer.h.2.mhc.score_proj.weight", (9, 64)),
+    ],
+)
+def test_wrong_shape(tmp_path, era, key, shape):
+    ckpt = write_checkpoint(tmp_path, era, tokenizer=None)
+    path = add_key(ckpt, key, torch.zeros(shape))
+    message = failure(CheckpointError, load, ckpt)
+    assert str(path) in message and key in message and "[" + ", ".join(map(str, shape)) + "]" in message
+
+
+def test_ve_gate_width_other_than_12_or_32(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E3", tokenizer=None)
+    for layer in (1, 3):
+        add_key(ckpt, f"transformer.h.{layer}.attn.ve_gate.weight", torch.zeros(1, 20))
+    message = failure(CheckpointError, load, ckpt)
+    assert str(model_file(ckpt)) in message and "20" in message and "ve_gate" in message
+
+
+def test_lm_head_and_embedding_rows_differ(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E2", tokenizer=None)
+    add_key(ckpt, "lm_head.weight", torch.zeros(300, 64))  # wte keeps its padded 320 rows
+    message = failure(CheckpointError, load, ckpt)
+    assert "lm_head.weight" in message and str(model_file(ckpt)) in message
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("key", ["transformer.h.0.mlp.c_proj.weight", "resid_lambdas"])
+def test_non_finite_values(tmp_path, key, value):
+    ckpt = write_checkpoint(tmp_path, "E7", tokenizer=None)
+    path = set_nan(ckpt, key, value)
+    message = failure(CheckpointError, load, ckpt)
+    assert str(path) in message and key in message and "NaN/Inf" in message
+
+
+@pytest.mark.parametrize("variant", UNSUPPORTED_VARIANTS)
+def test_branch_only_variants_are_unsupported(tmp_path, variant):
+    ckpt = write_checkpoint(tmp_path, variant, tokenizer=None)
+    message = failure(UnsupportedFormatError, load, ckpt)
+    assert "not supported" in message and str(model_file(ckpt)) in message
+    assert ("MoE" if variant == "moe" else "'ve' branch") in message
+
+
+def test_moe_meta_alone_is_unsupported(tmp_path):
+    # spec §5.2: num_experts in the meta identifies the MoE branch even before the keys are looked at
+    ckpt = write_checkpoint(
+        tmp_path, "E5", meta_overrides={"model_config": {"num_experts": 4}}, tokenizer=None
+    )
+    assert "MoE" in failure(UnsupportedFormatError, load, ckpt)
+
+
+def test_fork_mamba_is_unsupported(tmp_path):
+    ckpt = write_checkpoint(
+        tmp_path, "fork", meta_overrides={"model_config": {"mamba_enabled": True}}, tokenizer=None
+    )
+    message = failure(UnsupportedFormatError, load, ckpt)
+    assert "Mamba" in message and "not supported" in message
+
+
+def test_pickled_code_in_the_model_file_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    ckpt = tmp_path / "base_checkpoints" / "d4"
+    path = write_pickled_code_model(ckpt / "model_000010.pt", marker)
+    message = failure(CheckpointError, load, ckpt)
+    assert str(path) in message and "refused" in message
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# meta json
+
+
+@pytest.mark.parametrize("field", ["n_embd", "sequence_len", "vocab_size", "n_layer", "n_head"])
+def test_huge_meta_is_refused_before_allocating(tmp_path, field):
+    ckpt = write_huge_meta(tmp_path, "E7", field_name=field, value=10**9, tokenizer=None)
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    started = time.perf_counter()
+    message = failure(CheckpointError, load, ckpt)
+    assert time.perf_counter() - started < 5.0
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 256 * 1024
+    assert field in message and str(model_file(ckpt)) in message
+
+
+def _meta_path(ckpt: Path) -> Path:
+    return ckpt / "meta_000010.json"
+
+
+@pytest.mark.parametrize("text", ["{not json", "", "[1, 2, 3]", "\x00\x01binary"])
+def test_malformed_meta(tmp_path, text):
+    ckpt = write_checkpoint(tmp_path, "E2", tokenizer=None)
+    _meta_path(ckpt).write_text(text, encoding="utf-8")
+    assert str(_meta_path(ckpt)) in failure(CheckpointError, load, ckpt)
+
+
+def test_meta_that_is_not_utf8(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E2", tokenizer=None)
+    _meta_path(ckpt).write_bytes(b"\xff\xfe{\x00")
+    assert str(_meta_path(ckpt)) in failure(CheckpointError, load, ckpt)
+
+
+def test_missing_meta_file(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E2", tokenizer=None)
+    _meta_path(ckpt).unlink()
+    message = failure(CheckpointError, load, ckpt)
+    assert str(ckpt) in message and "meta_000010.json" in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"model_config": REMOVE}, ["model_config"]),
+        ({"model_config": "E7"}, ["model_config"]),
+        ({"model_config": {"n_head": REMOVE}}, ["missing", "n_head"]),
+        ({"model_config": {"sequence_len": REMOVE, "vocab_size": REMOVE}}, ["sequence_len", "vocab_size"]),
+        ({"model_config": {"n_layer": -2}}, ["n_layer", "-2"]),
+        ({"model_config": {"n_embd": 0}}, ["n_embd", "0"]),
+        ({"model_config": {"n_embd": "64"}}, ["n_embd", "'64'"]),
+        ({"model_config": {"n_head": 2.0}}, ["n_head"]),
+        ({"model_config": {"n_kv_head": True}}, ["n_kv_head"]),
+        ({"model_config": {"n_head": 3}}, ["n_embd=64", "n_head=3"]),  # C % H != 0
+        ({"model_config": {"n_kv_head": 3}}, ["n_head=2", "n_kv_head=3"]),  # H % Hkv != 0
+        ({"model_config": {"window_pattern": "SXL"}}, ["window_pattern", "SXL"]),
+        ({"model_config": {"window_pattern": ""}}, ["window_pattern"]),
+    ],
+)
+def test_bad_meta_fields(tmp_path, overrides, words):
+    ckpt = write_checkpoint(tmp_path, "E7", meta_overrides=overrides, tokenizer=None)
+    message = failure(CheckpointError, load, ckpt)
+    assert str(model_file(ckpt)) in message
+    for word in words:
+        assert word in message
+
+
+def test_engram_bottleneck_in_the_meta_must_match_the_weights(tmp_path):
+    # spec §5.4: "engram or mHC dims inconsistent with the meta". fork_engram_mhc's meta says
+    # engram_bottleneck_dim=8; here every engram tensor is consistently sized for 16 instead.
+    ckpt = write_checkpoint(tmp_path, "fork_engram_mhc", tokenizer=None)
+    add_key(ckpt, "transformer.h.1.engram.in_proj.weight", torch.zeros(16, 64))
+    for j in range(2):  # orders "3,2,3,0" -> (3, 2)
+        add_key(ckpt, f"transformer.h.1.engram.order_mix.{j}.weight", torch.zeros(16, 16))
+    add_key(ckpt, "transformer.h.1.engram.out_proj.weight", torch.zeros(64, 16))
+    message = failure(CheckpointError, load, ckpt)
+    assert "engram" in message and str(model_file(ckpt)) in message
+
+
+def test_engram_layers_in_the_meta_must_match_the_weights(tmp_path):
+    overrides = {"model_config": {"engram_layers": "1"}}  # the weights are on layers 0 and 2
+    ckpt = write_checkpoint(tmp_path, "fork_engram", meta_overrides=overrides, tokenizer=None)
+    message = failure(CheckpointError, load, ckpt)
+    assert "engram" in message and str(model_file(ckpt)) in message
+
+
+# ---------------------------------------------------------------------------------------------------
+# tokenizer
+
+
+@pytest.mark.parametrize("disguised", [False, True])
+def test_evil_tokenizer_pickle_never_runs(tmp_path, disguised):
+    marker = tmp_path / "pwned"
+    ckpt = write_checkpoint(tmp_path, "E7", phase="chatsft", tokenizer=None)
+    evil = write_evil_pickle(tmp_path / "tokenizer" / "tokenizer.pkl", marker, disguised=disguised)
+    message = failure(TokenizerError, open_session, ckpt)
+    assert str(evil) in message
+    assert not marker.exists()
+
+
+def test_wrong_class_tokenizer_pickle(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E7", phase="chatsft", tokenizer=None)
+    path = write_wrong_class_pickle(tmp_path / "tokenizer" / "tokenizer.pkl")
+    message = failure(TokenizerError, open_session, ckpt)
+    assert str(path) in message and "datetime" in message
+
+
+@pytest.mark.parametrize("kind", ["pkl", "json"])
+def test_tokenizer_vocab_mismatch(tmp_path, kind):
+    era = "E7" if kind == "pkl" else "fork"
+    ckpt = write_checkpoint(tmp_path, era, tokenizer=None)
+    if kind == "pkl":
+        path = write_tiktoken_pkl(tmp_path / "tokenizer", vocab_size=400)
+    else:
+        path = write_cpp_tokenizer_json(tmp_path / "tokenizer", vocab_size=400)
+    message = failure(TokenizerError, open_session, ckpt)
+    assert str(path) in message and "400" in message and "300" in message
+
+
+def test_explicit_tokenizer_with_the_wrong_vocab(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E7", tokenizer="pkl")  # the right one is in <base>/tokenizer
+    other = write_tiktoken_pkl(tmp_path / "elsewhere", vocab_size=512)
+    message = failure(TokenizerError, open_session, ckpt, tokenizer=other)
+    assert str(other) in message and "512" in message
+
+
+def test_missing_tokenizer(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E7", phase="chatsft", tokenizer=None)
+    message = failure(TokenizerError, open_session, ckpt)
+    assert "no tokenizer" in message and str(tmp_path / "tokenizer") in message
+
+
+def test_explicit_tokenizer_file_that_does_not_exist(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E7", tokenizer="pkl")
+    missing = tmp_path / "nope" / "tokenizer.pkl"
+    assert str(missing) in failure(TokenizerError, open_session, ckpt, tokenizer=missing)
+
+
+def test_chat_needs_the_chat_tokens(tmp_path):
+    # spec §5.4: a chat request with a tokenizer lacking <|user_start|> etc. (the fork's C++ one)
+    ckpt = write_checkpoint(tmp_path, "fork", phase="sft", tokenizer="json")
+    session = open_session(ckpt)
+    assert not session.chat_mode
+    message = failure(
+        TokenizerError, render_for_completion, session.tok, [Message.of_text("user", "hi")], None
+    )
+    assert str(session.tok.path) in message and "<|user_start|>" in message
+
+
+# ---------------------------------------------------------------------------------------------------
+# other formats (spec §5.1): recognised, refused with a clear "not supported"
+
+
+def test_hugging_face_directory(tmp_path):
+    hf = tmp_path / "llama"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
+    (hf / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    message = failure(UnsupportedFormatError, load, hf)
+    assert str(hf) in message and "Hugging Face" in message and "not supported" in message
+
+
+@pytest.mark.parametrize("as_dir", [False, True])
+def test_gguf_file(tmp_path, as_dir):
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+    target = tmp_path if as_dir else gguf
+    message = failure(UnsupportedFormatError, load, target)
+    assert str(target) in message and "GGUF" in message and "not supported" in message
+
+
+@pytest.mark.parametrize("layout", [".metadata", "step_100/.metadata", "pp0/.metadata"])
+def test_kempnerforge_dcp_directory(tmp_path, layout):
+    ckpt = tmp_path / "kf"
+    (ckpt / layout).parent.mkdir(parents=True, exist_ok=True)
+    (ckpt / layout).write_bytes(b"dcp metadata")
+    message = failure(UnsupportedFormatError, load, ckpt)
+    assert str(ckpt) in message and "KempnerForge" in message and "not supported" in message
+
+
+def test_tpu_dist_ckpt_directory(tmp_path):
+    ckpt = tmp_path / "sft_checkpoints" / "d3"
+    (ckpt / "dist_ckpt_000100").mkdir(parents=True)
+    (ckpt / "dist_ckpt_000100" / ".metadata").write_bytes(b"")
+    (ckpt / "meta_000100.json").write_text(json.dumps({"step": 100}), encoding="utf-8")
+    message = failure(UnsupportedFormatError, load, ckpt)
+    assert str(ckpt) in message and "dist_ckpt" in message and "torch.distributed.checkpoint" in message
+
+
+def test_directory_without_checkpoints(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello", encoding="utf-8")
+    assert str(tmp_path) in failure(CheckpointError, load, tmp_path)
+
+
+def test_path_that_does_not_exist(tmp_path):
+    missing = tmp_path / "gone"
+    assert str(missing) in failure(CheckpointError, load, missing)
+
+
+def test_step_that_does_not_exist(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "E2", step=10, tokenizer=None)
+    message = failure(CheckpointError, load, ckpt, step=11)
+    assert str(ckpt) in message and "11" in message and "10" in message
+
+
+def test_odd_sizes_still_load(tmp_path):
+    # The checks above must not reject legitimate variety: GQA, unpadded E0 vocab, fork windows.
+    for era, cfg in (("E0", default_config("E0", vocab_size=512)), ("E2", default_config("E2", n_kv_head=2))):
+        assert load(write_checkpoint(tmp_path / era, era, cfg=cfg, tokenizer=None)).config.era == era
