@@ -241,11 +241,15 @@ def _fork_config(
                 f"{where}: engram weights exist for layers {engram} but the meta's "
                 f"engram_layers gives {sorted(declared)}"
             )
-        cfg.update(
-            engram_layers=tuple(engram),
-            engram_orders=tuple(orders),
-            engram_dim=keys[f"transformer.h.{engram[0]}.engram.in_proj.weight"][0],
-        )
+        dim = keys[f"transformer.h.{engram[0]}.engram.in_proj.weight"][0]
+        if "engram_bottleneck_dim" in mc:  # 0 means the fork's default, n_embd // 4
+            declared = int(mc["engram_bottleneck_dim"] or 0) or C // 4
+            if declared != dim:
+                raise CheckpointError(
+                    f"{where}: engram weights have bottleneck {dim} but the meta's "
+                    f"engram_bottleneck_dim gives {declared}"
+                )
+        cfg.update(engram_layers=tuple(engram), engram_orders=tuple(orders), engram_dim=dim)
     if any(".mhc." in k for k in keys):
         cfg.update(
             mhc=True,
