@@ -148,7 +148,7 @@ class CheckpointPicker(QFrame):
         self.step.currentIndexChanged.connect(self._emit_selection)
         self.load_btn.clicked.connect(self._load)
         self.precision.activated.connect(lambda _i: self.precision_changed.emit(self.precision.currentData()))
-        self.open_btn.clicked.connect(self._open_folder)
+        self.open_btn.clicked.connect(self.open_folder_dialog)
         self._refresh_icons()
         self._update_enabled()
 
@@ -262,7 +262,7 @@ class CheckpointPicker(QFrame):
         if cur is not None:
             self.load_requested.emit(*cur)
 
-    def _open_folder(self) -> None:
+    def open_folder_dialog(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Open a checkpoint folder")
         if folder:
             self.folder_chosen.emit(Path(folder))

@@ -10,7 +10,7 @@ import base64
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QSplitter, QVBoxLayout, QWidget
 
 from ..background import Background
@@ -92,27 +92,65 @@ class MainWindow(QMainWindow):
         self.picker.set_precision(self.settings.get("dtype"))
 
     def _build_actions(self) -> None:
-        def action(text: str, shortcut: str | QKeySequence, slot) -> QAction:
+        """Menus and shortcuts. Every action is also a window-wide shortcut."""
+        bar = self.menuBar()
+        menus = {name: bar.addMenu(name) for name in ("&File", "&View", "&Settings", "&Help")}
+
+        def action(menu: str, text: str, shortcut: str | None, slot, checked: bool | None = None) -> QAction:
             act = QAction(text, self)
-            act.setShortcut(QKeySequence(shortcut))
-            act.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-            act.triggered.connect(slot)
+            if shortcut:
+                act.setShortcut(QKeySequence(shortcut))
+                act.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            if checked is not None:
+                act.setCheckable(True)
+                act.setChecked(checked)
+                act.toggled.connect(slot)
+            else:
+                act.triggered.connect(slot)
+            menus[menu].addAction(act)
             self.addAction(act)
             return act
 
-        action("New chat", "Ctrl+N", self.controller.new_chat)
-        action("Search history", "Ctrl+F", self.sidebar.focus_search)
-        action("Pick checkpoint", "Ctrl+K", self.picker.open_popup)
-        action("Shortcuts", "F1", lambda: ShortcutsDialog(self).exec())
-        action("Stop", "Esc", self.controller.stop)
-        action("Regenerate", "Ctrl+R", self._regenerate_last)
-        action("Copy last reply", "Ctrl+Shift+C", self._copy_last)
-        action("Show raw tokens", "Ctrl+Shift+R", self._toggle_raw)
+        action("&File", "New chat", "Ctrl+N", self.controller.new_chat)
+        action("&File", "Open checkpoint folder…", "Ctrl+O", self.picker.open_folder_dialog)
+        action("&File", "Pick checkpoint", "Ctrl+K", self.picker.open_popup)
+        action("&File", "Search history", "Ctrl+F", self.sidebar.focus_search)
+        menus["&File"].addSeparator()
+        action("&File", "Quit", "Ctrl+Q", self.close)
+        action("&View", "Stop generating", "Esc", self.controller.stop)
+        action("&View", "Regenerate last reply", "Ctrl+R", self._regenerate_last)
+        action("&View", "Copy last reply", "Ctrl+Shift+C", self._copy_last)
+        action("&View", "Raw tokens", "Ctrl+Shift+R", self._toggle_raw)
         action(
-            "Toggle sampling panel",
+            "&View",
+            "Sampling panel",
             "Ctrl+Shift+S",
             lambda: self.sampling.setVisible(not self.sampling.isVisible()),
         )
+        theme_menu = menus["&View"].addMenu("Theme")
+        group = QActionGroup(self)
+        for mode, label in (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark")):
+            act = theme_menu.addAction(label)
+            act.setCheckable(True)
+            act.setChecked(self.settings.get("theme") == mode)
+            act.triggered.connect(lambda _on=False, m=mode: self._set_theme(m))
+            group.addAction(act)
+        action(
+            "&Settings",
+            "Enter sends (Shift+Enter for a new line)",
+            None,
+            self._set_enter_sends,
+            checked=self.settings.get("enter_sends"),
+        )
+        action("&Help", "Keyboard shortcuts", "F1", lambda: ShortcutsDialog(self).exec())
+
+    def _set_theme(self, mode: str) -> None:
+        self.settings.set("theme", mode)
+        apply_theme(QApplication.instance(), mode)
+
+    def _set_enter_sends(self, on: bool) -> None:
+        self.settings.set("enter_sends", on)
+        self.input.set_enter_sends(on)
 
     def _connect_signals(self) -> None:
         c, bg = self.controller, self.background
