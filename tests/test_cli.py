@@ -115,6 +115,19 @@ def test_list_base_dir_option_and_text_output(capsys, base, tmp_path):
     assert code == 0 and "no checkpoints" in out
 
 
+def test_list_reports_a_broken_checkpoint_and_goes_on(capsys, tmp_path):
+    good = write_checkpoint(tmp_path, "E2", phase="base", tokenizer=None)
+    bad = write_checkpoint(tmp_path, "E7", phase="chatsft", tokenizer=None)
+    truncate_file(model_file(bad))
+    code, out, _ = run_cli(capsys, "list", "--json", "--base-dir", str(tmp_path))
+    assert code == 0
+    by_path = {c["path"]: c["latest"] for c in json.loads(out)["checkpoints"]}
+    assert by_path[str(good)]["error"] == "" and by_path[str(good)]["era"] == "E2"
+    assert str(model_file(bad)) in by_path[str(bad)]["error"]
+    code, out, _ = run_cli(capsys, "list", "--base-dir", str(tmp_path))
+    assert code == 0 and str(model_file(bad)) in out
+
+
 # ---------------------------------------------------------------------------------------------------
 # generate
 

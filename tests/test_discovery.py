@@ -4,6 +4,7 @@ resolving ``SOURCE[/TAG[/STEP]]`` specs (spec §1.1, §2.2)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -208,5 +209,5 @@ def test_resolve_spec_errors(base, spec, words):
 
 
 def test_resolve_spec_when_the_source_has_no_checkpoints(tmp_path):
-    with pytest.raises(NanoscopeError, match=str(tmp_path)):
+    with pytest.raises(NanoscopeError, match=re.escape(str(tmp_path))):
         resolve_spec("mid", tmp_path)

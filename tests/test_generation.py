@@ -441,6 +441,20 @@ def test_stream_text_equals_decoding_the_generated_ids(models, era, seed):
         assert (ev.special is not None) == (ev.id >= 0 and fx.tok.special_name(ev.id) is not None)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fork_stream_text_continues_the_prompt_text(models, seed):
+    # The C++ tokenizer spaces a token by its neighbours, so the reply's text is what decoding prompt and
+    # reply together adds to the prompt's own text.
+    fx = models["fork_engram"]
+    params = SamplingParams(temperature=1.0, max_tokens=40, seed=seed)
+    events = list(fx.stream(params))
+    ordinary = [ev.id for ev in events if ev.id >= 0 and fx.tok.special_name(ev.id) is None]
+    head = fx.tok.decode(fx.prompt())
+    full = fx.tok.decode([*fx.prompt(), *ordinary])
+    assert full.startswith(head)
+    assert "".join(ev.text for ev in events) == full[len(head) :]
+
+
 # ---------------------------------------------------------------------------------------------------
 # the session's prefix cache
 
@@ -501,3 +515,75 @@ def test_kv_cache_argument_continues_a_prefix(models):
         fx.model(torch.tensor([prompt[:5]]), cache)
     with_prefix, _ = run_columns(fx, prompt, params, cache=cache)
     assert with_prefix == run_columns(fx, prompt, params)[0]
+
+
+def _cache_holding(fx: Fixture, ids: list[int]) -> KVCache:
+    cache = KVCache(fx.model.config, 1, 4, fx.model.device, torch.float32)
+    with torch.inference_mode():
+        fx.model(torch.tensor([ids]), cache)
+    return cache
+
+
+def test_kv_cache_holding_the_whole_prompt(models):
+    # The whole prompt is a prefix of itself; its last logits are not cached, so they must be recomputed.
+    fx = models["E7"]
+    prompt = fx.prompt()
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    cached, _ = run_columns(fx, prompt, params, cache=_cache_holding(fx, prompt))
+    assert cached == run_columns(fx, prompt, params)[0]
+
+
+def test_kv_cache_holding_another_conversation(models):
+    # A cache that is not a prefix of the prompt must not silently condition the reply on other text:
+    # either it is refused (ValueError) or only what it shares with the prompt is used.
+    fx = models["E7"]
+    prompt = fx.prompt()
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    other = _cache_holding(fx, [prompt[0], *fx.nano.encode("Something else entirely")])
+    try:
+        tokens, _ = run_columns(fx, prompt, params, cache=other)
+    except ValueError:
+        return
+    assert tokens == run_columns(fx, prompt, params)[0]
+
+
+@pytest.mark.parametrize("penalty", [1.3, 50.0])
+def test_repetition_penalty_covers_prompt_and_reply(models, penalty):
+    # Documented rule (sampling.py): every token already in the context (prompt and reply so far) has
+    # its positive logit divided by the penalty and its negative logit multiplied by it.
+    fx = models["E2"]
+    prompt = fx.prompt()
+    params = SamplingParams(temperature=0.0, repetition_penalty=penalty, max_tokens=10)
+    tokens, _ = run_columns(fx, prompt, params)
+    seq = list(prompt)
+    expected = []
+    for _ in range(10):
+        logits = fx.reference_last(seq).clone()
+        seen = torch.tensor(sorted(set(seq)))
+        picked = logits[seen]
+        logits[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+        expected.append(int(logits.argmax()))
+        seq.append(expected[-1])
+        if expected[-1] in fx.tok.stop_ids:
+            break
+    assert [col[0] for col in tokens] == expected
+    if penalty == 50.0:  # so strong that nothing repeats
+        assert not set(expected) & set(prompt) and len(set(expected)) == len(expected)
+
+
+def test_abandoned_reply_leaves_a_usable_prefix_cache(models):
+    # A consumer that stops reading mid-reply (the UI's stop button) must not poison the next turn.
+    fx = models["E7"]
+    session = ChatSession.open(fx.ckpt, SessionOptions(device="cpu"))
+    first = session.render([Message.of_text("user", "Count to ten.")], 12).ids
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    stream = session.generate(first, params)
+    partial = [next(stream).id for _ in range(4)]
+    stream.close()
+    text = fx.tok.decode([t for t in partial if fx.tok.special_name(t) is None])
+    convo = [Message.of_text("user", "Count to ten."), Message.of_text("assistant", text)]
+    second = session.render([*convo, Message.of_text("user", "Go on.")], 12).ids
+    stats = GenerationStats()
+    reused = _reply(session, second, stats)
+    assert stats.prefilled_tokens < len(second)
+    assert reused == _reply(session, second, reuse=False)

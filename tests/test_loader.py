@@ -191,31 +191,46 @@ def test_optimizer_files_are_ignored(tmp_path, era):
 
 
 @pytest.mark.parametrize("phase", ["mid", "chatsft"])
-def test_missing_window_pattern_is_borrowed_from_the_base_meta(tmp_path, phase):
+@pytest.mark.parametrize("era", ["E2", "E3"])
+def test_missing_window_pattern_is_borrowed_from_the_base_meta(tmp_path, era, phase):
     # spec §1.6: mid metas never had window_pattern; SFT metas of 2026-01-31..02-01 lost it.
-    cfg = default_config("E3", window_pattern="SSSL")
-    write_checkpoint(tmp_path, "E3", phase="base", cfg=cfg, tokenizer=None)
+    cfg = default_config(era, n_layer=4, window_pattern="SSSL")
+    write_checkpoint(tmp_path, era, phase="base", cfg=cfg, tokenizer=None)
     overrides = {"model_config": {"window_pattern": REMOVE}}
-    ckpt = write_checkpoint(tmp_path, "E3", phase=phase, cfg=cfg, meta_overrides=overrides, tokenizer=None)
+    ckpt = write_checkpoint(tmp_path, era, phase=phase, cfg=cfg, meta_overrides=overrides, tokenizer=None)
     sd, meta = read_checkpoint(ckpt)
     assert "window_pattern" not in meta["model_config"]
     loaded = load_model(ckpt, device="cpu")
+    assert loaded.config.era == era
     assert loaded.config.window_pattern == "SSSL"
     assert any("window_pattern" in w for w in loaded.warnings), loaded.warnings
     with_pattern = {**meta["model_config"], "window_pattern": "SSSL"}
-    assert loaded.config.window_sizes() == layer_windows("E3", with_pattern)
+    assert loaded.config.window_sizes() == layer_windows(era, with_pattern)
     ids = fixed_ids(cfg.sequence_len + 20, cfg.vocab_size)  # past "S" (32) and "L" (64)
-    expected = reference_logits(sd, with_pattern, "E3", ids)
+    expected = reference_logits(sd, with_pattern, era, ids)
     torch.testing.assert_close(model_logits(loaded.model, ids), expected, atol=ATOL, rtol=0)
 
 
-def test_missing_window_pattern_without_a_base_meta_warns(tmp_path):
+@pytest.mark.parametrize(
+    ("era", "phase"),  # no E7 mid: mid_train.py was deleted before E7
+    [("E2", "mid"), ("E2", "chatsft"), ("E3", "mid"), ("E3", "chatsft"), ("E7", "chatsft")],
+)
+def test_missing_window_pattern_without_a_base_meta_warns(tmp_path, era, phase):
     # spec §1.6 mitigation: "take window_pattern from base_checkpoints/<same tag> if it exists,
-    # otherwise warn"; the checkpoint then runs every layer as "L".
-    ckpt = write_checkpoint(tmp_path, "E3", phase="mid", tokenizer=None)
+    # otherwise warn"; the checkpoint then runs every layer as "L". Any checkpoint with lambdas
+    # (E1 onwards, 2026-01-11) may have lost it: E1 and E2 keys are identical, and E1 was on master
+    # for three hours before windows arrived, so an E2 mid checkpoint reads as E1 here.
+    overrides = {"model_config": {"window_pattern": REMOVE}}
+    ckpt = write_checkpoint(tmp_path, era, phase=phase, meta_overrides=overrides, tokenizer=None)
     loaded = load_model(ckpt, device="cpu")
     assert loaded.config.window_pattern == "L"
     assert any("window_pattern" in w for w in loaded.warnings), loaded.warnings
+
+
+def test_pre_lambda_checkpoints_lose_no_window_pattern(tmp_path):
+    # E0 predates windows entirely: a meta without window_pattern is simply how it was trained.
+    ckpt = write_checkpoint(tmp_path, "E0", phase="mid", tokenizer=None)
+    assert load_model(ckpt, device="cpu").warnings == []
 
 
 def test_xla_flash_attention_runs_every_layer_as_long(tmp_path):

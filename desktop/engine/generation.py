@@ -108,6 +108,19 @@ def _step_row(row: Row, token: int, sp: Specials, tok: Tokenizer, calculator: Ca
         row.expr.append(token)
 
 
+def reuse_prefix(cache: KVCache, prompt: Sequence[int]) -> int:
+    """Keep only what ``cache`` really holds of ``prompt``, leaving at least one prompt token to
+    compute (its logits start the reply). Returns the number of prompt tokens still to prefill."""
+    if cache.pos:
+        held = cache.tokens[0, : cache.pos].tolist()
+        common = next(
+            (i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b),
+            min(len(held), len(prompt)),
+        )
+        cache.truncate(min(common, len(prompt) - 1))
+    return len(prompt) - cache.pos
+
+
 def check_context(model: GPT, n_prompt: int, max_tokens: int | None) -> None:
     limit = model.config.rope_len
     if n_prompt < 1:
@@ -139,6 +152,8 @@ def generate_columns(
     budget = params.max_tokens if params.max_tokens is not None else cfg.sequence_len
     if cache is None:
         cache = KVCache(cfg, 1, min(cfg.rope_len, len(prompt) + budget), device, model.cos.dtype)
+    else:
+        reuse_prefix(cache, prompt)
     start = cache.pos
     ids = torch.tensor([list(prompt[start:])], dtype=torch.long, device=device)
     logits = model(ids, cache, last_only=True)[:, -1, :]
@@ -241,7 +256,7 @@ def stream_reply(
     """Stream one reply as :class:`TokenEvent`; ``stats`` is filled in as it goes."""
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt)
-    stats.prefilled_tokens = len(prompt) - (cache.pos if cache is not None else 0)
+    stats.prefilled_tokens = len(prompt) if cache is None else reuse_prefix(cache, prompt)
     tracker = PartTracker(tok, prompt)
     t0 = time.perf_counter()
     t_first = None

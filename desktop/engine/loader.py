@@ -120,10 +120,11 @@ def load_model(
         meta, {k: tuple(t.shape) for k, t in sd.items()}, str(model_path), softcap_override=softcap
     )
     warnings.extend(cfg.warnings)
-    if pattern_unknown and cfg.era not in ("E0", "E1"):  # E0/E1 predate windows: nothing was lost
+    if pattern_unknown and cfg.era != "E0":  # E0 predates windows: nothing was lost
         warnings.append(
             "meta has no window_pattern and no base checkpoint of this tag was found: every "
-            "layer runs as L, which differs from training past sequence_len/2 if it used windows"
+            "layer attends to the whole context, which differs from training if it used "
+            "sliding windows"
         )
     report(40, "checking values")
     ckpt.check_finite(sd, model_path)

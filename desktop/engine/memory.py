@@ -62,7 +62,7 @@ def available_vram() -> int | None:
 
 
 def resolve_device(device: str) -> str:
-    """"auto" → "cuda" when torch (already imported) sees CUDA, else "cpu"; other names unchanged.
+    """The device to measure: "auto" is "cuda" when torch (already imported) sees CUDA, else "cpu".
 
     MPS shares the machine's RAM, so it is measured as RAM either way.
     """
@@ -94,10 +94,15 @@ def human(n: float) -> str:
 
 
 def fits(
-    summaries: Iterable[CheckpointSummary], device: str = "auto", dtype: str = "auto"
+    summaries: Iterable[CheckpointSummary],
+    device: str = "auto",
+    dtype: str = "auto",
+    loaded: Iterable[CheckpointSummary] = (),
 ) -> tuple[bool, int, int, str]:
-    """(ok, needed bytes, available bytes, message) for loading every summary at once on ``device``.
+    """(ok, needed bytes, available bytes, message) for holding every summary at once on ``device``.
 
+    ``loaded`` are models already in memory (they count in ``summaries`` too): their estimate is
+    added back to the free memory, so a set that is already loaded does not warn about itself.
     Summaries that could not be read are left out (their pane shows its own error). When the
     free memory cannot be measured the answer is ok, with available 0 and an empty message.
     """
@@ -106,14 +111,16 @@ def fits(
     per_param = bytes_per_param(dev, dtype)
     needed = sum(s.memory_estimate(per_param) for s in usable)
     measured = available_vram() if dev == "cuda" else available_ram()
-    if measured is None or needed <= measured:
-        return True, needed, measured or 0, ""
+    if measured is None:
+        return True, needed, 0, ""
+    available = measured + sum(s.memory_estimate(per_param) for s in loaded if not s.error)
+    if needed <= available:
+        return True, needed, available, ""
     where = "GPU memory" if dev == "cuda" else "RAM"
     precision = "bfloat16" if per_param == 2 else "float32"
-    count = f"these {len(usable)} checkpoints need" if len(usable) > 1 else "this checkpoint needs"
+    subject = f"These {len(usable)} checkpoints need" if len(usable) > 1 else "This checkpoint needs"
+    advice = "Unload a pane or pick smaller checkpoints" + (", or switch to bf16." if per_param == 4 else ".")
     message = (
-        f"{count[0].upper()}{count[1:]} about {human(needed)} of {where} as {precision}; "
-        f"{human(measured)} is free. Unload a pane or pick smaller checkpoints"
-        + (", or switch to bf16." if per_param == 4 else ".")
+        f"{subject} about {human(needed)} of {where} as {precision}; {human(available)} is free. {advice}"
     )
-    return False, needed, measured, message
+    return False, needed, available, message

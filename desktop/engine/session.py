@@ -56,7 +56,6 @@ class ChatSession:
         # Base checkpoints and tokenizers without chat tokens (the fork's C++ one) complete text.
         self.chat_mode = tok.has_chat_tokens and loaded.directory.parent.name != "base_checkpoints"
         self._cache: KVCache | None = None
-        self._cached_ids: list[int] = []
 
     @classmethod
     def open(
@@ -101,21 +100,6 @@ class ChatSession:
         text = "".join(m.plain_text() for m in messages if m.role != "system")
         return render_completion_prompt(self.tok, text, budget)
 
-    def _prepare_cache(self, prompt: Sequence[int], max_new: int) -> KVCache:
-        common = 0
-        for a, b in zip(self._cached_ids, prompt, strict=False):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt) - 1)
-        cfg = self.model.config
-        if self._cache is None or common == 0:
-            cap = min(cfg.rope_len, len(prompt) + max_new)
-            self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.cos.dtype)
-        else:
-            self._cache.truncate(common)
-        return self._cache
-
     def generate(
         self,
         prompt: Sequence[int],
@@ -124,25 +108,18 @@ class ChatSession:
         stats: GenerationStats | None = None,
         reuse_cache: bool = True,
     ) -> Iterator[TokenEvent]:
-        """Stream a reply to ``prompt`` ids, reusing the cached prefix when ``reuse_cache``."""
-        max_new = params.max_tokens or self.loaded.config.sequence_len
-        if not reuse_cache:
-            self.reset_cache()
-        cache = self._prepare_cache(prompt, max_new)
-        generated: list[int] = []
-        try:
-            for ev in stream_reply(
-                self.model, self.tok, prompt, params, cache=cache, cancel=cancel, stats=stats
-            ):
-                if ev.id >= 0:
-                    generated.append(ev.id)
-                yield ev
-        finally:
-            self._cached_ids = (list(prompt) + generated)[: cache.pos]
+        """Stream a reply to ``prompt`` ids. With ``reuse_cache`` the KV cache of the previous call
+        is kept: generation prefills only what follows the longest prefix it shares with ``prompt``."""
+        if not reuse_cache or self._cache is None:
+            cfg = self.model.config
+            cap = min(cfg.rope_len, len(prompt) + (params.max_tokens or cfg.sequence_len))
+            self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.cos.dtype)
+        yield from stream_reply(
+            self.model, self.tok, prompt, params, cache=self._cache, cancel=cancel, stats=stats
+        )
 
     def reset_cache(self) -> None:
         self._cache = None
-        self._cached_ids = []
 
     def close(self) -> None:
         self.reset_cache()
