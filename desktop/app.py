@@ -41,6 +41,7 @@ def _install_excepthook() -> None:
 def build(args: argparse.Namespace | None = None):
     """Create the store, settings, controller and window (used by run_app and by tests)."""
     from .background import Background
+    from .compare_controller import CompareController
     from .controller import ChatController
     from .settings import Settings
     from .store import HistoryStore
@@ -50,7 +51,7 @@ def build(args: argparse.Namespace | None = None):
     store = HistoryStore()
     controller = ChatController(store, settings)
     background = Background(store)
-    window = MainWindow(controller, background, settings)
+    window = MainWindow(controller, background, settings, CompareController(store, settings))
     if args is not None and getattr(args, "open_path", None):
         background.extra_dirs.append(Path(args.open_path))
     return window

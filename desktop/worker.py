@@ -122,7 +122,7 @@ class ModelWorker(QObject):
     load_requested = Signal(str, dict)
     generate_requested = Signal(int, object, object)
     generate_detailed_requested = Signal(int, object, object, object)
-    score_requested = Signal(int, object, object, int)
+    score_requested = Signal(int, object, object, object)
     unload_requested = Signal()
 
     def __init__(self) -> None:
@@ -247,16 +247,27 @@ class ModelWorker(QObject):
             return
         self.finished.emit(request_id, stats.to_dict())
 
-    @Slot(int, object, object, int)
-    def _on_score(self, request_id: int, messages: list, reply_ids: list, top: int) -> None:
-        """Teacher-force ``reply_ids`` after the prompt ``messages`` render to; ``scored`` or ``failed``."""
+    @Slot(int, object, object, object)
+    def _on_score(self, request_id: int, messages: list, reply_ids: list, options: dict) -> None:
+        """Teacher-force ``reply_ids`` after the prompt ``messages`` render to; ``scored`` or ``failed``.
+
+        ``options``: ``top`` (alternatives per token to return) and ``skip`` (per reply token,
+        True to leave it out of the averages: the calculator's forced tokens).
+        """
         from .engine.scoring import score_reply
 
         try:
             if self.session is None:
                 raise NanoscopeError("no checkpoint is loaded")
             prompt = self.session.render(messages, len(reply_ids)).ids
-            result = score_reply(self.session.model, self.session.tok, prompt, reply_ids, top=top)
+            result = score_reply(
+                self.session.model,
+                self.session.tok,
+                prompt,
+                reply_ids,
+                top=int(options.get("top") or 0),
+                skip=options.get("skip"),
+            )
         except Exception as exc:
             self.failed.emit(request_id, describe_failure(exc))
             return
@@ -284,9 +295,17 @@ class WorkerHost(QObject):
         self.worker.cancel.clear()
         self.worker.generate_detailed_requested.emit(request_id, messages, params, options)
 
-    def score(self, request_id: int, messages: list, reply_ids: list[int], top: int = 0) -> None:
+    def score(
+        self,
+        request_id: int,
+        messages: list,
+        reply_ids: list[int],
+        top: int = 0,
+        skip: list[bool] | None = None,
+    ) -> None:
         """Queue a teacher-forced score of ``reply_ids`` as the reply to ``messages``."""
-        self.worker.score_requested.emit(request_id, messages, list(reply_ids), top)
+        options = {"top": top, "skip": list(skip) if skip is not None else None}
+        self.worker.score_requested.emit(request_id, messages, list(reply_ids), options)
 
     def load(self, path: str, options: dict) -> None:
         self.worker.load_requested.emit(path, options)

@@ -123,7 +123,9 @@ def layer_windows(era: str, meta_cfg: dict[str, Any]) -> list[int | None]:
     return windows
 
 
-def rope_tables(n_pos: int, head_dim: int, base: float, bf16: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    n_pos: int, head_dim: int, base: float, bf16: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[n_pos, head_dim/2]`` in fp32 math. Up to E4 (and in the fork) nanochat rounds them to
     bf16; from 2026-03-04 (E5 onwards) they are cast to COMPUTE_DTYPE, which is fp32 on CPU (spec §1.3)."""
     channel_range = torch.arange(0, head_dim, 2, dtype=torch.float32)

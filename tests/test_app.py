@@ -93,14 +93,31 @@ def test_corrupt_checkpoint_shows_an_error_and_the_window_keeps_working(qtbot, w
 
 def test_sampling_values_reach_the_worker_and_are_stored_with_the_reply(qtbot, window, sft_dir):
     load(qtbot, window, sft_dir)
-    window.sampling.set_values({"temperature": 0.7, "top_k": 13, "top_p": 0.9, "min_p": 0.05,
-                                "repetition_penalty": 1.2, "max_tokens": 9, "seed": 1234, "seed_locked": True})
+    window.sampling.set_values(
+        {
+            "temperature": 0.7,
+            "top_k": 13,
+            "top_p": 0.9,
+            "min_p": 0.05,
+            "repetition_penalty": 1.2,
+            "max_tokens": 9,
+            "seed": 1234,
+            "seed_locked": True,
+        }
+    )
     stats = send(qtbot, window, "sample please")
     assert stats["new_tokens"] <= 9
     reply_id, _ = window.controller.path[-1]
     stored = dict(window.controller.store.active_path(window.controller.conv_id))[reply_id]
-    assert stored.meta["sampling"] == {"temperature": 0.7, "top_k": 13, "top_p": 0.9, "min_p": 0.05,
-                                       "repetition_penalty": 1.2, "max_tokens": 9, "seed": 1234}
+    assert stored.meta["sampling"] == {
+        "temperature": 0.7,
+        "top_k": 13,
+        "top_p": 0.9,
+        "min_p": 0.05,
+        "repetition_penalty": 1.2,
+        "max_tokens": 9,
+        "seed": 1234,
+    }
     assert stored.meta["step"] == 10 and stored.meta["era"] == "E7" and stored.meta["dtype"] == "float32"
     assert stored.meta["stats"]["new_tokens"] == stats["new_tokens"]
 

@@ -413,7 +413,10 @@ def test_e5_is_e3_with_softcap_20():
     # E5 also stopped rounding the rotary tables to bf16 (COMPUTE_DTYPE, fp32 on CPU), so the two
     # differ only by that rounding: well under the softcap change's effect checked below.
     torch.testing.assert_close(
-        reference_logits(sd, mc, "E5", ids), reference_logits(sd, mc, "E3", ids, softcap=20), atol=2e-2, rtol=0
+        reference_logits(sd, mc, "E5", ids),
+        reference_logits(sd, mc, "E3", ids, softcap=20),
+        atol=2e-2,
+        rtol=0,
     )
     assert not torch.allclose(
         reference_logits(sd, mc, "E5", ids), reference_logits(sd, mc, "E3", ids), atol=1e-3

@@ -7,8 +7,10 @@ model predicts for the next token; the log-probability of the token the reply ac
 there is its score. These are the raw model probabilities (softcapped logits, no temperature,
 no top-k), the same quantity the generation overlay shows.
 
-Bits per byte follows nanochat's ``evaluate_bpb``: special tokens carry no bytes and are left
-out of both sums, so replies from tokenizers with different vocabularies stay comparable.
+The averages cover the tokens the model chose: tokens forced by the calculator (its results,
+which nanochat's SFT also masks out of the loss) can be left out with ``skip``, though they still
+sit in the sequence the model reads. Bits per byte follows nanochat's ``evaluate_bpb``: special
+tokens carry no bytes and are left out of both sums.
 """
 
 from __future__ import annotations
@@ -30,14 +32,20 @@ def token_label(tok: Tokenizer, token_id: int) -> str:
 
 
 def score_reply(
-    model: GPT, tok: Tokenizer, prompt_ids: Sequence[int], reply_ids: Sequence[int], top: int = 0
+    model: GPT,
+    tok: Tokenizer,
+    prompt_ids: Sequence[int],
+    reply_ids: Sequence[int],
+    top: int = 0,
+    skip: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
     """Score ``reply_ids`` as the continuation of ``prompt_ids`` by teacher forcing.
 
-    Returns ``mean_logprob`` (natural log, over every reply token), ``bits_per_byte`` (over the
-    non-special tokens; None when they decode to no bytes), ``tokens``, ``bytes``,
-    ``token_logprobs`` (one per reply token) and, when ``top`` > 0, ``top``: per token the
-    ``top`` most likely tokens as ``[id, label, logprob]``. A prompt too long for the model's
+    Returns ``mean_logprob`` (natural log, per scored token), ``bits_per_byte`` (over the scored
+    non-special tokens; None when they decode to no bytes), ``tokens`` (scored), ``bytes``,
+    ``token_logprobs`` (one per reply token, skipped ones included) and, when ``top`` > 0,
+    ``top``: per token the ``top`` most likely tokens as ``[id, label, logprob]``. ``skip`` marks
+    reply tokens to leave out of the averages (forced ones). A prompt too long for the model's
     rotary table loses its oldest tokens; the reply itself is never cut.
     """
     import torch
@@ -59,13 +67,16 @@ def score_reply(
         target = torch.tensor(reply, dtype=torch.long, device=logprobs.device)
         chosen = logprobs.gather(1, target.unsqueeze(1))[:, 0].tolist()
         alternatives = logprobs.topk(min(top, logprobs.size(-1)), dim=-1) if top > 0 else None
-    text_ids = [t for t in reply if tok.special_name(t) is None]
-    text_logprob = sum(lp for t, lp in zip(reply, chosen, strict=True) if tok.special_name(t) is None)
-    n_bytes = len(tok.decode(text_ids).encode("utf-8")) if text_ids else 0
+    skipped = list(skip) if skip is not None else [False] * len(reply)
+    if len(skipped) != len(reply):
+        raise ValueError(f"skip has {len(skipped)} flags for {len(reply)} reply tokens")
+    scored = [(t, lp) for t, lp, s in zip(reply, chosen, skipped, strict=True) if not s]
+    text = [(t, lp) for t, lp in scored if tok.special_name(t) is None]
+    n_bytes = len(tok.decode([t for t, _ in text]).encode("utf-8")) if text else 0
     result: dict[str, Any] = {
-        "mean_logprob": sum(chosen) / len(chosen),
-        "bits_per_byte": -text_logprob / math.log(2) / n_bytes if n_bytes else None,
-        "tokens": len(reply),
+        "mean_logprob": sum(lp for _, lp in scored) / len(scored) if scored else None,
+        "bits_per_byte": -sum(lp for _, lp in text) / math.log(2) / n_bytes if n_bytes else None,
+        "tokens": len(scored),
         "bytes": n_bytes,
         "token_logprobs": chosen,
     }

@@ -11,13 +11,23 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QApplication,
+    QFileDialog,
+    QMainWindow,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from ..background import Background
+from ..compare_controller import CompareController
 from ..controller import ChatController
 from ..settings import Settings
 from .chat_view import ChatView
 from .checkpoint_picker import CheckpointPicker
+from .compare_view import CompareView
 from .error_banner import ErrorBanner
 from .history_sidebar import HistorySidebar
 from .input_box import InputBox
@@ -30,7 +40,13 @@ from .theme import apply_theme
 class MainWindow(QMainWindow):
     """Composes the window and connects signals in ``_connect_signals``."""
 
-    def __init__(self, controller: ChatController, background: Background, settings: Settings) -> None:
+    def __init__(
+        self,
+        controller: ChatController,
+        background: Background,
+        settings: Settings,
+        compare: CompareController | None = None,
+    ) -> None:
         super().__init__()
         self.controller = controller
         self.background = background
@@ -63,13 +79,20 @@ class MainWindow(QMainWindow):
         self.splitter.setSizes([240, 720, 300])
         self.splitter.setChildrenCollapsible(True)
 
-        body = QWidget()
-        layout = QVBoxLayout(body)
+        chat_page = QWidget()
+        layout = QVBoxLayout(chat_page)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
         layout.addWidget(self.picker)
         layout.addWidget(self.splitter, 1)
-        self.setCentralWidget(body)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(chat_page, "Chat")
+        self.compare = compare
+        self.compare_view = CompareView(compare) if compare is not None else None
+        if self.compare_view is not None:
+            self.tabs.addTab(self.compare_view, "Compare")
+        self.setCentralWidget(self.tabs)
 
         self._restore_settings()
         self._build_actions()
@@ -156,6 +179,9 @@ class MainWindow(QMainWindow):
         c, bg = self.controller, self.background
         # checkpoints
         bg.checkpoints_found.connect(self.picker.set_entries)
+        if self.compare_view is not None:
+            bg.checkpoints_found.connect(self.compare_view.set_entries)
+            self.tabs.currentChanged.connect(self._on_tab)
         bg.checkpoints_found.connect(self._autoload_once)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
@@ -229,6 +255,11 @@ class MainWindow(QMainWindow):
             step = steps[-1] if steps else 0
         self.picker.select(path, step)
         self.controller.load_checkpoint(path, step)
+
+    def _on_tab(self, index: int) -> None:
+        """Entering Compare starts from the chat's sampling values (each pane can override them)."""
+        if self.tabs.widget(index) is self.compare_view:
+            self.compare_view.set_sampling(self.sampling.values())
 
     def _on_summary(self, summary) -> None:
         info = {
@@ -315,7 +346,12 @@ class MainWindow(QMainWindow):
                 return
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        self.settings.set("window_geometry", base64.b64encode(bytes(self.saveGeometry())).decode())
-        self.settings.set("sampling_panel_visible", self.sampling.isVisible())
-        self.controller.shutdown()
+        """Save the layout, then shut the workers down in order (once, however often Qt asks)."""
+        if not getattr(self, "_shut_down", False):
+            self._shut_down = True
+            self.settings.set("window_geometry", base64.b64encode(bytes(self.saveGeometry())).decode())
+            self.settings.set("sampling_panel_visible", self.sampling.isVisible())
+            if self.compare is not None:
+                self.compare.shutdown()
+            self.controller.shutdown()
         super().closeEvent(event)

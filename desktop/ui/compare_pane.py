@@ -1,0 +1,396 @@
+"""One pane of the Compare view: a compact checkpoint picker, overrides, the reply and its stats.
+
+The picker is two combo boxes (checkpoint, step) instead of the main window's full bar, so four
+panes fit side by side. Overrides default to "shared" (the value in the Compare view's sampling
+row); a pane that sets one shows it in the accent colour so a different setting is never missed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ..engine.messages import TokenEvent
+from . import theme
+from .checkpoint_picker import SOURCE_NAMES, human_params
+from .token_view import TokenRecord, TokenView
+
+SEED_MAX = 2**31 - 1
+SHARED = "shared"
+
+
+def format_pane_stats(stats: dict) -> str:
+    """ "31.2 tok/s · TTFT 120 ms · 64 tokens · stopped" (or the error)."""
+    if stats.get("error"):
+        return f"⚠ {stats['error']}"
+    bits = []
+    if stats.get("decode_tok_s"):
+        bits.append(f"{stats['decode_tok_s']:.1f} tok/s")
+    if stats.get("ttft_ms"):
+        bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
+    if "new_tokens" in stats:
+        bits.append(f"{stats['new_tokens']} tokens")
+    reason = {"cancelled": "stopped", "max_tokens": "max tokens", "context": "context full"}
+    if stats.get("stopped") in reason:
+        bits.append(reason[stats["stopped"]])
+    return "  ·  ".join(bits)
+
+
+def format_score(source: str, result: dict) -> str:
+    """One line for a cross-score: "A's reply here: 1.234 bits/byte · mean log p −0.81"."""
+    if result.get("error"):
+        return f"{source}'s reply: not scored ({result['error']})"
+    bpb, mean = result.get("bits_per_byte"), result.get("mean_logprob")
+    if mean is None:
+        return f"{source}'s reply: nothing to score (every token was forced)"
+    bpb_text = f"{bpb:.3f} bits/byte" if bpb is not None else "no text bytes"
+    return f"{source}'s reply here: {bpb_text} · mean log p {mean:.3f}"
+
+
+def _override_box(box: QAbstractSpinBox, tip: str, width: int) -> None:
+    box.setSpecialValueText(SHARED)
+    box.setToolTip(tip)
+    box.setAccessibleName(tip)
+    box.setFixedWidth(width)
+    box.setKeyboardTracking(False)
+    box.setAlignment(Qt.AlignmentFlag.AlignRight)
+
+
+class ComparePane(QFrame):
+    """Signals: selection_changed(Path, int), load_requested(Path, int), unload_requested(),
+    remove_requested(), overrides_changed(dict of temperature/top_k/seed → value or None)."""
+
+    selection_changed = Signal(Path, int)
+    load_requested = Signal(Path, int)
+    unload_requested = Signal()
+    remove_requested = Signal()
+    overrides_changed = Signal(dict)
+
+    _styled_for: theme.Colors | None = None  # the palette the style sheet was built for
+
+    def __init__(self, letter: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("ComparePane")
+        self.entries: list = []
+        self.loaded = False
+        self.letter = ""
+        self._loaded_key: tuple[Path, int] | None = None
+
+        self.badge = QLabel()
+        self.badge.setObjectName("PaneBadge")
+        self.badge.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.badge.setFixedSize(24, 24)
+        self.checkpoint = QComboBox()
+        self.checkpoint.setToolTip("Checkpoint: training phase and model tag")
+        self.checkpoint.setMinimumContentsLength(8)
+        self.checkpoint.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.checkpoint.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.step = QComboBox()
+        self.step.setToolTip("Training step (newest first)")
+        self.step.setMinimumContentsLength(7)
+        self.step.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.load_btn = QPushButton("Load")
+        self.load_btn.setObjectName("Primary")
+        self.remove_btn = theme.flat_button("close", "Remove this pane")
+
+        self.summary = theme.ElidedLabel("Pick a checkpoint and press Load")
+        self.summary.setObjectName("Muted")
+        self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(False)
+        self.progress.setFixedWidth(70)
+        self.progress.hide()
+
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(-0.05, 2.0)
+        self.temperature.setSingleStep(0.05)
+        self.temperature.setDecimals(2)
+        _override_box(self.temperature, "Temperature for this pane (shared: the sampling row's)", 74)
+        self.top_k = QSpinBox()
+        self.top_k.setRange(-1, 1000)
+        _override_box(self.top_k, "Top-k for this pane (0 = off; shared: the sampling row's)", 64)
+        self.seed = QSpinBox()
+        self.seed.setRange(-1, SEED_MAX)
+        _override_box(self.seed, "Seed for this pane (shared: the sampling row's)", 96)
+        for box in (self.temperature, self.top_k, self.seed):
+            box.setValue(box.minimum())
+
+        self.view = TokenView()
+        self.view.clear_tokens("The reply appears here.")
+        self.stats = QLabel()
+        self.stats.setObjectName("Muted")
+        self.score = theme.ElidedLabel()
+        self.score.setObjectName("Muted")
+        self.score.hide()
+
+        head = QHBoxLayout()
+        head.setSpacing(6)
+        head.addWidget(self.badge)
+        head.addWidget(self.checkpoint, 1)
+        head.addWidget(self.step)
+        head.addWidget(self.load_btn)
+        head.addWidget(self.remove_btn)
+        info = QHBoxLayout()
+        info.setSpacing(6)
+        info.addWidget(self.summary, 1)
+        info.addWidget(self.progress)
+        knobs = QHBoxLayout()
+        knobs.setSpacing(4)
+        for text, box in (("T", self.temperature), ("top-k", self.top_k), ("seed", self.seed)):
+            label = QLabel(text)
+            label.setObjectName("Muted")
+            label.setBuddy(box)
+            knobs.addWidget(label)
+            knobs.addWidget(box)
+            knobs.addSpacing(4)
+        knobs.addStretch(1)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 8, 10, 8)
+        lay.setSpacing(6)
+        lay.addLayout(head)
+        lay.addLayout(info)
+        lay.addLayout(knobs)
+        lay.addWidget(self.view, 1)
+        lay.addWidget(self.stats)
+        lay.addWidget(self.score)
+
+        self.checkpoint.currentIndexChanged.connect(self._fill_steps)
+        self.step.currentIndexChanged.connect(self._emit_selection)
+        self.load_btn.clicked.connect(self._on_load_button)
+        self.remove_btn.clicked.connect(self.remove_requested)
+        for box in (self.temperature, self.top_k, self.seed):
+            box.valueChanged.connect(self._on_override)
+        self.set_letter(letter)
+        self._restyle()
+        self._update_enabled()
+
+    # ----- checkpoint picker -----------------------------------------------------------------
+
+    def set_letter(self, letter: str) -> None:
+        self.letter = letter
+        self.badge.setText(letter)
+        self.setAccessibleName(f"Pane {letter}")
+        self.load_btn.setAccessibleName(f"Load checkpoint in pane {letter}")
+
+    def set_entries(self, entries: list) -> None:
+        """CheckpointEntry list (source, tag, path, steps); the current choice is kept if present."""
+        previous = self.current()
+        self.entries = list(entries)
+        self.checkpoint.blockSignals(True)
+        self.checkpoint.clear()
+        for e in self.entries:
+            self.checkpoint.addItem(f"{SOURCE_NAMES.get(e.source, e.source)} · {e.tag}", str(e.path))
+            self.checkpoint.setItemData(self.checkpoint.count() - 1, str(e.path), Qt.ItemDataRole.ToolTipRole)
+        self.checkpoint.blockSignals(False)
+        self._fill_steps()
+        if previous is not None:
+            self.select(*previous)
+        self._update_enabled()
+
+    def _fill_steps(self) -> None:
+        entry = self._entry()
+        steps = list(entry.steps) if entry else []
+        self.step.blockSignals(True)
+        self.step.clear()
+        for s in reversed(steps):
+            self.step.addItem(f"step {s:,}", s)
+        self.step.blockSignals(False)
+        self._emit_selection()
+
+    def _entry(self):
+        path = self.checkpoint.currentData()
+        return next((e for e in self.entries if str(e.path) == path), None)
+
+    def current(self) -> tuple[Path, int] | None:
+        entry, step = self._entry(), self.step.currentData()
+        return (Path(entry.path), int(step)) if entry is not None and step is not None else None
+
+    def select(self, path: Path, step: int) -> bool:
+        """Show ``path`` at ``step`` (signals blocked: this mirrors a choice made elsewhere)."""
+        index = self.checkpoint.findData(str(path))
+        if index < 0:
+            return False
+        self.checkpoint.blockSignals(True)
+        self.checkpoint.setCurrentIndex(index)
+        self.checkpoint.blockSignals(False)
+        self.step.blockSignals(True)
+        self._fill_steps_quietly()
+        self.step.setCurrentIndex(max(0, self.step.findData(step)))
+        self.step.blockSignals(False)
+        self._update_enabled()
+        return True
+
+    def _fill_steps_quietly(self) -> None:
+        entry = self._entry()
+        self.step.clear()
+        for s in reversed(list(entry.steps) if entry else []):
+            self.step.addItem(f"step {s:,}", s)
+
+    def _emit_selection(self) -> None:
+        cur = self.current()
+        if cur is not None:
+            self.selection_changed.emit(*cur)
+        self._update_enabled()
+
+    def _on_load_button(self) -> None:
+        if self.loaded and self.current() == self._loaded_key:
+            self.unload_requested.emit()
+            return
+        cur = self.current()
+        if cur is not None:
+            self.load_requested.emit(*cur)
+
+    # ----- model state -----------------------------------------------------------------------
+
+    def set_loading(self, percent: int, message: str) -> None:
+        """Load progress (0–99); set_loaded or set_load_failed ends it."""
+        self.progress.show()
+        self.progress.setValue(percent)
+        self.summary.setText(message)
+        self.load_btn.setEnabled(False)
+        self.load_btn.setText("Loading…")
+
+    def set_loaded(self, info: dict) -> None:
+        self.loaded = True
+        self._loaded_key = (Path(info["path"]), int(info["step"]))
+        self.progress.hide()
+        parts = [
+            str(info.get("era", "?")),
+            f"{human_params(int(info.get('params', 0)))} params",
+            str(info.get("device", "")),
+            str(info.get("dtype", "")),
+        ]
+        self.summary.setText("  ·  ".join(p for p in parts if p))
+        self.summary.setToolTip(f"{info.get('path')} · step {info.get('step')}")
+        self._update_enabled()
+
+    def set_load_failed(self, reason: str) -> None:
+        self.progress.hide()
+        self.summary.setText(f"⚠ {reason}")
+        self._update_enabled()
+
+    def set_unloaded(self) -> None:
+        self.loaded = False
+        self._loaded_key = None
+        self.summary.setText("Not loaded")
+        self._update_enabled()
+
+    def _update_enabled(self) -> None:
+        has = bool(self.entries)
+        for w in (self.checkpoint, self.step):
+            w.setEnabled(has)
+        self.load_btn.setEnabled(has)
+        unload = self.loaded and self.current() == self._loaded_key
+        self.load_btn.setText("Unload" if unload else "Load")
+        self.load_btn.setObjectName("" if unload else "Primary")
+        self.load_btn.setToolTip(
+            f"Free pane {self.letter}'s model"
+            if unload
+            else f"Load the selected checkpoint in pane {self.letter}"
+        )
+        theme.repolish(self.load_btn)
+        if not has and not self.loaded:
+            self.summary.setText("No checkpoints found: use Open folder… in the chat view")
+
+    # ----- overrides -------------------------------------------------------------------------
+
+    def overrides(self) -> dict:
+        """temperature / top_k / seed → the pane's value, or None for "shared"."""
+        out: dict = {}
+        for key, box in (("temperature", self.temperature), ("top_k", self.top_k), ("seed", self.seed)):
+            value = box.value()
+            out[key] = (
+                None if value == box.minimum() else (round(value, 2) if key == "temperature" else value)
+            )
+        return out
+
+    def set_overrides(self, overrides: dict) -> None:
+        """Show overrides chosen elsewhere (a sweep) without echoing them back."""
+        for key, box in (("temperature", self.temperature), ("top_k", self.top_k), ("seed", self.seed)):
+            box.blockSignals(True)
+            value = overrides.get(key)
+            box.setValue(box.minimum() if value is None else value)
+            box.blockSignals(False)
+        self._mark_overrides()
+
+    def _on_override(self) -> None:
+        self._mark_overrides()
+        self.overrides_changed.emit(self.overrides())
+
+    def _mark_overrides(self) -> None:
+        accent = theme.colors().accent
+        for box in (self.temperature, self.top_k, self.seed):
+            changed = box.value() != box.minimum()
+            box.setStyleSheet(f"color: {accent}; font-weight: 600;" if changed else "")
+
+    # ----- the reply -------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        self.view.clear_tokens()
+        self.stats.setText("…")
+        self.score.hide()
+
+    def append(self, index: int, ev: TokenEvent, logprobs: tuple | None) -> None:
+        if ev.id < 0:
+            self.view.append_text(ev.text)
+        elif index == len(self.view.tokens):
+            self.view.append_token(TokenRecord(ev.text, ev.special, ev.kind, ev.forced, logprobs))
+
+    def finish(self, stats: dict) -> None:
+        self.stats.setText(format_pane_stats(stats))
+
+    def show_run(self, run) -> None:
+        """Redraw from a PaneRun (reopened comparison, probabilities filled in afterwards)."""
+        records = [
+            TokenRecord(text, special, kind, forced, lp)
+            for text, special, kind, forced, lp in zip(
+                run.texts, run.specials, run.kinds, run.forced, run.logprobs, strict=True
+            )
+        ]
+        if records:
+            self.view.set_tokens(records)
+        else:
+            self.view.clear_tokens("The reply appears here.")
+        self.stats.setText(format_pane_stats(run.stats) if run.stats else "")
+        self.score.hide()
+
+    def set_score(self, source: str, result: dict) -> None:
+        self.score.setText(format_score(source, result))
+        self.score.setToolTip(
+            "Teacher-forced score of that reply under this pane's checkpoint: lower bits per byte "
+            "means this checkpoint finds the reply more likely."
+        )
+        self.score.show()
+
+    # ----- theme -----------------------------------------------------------------------------
+
+    def _restyle(self) -> None:
+        c = self._styled_for = theme.colors()
+        self.setStyleSheet(
+            f"QFrame#ComparePane {{ background: {c.surface}; border: 1px solid {c.border};"
+            f" border-radius: 10px; }}"
+            f"QLabel#PaneBadge {{ background: {c.accent}; color: {c.on_accent}; border-radius: 12px;"
+            f" font-weight: 700; }}"
+        )
+        self._mark_overrides()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        # Our own setStyleSheet also sends PaletteChange: restyle only when the theme really changed.
+        if event.type() == QEvent.Type.PaletteChange and self._styled_for is not theme.colors():
+            self._restyle()

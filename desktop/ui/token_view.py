@@ -1,0 +1,414 @@
+"""A read-only reply shown token by token: probability colours, top-5 tooltips, divergence, diffs.
+
+Each token is one run of text in a ``QTextDocument`` whose character format carries the token's
+index, so hovering finds the token, and restyling never re-parses text. Streaming appends at the
+end (O(1) per token); switching the overlay, marking the divergence or showing a diff rebuilds the
+document once.
+
+Colours: the probability of each token is mapped through a perceptual scale (interpolated in
+OKLab, lightness falling monotonically with probability) from the theme's surface colour at
+p = 1 through amber to red at p = 0, so unlikely tokens stand out and likely ones stay quiet, in
+both themes. Diff spans: tokens only in this reply ("insert") are green and underlined, tokens
+missing from the other ("delete") red and struck out. Tool-call tokens use the chat's tool-block
+colours; special tokens show as small muted ‹names›.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from bisect import bisect_left
+from dataclasses import dataclass
+from itertools import pairwise
+
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QLinearGradient,
+    QPainter,
+    QTextCharFormat,
+    QTextCursor,
+    QTextFormat,
+)
+from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
+
+from ..engine.messages import PYTHON, PYTHON_OUTPUT, THOUGHT, TOOL_QUERY, TOOL_RESULT
+from . import theme
+
+TOKEN_INDEX = QTextFormat.Property.UserProperty + 1  # char format property: which token a run is
+MARKER = QTextFormat.Property.UserProperty + 2  # the divergence marker glyph
+MARKER_GLYPH = "▍"
+CALL_KINDS = (PYTHON, TOOL_QUERY)
+RESULT_KINDS = (PYTHON_OUTPUT, TOOL_RESULT)
+
+
+@dataclass
+class TokenRecord:
+    """What the view knows about one token."""
+
+    text: str
+    special: str | None = None
+    kind: str = "text"
+    forced: bool = False
+    logprobs: tuple[float, list] | None = None  # (chosen logprob, [[id, label, logprob], ...])
+
+    @property
+    def probability(self) -> float | None:
+        return math.exp(self.logprobs[0]) if self.logprobs is not None else None
+
+
+# ----- the perceptual scale --------------------------------------------------------------------
+
+
+def _to_linear(c: float) -> float:
+    return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+
+def _from_linear(c: float) -> float:
+    c = max(0.0, min(1.0, c))
+    return 12.92 * c if c <= 0.0031308 else 1.055 * c ** (1 / 2.4) - 0.055
+
+
+def _oklab(color: QColor) -> tuple[float, float, float]:
+    r, g, b = (_to_linear(x) for x in (color.redF(), color.greenF(), color.blueF()))
+    lms = (
+        0.4122214708 * r + 0.5363325363 * g + 0.0514459929 * b,
+        0.2119034982 * r + 0.6806995451 * g + 0.1073969566 * b,
+        0.0883024619 * r + 0.2817188376 * g + 0.6299787005 * b,
+    )
+    l_, m_, s_ = (math.copysign(abs(x) ** (1 / 3), x) for x in lms)
+    return (
+        0.2104542553 * l_ + 0.7936177850 * m_ - 0.0040720468 * s_,
+        1.9779984951 * l_ - 2.4285922050 * m_ + 0.4505937099 * s_,
+        0.0259040371 * l_ + 0.7827717662 * m_ - 0.8086757660 * s_,
+    )
+
+
+def _from_oklab(lab: tuple[float, float, float]) -> QColor:
+    L, a, b = lab
+    l_ = L + 0.3963377774 * a + 0.2158037573 * b
+    m_ = L - 0.1055613458 * a - 0.0638541728 * b
+    s_ = L - 0.0894841775 * a - 1.2914855480 * b
+    l3, m3, s3 = l_**3, m_**3, s_**3
+    rgb = (
+        4.0767416621 * l3 - 3.3077115913 * m3 + 0.2309699292 * s3,
+        -1.2684380046 * l3 + 2.6097574011 * m3 - 0.3413193965 * s3,
+        -0.0041960863 * l3 - 0.7034186147 * m3 + 1.7076147010 * s3,
+    )
+    return QColor.fromRgbF(*(_from_linear(x) for x in rgb))
+
+
+def mix(a: str | QColor, b: str | QColor, t: float) -> QColor:
+    """``a`` → ``b`` at ``t`` in [0, 1], interpolated in OKLab (even perceived steps)."""
+    la, lb = _oklab(QColor(a)), _oklab(QColor(b))
+    return _from_oklab(tuple(x + (y - x) * t for x, y in zip(la, lb, strict=True)))  # type: ignore[arg-type]
+
+
+def scale_stops(c: theme.Colors) -> list[tuple[float, QColor]]:
+    """(probability, colour) stops of the overlay scale for a theme."""
+    return [
+        (0.0, mix(c.surface, c.error, 0.55)),
+        (0.5, mix(c.surface, c.warning, 0.4)),
+        (1.0, QColor(c.surface)),
+    ]
+
+
+def probability_color(p: float, c: theme.Colors | None = None) -> QColor:
+    """The overlay colour of a token with probability ``p``."""
+    stops = scale_stops(c or theme.colors())
+    p = max(0.0, min(1.0, p))
+    for (p0, c0), (p1, c1) in pairwise(stops):
+        if p <= p1:
+            return mix(c0, c1, (p - p0) / (p1 - p0))
+    return stops[-1][1]
+
+
+class ProbabilityLegend(QWidget):
+    """The overlay's key: the colour ramp from p = 0 to p = 1 with a few ticks."""
+
+    TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setToolTip("Token probability under the pane's own checkpoint (before temperature and top-k)")
+        self.setAccessibleName("Probability colour legend")
+
+    def sizeHint(self) -> QSize:
+        fm = self.fontMetrics()
+        return QSize(fm.horizontalAdvance("p  0   .25   .5   .75   1") + 40, fm.height() + 16)
+
+    def paintEvent(self, _event) -> None:
+        c = theme.colors()
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        fm = self.fontMetrics()
+        label_w = fm.horizontalAdvance("p ") + 2
+        bar = QRectF(label_w, 2, self.width() - label_w - 8, 9)
+        grad = QLinearGradient(bar.topLeft(), bar.topRight())
+        for i in range(11):
+            grad.setColorAt(i / 10, probability_color(i / 10, c))
+        p.setPen(QColor(c.border))
+        p.setBrush(grad)
+        p.drawRoundedRect(bar, 3, 3)
+        p.setPen(QColor(c.muted))
+        p.drawText(QPointF(0, bar.bottom()), "p")
+        for t in self.TICKS:
+            text = f"{t:g}".removeprefix("0") if 0 < t < 1 else f"{t:g}"
+            x = bar.left() + t * bar.width() - fm.horizontalAdvance(text) / 2
+            x = max(bar.left(), min(x, bar.right() - fm.horizontalAdvance(text)))
+            p.drawText(QPointF(x, bar.bottom() + fm.ascent() + 2), text)
+        p.end()
+
+
+# ----- the view ----------------------------------------------------------------------------------
+
+
+def _visible(text: str) -> str:
+    """Whitespace drawn as symbols, for tooltips where a bare space would read as nothing."""
+    return text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅"
+
+
+def _special_label(name: str) -> str:
+    return "‹" + name.strip("<>|") + "›"
+
+
+class TokenView(QTextEdit):
+    """A reply, token by token. Read-only; everything here runs on the GUI thread."""
+
+    _styled_for: theme.Colors | None = None  # the palette the style sheet was built for
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("TokenView")
+        self.setReadOnly(True)
+        self.setUndoRedoEnabled(False)
+        self.setAccessibleName("Reply tokens")
+        self.setLineWrapMode(QTextEdit.LineWrapMode.WidgetWidth)
+        self.document().setDocumentMargin(10)
+        self.tokens: list[TokenRecord] = []
+        self.overlay = False
+        self.divergence: int | None = None
+        self.diff_marks: dict[int, str] = {}  # token index -> "insert" | "delete"
+        self._starts: list[int] = []  # document position where each token's run starts
+        self._placeholder = ""
+        self._mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        self._restyle()
+
+    # ----- content ---------------------------------------------------------------------------
+
+    def clear_tokens(self, placeholder: str = "") -> None:
+        self.tokens = []
+        self.divergence = None
+        self.diff_marks = {}
+        self._placeholder = placeholder
+        self.rebuild()
+
+    def set_tokens(self, tokens: list[TokenRecord]) -> None:
+        self.tokens = list(tokens)
+        self.rebuild()
+
+    def append_token(self, record: TokenRecord) -> None:
+        """Streaming: one more token at the end."""
+        if not self.tokens and self._placeholder:
+            self._placeholder = ""
+            self.rebuild()
+        follow = self._at_bottom()
+        self.tokens.append(record)
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        self._insert(cursor, len(self.tokens) - 1)
+        if follow:
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def append_text(self, text: str) -> None:
+        """More text of the last token (the decoder's held-back tail)."""
+        if self.tokens and text:
+            self.tokens[-1].text += text
+            self.rebuild()
+
+    def set_logprobs(self, index: int, logprobs: tuple[float, list] | None) -> None:
+        if 0 <= index < len(self.tokens):
+            self.tokens[index].logprobs = logprobs
+
+    # ----- decorations -----------------------------------------------------------------------
+
+    def set_overlay(self, on: bool) -> None:
+        if on != self.overlay:
+            self.overlay = on
+            self.rebuild()
+
+    def set_divergence(self, index: int | None) -> None:
+        if index != self.divergence:
+            self.divergence = index
+            self.rebuild()
+
+    def set_diff(self, marks: dict[int, str]) -> None:
+        """Token index → "insert" or "delete" (empty: no diff)."""
+        if marks != self.diff_marks:
+            self.diff_marks = dict(marks)
+            self.rebuild()
+
+    # ----- what is shown (also for tests) ----------------------------------------------------
+
+    def token_at(self, position: int) -> int | None:
+        """The token whose text covers document ``position``, or None (margins, the marker)."""
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(min(position + 1, self.document().characterCount() - 1))
+        value = cursor.charFormat().property(TOKEN_INDEX)
+        return int(value) if value is not None else None
+
+    def marker_token(self) -> int | None:
+        """The index of the token drawn right after the divergence marker, or None without one."""
+        text = self.document().toPlainText()
+        at = text.find(MARKER_GLYPH)
+        while at >= 0:
+            cursor = QTextCursor(self.document())
+            cursor.setPosition(at + 1)
+            if cursor.charFormat().property(MARKER):
+                following = bisect_left(self._starts, at + 1)
+                return following if following < len(self._starts) else len(self.tokens)
+            at = text.find(MARKER_GLYPH, at + 1)
+        return None
+
+    def background(self, index: int) -> QColor | None:
+        """The background colour token ``index`` is drawn on (None: the view's own)."""
+        brush = self._format(index).background()
+        return brush.color() if brush.style() != Qt.BrushStyle.NoBrush else None
+
+    # ----- rendering -------------------------------------------------------------------------
+
+    def rebuild(self) -> None:
+        follow = self._at_bottom()
+        self.document().clear()
+        self._starts = []
+        cursor = QTextCursor(self.document())
+        if not self.tokens and self._placeholder:
+            fmt = QTextCharFormat()
+            fmt.setForeground(QColor(theme.colors().muted))
+            fmt.setFontItalic(True)
+            cursor.insertText(self._placeholder, fmt)
+        for i in range(len(self.tokens)):
+            self._insert(cursor, i)
+        if self.divergence is not None and self.divergence >= len(self.tokens) and self.tokens:
+            self._insert_marker(cursor)  # this reply ended where the others went on
+        if follow:
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    def _insert(self, cursor: QTextCursor, index: int) -> None:
+        record = self.tokens[index]
+        if index == self.divergence:
+            self._insert_marker(cursor)
+        self._starts.append(cursor.position())
+        fmt = self._format(index)
+        if record.text:
+            cursor.insertText(record.text, fmt)
+        if record.special:
+            special = QTextCharFormat(fmt)
+            special.setForeground(QColor(theme.colors().muted))
+            if self.font().pointSizeF() > 0:
+                special.setFontPointSize(max(6.0, self.font().pointSizeF() * 0.8))
+            cursor.insertText(_special_label(record.special), special)
+        if not record.text and not record.special:
+            # An incomplete UTF-8 character: its text comes with the next token. A zero-width
+            # space keeps it hoverable without changing what the reply reads.
+            cursor.insertText("\u200b", fmt)
+
+    def _insert_marker(self, cursor: QTextCursor) -> None:
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor(theme.colors().accent))
+        fmt.setFontWeight(QFont.Weight.Black)
+        fmt.setProperty(MARKER, True)
+        cursor.insertText(MARKER_GLYPH, fmt)
+
+    def _format(self, index: int) -> QTextCharFormat:
+        c = theme.colors()
+        record = self.tokens[index]
+        fmt = QTextCharFormat()
+        fmt.setProperty(TOKEN_INDEX, index)
+        fmt.setForeground(QColor(c.text))
+        if record.kind in CALL_KINDS or record.kind in RESULT_KINDS:
+            fmt.setFontFamilies([self._mono.family()])
+            result = record.kind in RESULT_KINDS
+            fmt.setForeground(QColor(c.tool_result if result else c.tool_label))
+            fmt.setBackground(QColor(c.tool_result_bg if result else c.tool_bg))
+        elif record.kind == THOUGHT:
+            fmt.setForeground(QColor(c.muted))
+            fmt.setFontItalic(True)
+        if self.overlay and record.probability is not None and not record.forced:
+            # Forced tokens were never the model's choice; they keep the tool colours (the
+            # tooltip still gives their probability).
+            fmt.setBackground(probability_color(record.probability, c))
+        mark = self.diff_marks.get(index)
+        if mark is not None:
+            color = QColor(c.success if mark == "insert" else c.error)
+            if not self.overlay:
+                fmt.setBackground(mix(c.surface, color, 0.28))
+            fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.SingleUnderline)
+            fmt.setUnderlineColor(color)
+            fmt.setFontStrikeOut(mark == "delete")
+        if index == self.divergence:
+            fmt.setFontWeight(QFont.Weight.Bold)
+        return fmt
+
+    def _at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 4
+
+    # ----- tooltips --------------------------------------------------------------------------
+
+    def tooltip_html(self, index: int) -> str:
+        """The hover text of token ``index``: its probability and the most likely alternatives."""
+        record = self.tokens[index]
+        shown = _special_label(record.special) if record.special else _visible(record.text)
+        lines = [f"<b>token {index}</b> &nbsp;<code>{html.escape(shown)}</code>"]
+        if record.forced:
+            lines.append("<i>forced by the calculator (not sampled)</i>")
+        if record.logprobs is None:
+            lines.append("no probabilities: turn on Probabilities to compute them")
+            return "<br/>".join(lines)
+        chosen, top = record.logprobs
+        lines.append(f"p = {math.exp(chosen):.4f} &nbsp;·&nbsp; log p = {chosen:.3f}")
+        rows = []
+        for rank, (_tid, label, lp) in enumerate(top, start=1):
+            p = math.exp(lp)
+            bar = "█" * max(1, round(p * 12)) if p >= 0.005 else "·"
+            weight = "font-weight:700;" if label in (record.special, record.text) else ""
+            rows.append(
+                f"<tr style='{weight}'><td>{rank}.</td><td><code>{html.escape(_visible(label))}</code></td>"
+                f"<td align='right'>&nbsp;{p:.3f}</td><td>&nbsp;{bar}</td></tr>"
+            )
+        lines.append(f"<table cellspacing='0' cellpadding='1'>{''.join(rows)}</table>")
+        return "<br/>".join(lines)
+
+    def viewportEvent(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ToolTip:
+            offset = QPointF(self.horizontalScrollBar().value(), self.verticalScrollBar().value())
+            hit = (
+                self.document()
+                .documentLayout()
+                .hitTest(QPointF(event.pos()) + offset, Qt.HitTestAccuracy.ExactHit)
+            )
+            index = self.token_at(hit) if hit >= 0 else None
+            if index is not None:
+                QToolTip.showText(event.globalPos(), self.tooltip_html(index), self)
+            else:
+                QToolTip.hideText()
+            return True
+        return super().viewportEvent(event)
+
+    # ----- theme -----------------------------------------------------------------------------
+
+    def _restyle(self) -> None:
+        c = self._styled_for = theme.colors()
+        self.setStyleSheet(
+            f"QTextEdit#TokenView {{ background: {c.surface}; color: {c.text}; border: none; }}"
+        )
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        # Our own setStyleSheet also sends PaletteChange: restyle only when the theme really changed.
+        if event.type() == QEvent.Type.PaletteChange and self._styled_for is not theme.colors():
+            self._restyle()
+            self.rebuild()
