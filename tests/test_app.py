@@ -180,3 +180,17 @@ def test_send_without_a_model_keeps_the_text(qtbot, window):
     assert window.input.editor.toPlainText() == "not lost"
     assert not window.banner.isHidden() and "No model loaded" in window.banner.title.text()
     assert HistoryStore(window.controller.store.path).list_conversations() == []
+
+
+def test_a_100_kb_paste_is_sent_with_a_truncation_warning(qtbot, window, sft_dir):
+    load(qtbot, window, sft_dir)
+    window.sampling.set_values({"temperature": 0.0, "max_tokens": 4})
+    big = "lorem ipsum dolor sit amet " * 4000  # ~108 KB, far past the 64-token context
+    stats = send(qtbot, window, big)
+    assert stats["new_tokens"] > 0
+    assert not window.banner.isHidden() and window.banner.level == "warning"
+    assert "truncated" in window.banner.title.text().lower()
+    used, total = (int(x) for x in window.status.context.text().split(" / "))
+    assert used <= total
+    user_id, user = window.controller.path[-2]
+    assert user.plain_text() == big.strip()  # the full text is kept in history, only the prompt was cut
