@@ -192,5 +192,5 @@ def test_a_100_kb_paste_is_sent_with_a_truncation_warning(qtbot, window, sft_dir
     assert "truncated" in window.banner.title.text().lower()
     used, total = (int(x) for x in window.status.context.text().split(" / "))
     assert used <= total
-    user_id, user = window.controller.path[-2]
+    _, user = window.controller.path[-2]
     assert user.plain_text() == big.strip()  # the full text is kept in history, only the prompt was cut
