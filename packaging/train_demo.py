@@ -51,11 +51,11 @@ from desktop.engine.model import GPT, rotary_tables
 from desktop.engine.tokenizer import (
     ASSISTANT_END,
     ASSISTANT_START,
-    BOS,
     OUTPUT_END,
     OUTPUT_START,
     PYTHON_END,
     PYTHON_START,
+    SPECIAL_TOKENS,
     USER_END,
     USER_START,
     TiktokenTokenizer,
@@ -68,18 +68,6 @@ if TYPE_CHECKING:
 SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
     r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
-)
-# nanochat's SPECIAL_TOKENS in its order: they take the last nine ids.
-SPECIAL_TOKENS = (
-    BOS,
-    USER_START,
-    USER_END,
-    ASSISTANT_START,
-    ASSISTANT_END,
-    PYTHON_START,
-    PYTHON_END,
-    OUTPUT_START,
-    OUTPUT_END,
 )
 VOCAB_SIZE = 1024  # 256 bytes + 759 merges + 9 specials; a multiple of 64, so no padding rows
 TAG = "demo"

@@ -14,23 +14,12 @@ from desktop.engine.chat_format import render_conversation
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
 from desktop.engine.sampling import SamplingParams
 from desktop.engine.session import ChatSession
-from desktop.engine.tokenizer import load_tokenizer
+from desktop.engine.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "resources" / "demo"
 CKPT = DEMO / "chatsft_checkpoints" / "demo"
 MAX_BYTES = 10_000_000
-NANOCHAT_SPECIALS = [
-    "<|bos|>",
-    "<|user_start|>",
-    "<|user_end|>",
-    "<|assistant_start|>",
-    "<|assistant_end|>",
-    "<|python_start|>",
-    "<|python_end|>",
-    "<|output_start|>",
-    "<|output_end|>",
-]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +67,7 @@ def test_demo_has_nanochat_layout_and_meta() -> None:
 def test_demo_tokenizer_ends_with_nanochat_specials() -> None:
     tok = load_tokenizer(DEMO / "tokenizer" / "tokenizer.pkl")
     V = tok.vocab_size
-    assert [tok.special_name(i) for i in range(V - 9, V)] == NANOCHAT_SPECIALS
+    assert [tok.special_name(i) for i in range(V - 9, V)] == list(SPECIAL_TOKENS)
     assert tok.special_name(V - 10) is None
     text = "What is 12 times 7? There are 3 r in strawberry."
     assert tok.decode(tok.encode(text)) == text

@@ -37,17 +37,8 @@ import regex
 import tiktoken
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
-SPECIAL_TOKENS = (
-    "<|bos|>",
-    "<|user_start|>",
-    "<|user_end|>",
-    "<|assistant_start|>",
-    "<|assistant_end|>",
-    "<|python_start|>",
-    "<|python_end|>",
-    "<|output_start|>",
-    "<|output_end|>",
-)
+from desktop.engine.tokenizer import SPECIAL_TOKENS
+
 SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
     r"""|\s*[\r\n]|\s+(?!\S)|\s+"""

@@ -33,6 +33,18 @@ OUTPUT_START = "<|output_start|>"
 OUTPUT_END = "<|output_end|>"
 # What chat rendering cannot do without (spec §5.4).
 CHAT_TOKENS = (USER_START, ASSISTANT_START, ASSISTANT_END)
+# nanochat's SPECIAL_TOKENS in their (never changed) order: they take the last nine ids.
+SPECIAL_TOKENS = (
+    BOS,
+    USER_START,
+    USER_END,
+    ASSISTANT_START,
+    ASSISTANT_END,
+    PYTHON_START,
+    PYTHON_END,
+    OUTPUT_START,
+    OUTPUT_END,
+)
 
 PKL_NAME = "tokenizer.pkl"
 JSON_NAME = "tokenizer.json"
