@@ -489,9 +489,6 @@ class CompareController(QObject):
     def busy(self) -> bool:
         return any(p.run.running for p in self.panes)
 
-    def letter(self, index: int) -> str:
-        return LETTERS[index]
-
     def add_pane(self) -> bool:
         """One more pane (at most four), empty; False when there are already four."""
         if len(self.panes) >= MAX_PANES:

@@ -247,7 +247,8 @@ def test_overlay_probabilities_equal_a_direct_log_softmax(qtbot, controller, vie
             shown = view.panes[index].view
             assert shown.tokens[i].probability == pytest.approx(math.exp(row[token].item()), abs=1e-4)
             assert shown.background(i) == probability_color(shown.tokens[i].probability)
-        assert "p = " in view.panes[index].view.tooltip_html(0)
+        tip = view.panes[index].view.tooltip_html(0)
+        assert "p = " in tip and tip.count("<tr") == 5
 
 
 def test_overlay_switched_on_afterwards_fills_probabilities_in(qtbot, controller, view, ckpts):

@@ -8,16 +8,16 @@ document once.
 Colours: the probability of each token is mapped through a perceptual scale (interpolated in
 OKLab, lightness falling monotonically with probability) from the theme's surface colour at
 p = 1 through amber to red at p = 0, so unlikely tokens stand out and likely ones stay quiet, in
-both themes. Diff spans: tokens only in this reply ("insert") are green and underlined, tokens
-missing from the other ("delete") red and struck out. Tool-call tokens use the chat's tool-block
-colours; special tokens show as small muted ‹names›.
+both themes. Diff spans, between replies A and B: tokens only in B ("insert") are green with a
+solid underline, tokens only in A ("delete") red with a dashed one. Tool-call tokens use the
+chat's tool-block colours; special tokens show as small muted ‹names›.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -30,16 +30,14 @@ from PySide6.QtGui import (
     QPainter,
     QTextCharFormat,
     QTextCursor,
-    QTextFormat,
 )
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
 from ..engine.messages import PYTHON, PYTHON_OUTPUT, THOUGHT, TOOL_QUERY, TOOL_RESULT
 from . import theme
 
-TOKEN_INDEX = QTextFormat.Property.UserProperty + 1  # char format property: which token a run is
-MARKER = QTextFormat.Property.UserProperty + 2  # the divergence marker glyph
 MARKER_GLYPH = "▍"
+SCALE_STEPS = 100  # the overlay's colours come in 101 steps, finer than the eye separates
 CALL_KINDS = (PYTHON, TOOL_QUERY)
 RESULT_KINDS = (PYTHON_OUTPUT, TOOL_RESULT)
 
@@ -116,9 +114,9 @@ def scale_stops(c: theme.Colors) -> list[tuple[float, QColor]]:
 
 
 def probability_color(p: float, c: theme.Colors | None = None) -> QColor:
-    """The overlay colour of a token with probability ``p``."""
+    """The overlay colour of a token with probability ``p`` (rounded to 1 / SCALE_STEPS)."""
     stops = scale_stops(c or theme.colors())
-    p = max(0.0, min(1.0, p))
+    p = round(max(0.0, min(1.0, p)) * SCALE_STEPS) / SCALE_STEPS
     for (p0, c0), (p1, c1) in pairwise(stops):
         if p <= p1:
             return mix(c0, c1, (p - p0) / (p1 - p0))
@@ -171,11 +169,17 @@ def _visible(text: str) -> str:
 
 
 def _special_label(name: str) -> str:
-    return "‹" + name.strip("<>|") + "›"
+    """A special token's label, "<|python_start|>" → "‹python_start›", never broken across lines."""
+    return "‹" + name.strip("<>|").replace("_", "_\u2060") + "›"
 
 
 class TokenView(QTextEdit):
-    """A reply, token by token. Read-only; everything here runs on the GUI thread."""
+    """A reply, token by token. Read-only; everything here runs on the GUI thread.
+
+    Character formats are built once per look (kind, probability step, diff mark...) and reused,
+    and token positions are kept in ``_spans`` rather than in format properties, so appending a
+    token costs one ``insertText``.
+    """
 
     _styled_for: theme.Colors | None = None  # the palette the style sheet was built for
 
@@ -187,11 +191,17 @@ class TokenView(QTextEdit):
         self.setAccessibleName("Reply tokens")
         self.setLineWrapMode(QTextEdit.LineWrapMode.WidgetWidth)
         self.document().setDocumentMargin(10)
+        font = self.font()
+        if font.pointSizeF() > 0:  # a little larger than the UI: single-character tokens must be legible
+            font.setPointSizeF(font.pointSizeF() * 1.15)
+            self.setFont(font)
         self.tokens: list[TokenRecord] = []
         self.overlay = False
         self.divergence: int | None = None
         self.diff_marks: dict[int, str] = {}  # token index -> "insert" | "delete"
-        self._starts: list[int] = []  # document position where each token's run starts
+        self._spans: list[tuple[int, int]] = []  # document [start, end) of each token
+        self._marker_at: int | None = None  # document position of the divergence marker
+        self._formats: dict[tuple, QTextCharFormat] = {}
         self._placeholder = ""
         self._mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
         self._restyle()
@@ -220,17 +230,13 @@ class TokenView(QTextEdit):
         cursor.movePosition(QTextCursor.MoveOperation.End)
         self._insert(cursor, len(self.tokens) - 1)
         if follow:
-            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+            self._scroll_to_end()
 
     def append_text(self, text: str) -> None:
         """More text of the last token (the decoder's held-back tail)."""
         if self.tokens and text:
             self.tokens[-1].text += text
             self.rebuild()
-
-    def set_logprobs(self, index: int, logprobs: tuple[float, list] | None) -> None:
-        if 0 <= index < len(self.tokens):
-            self.tokens[index].logprobs = logprobs
 
     # ----- decorations -----------------------------------------------------------------------
 
@@ -254,23 +260,16 @@ class TokenView(QTextEdit):
 
     def token_at(self, position: int) -> int | None:
         """The token whose text covers document ``position``, or None (margins, the marker)."""
-        cursor = QTextCursor(self.document())
-        cursor.setPosition(min(position + 1, self.document().characterCount() - 1))
-        value = cursor.charFormat().property(TOKEN_INDEX)
-        return int(value) if value is not None else None
+        i = bisect_right(self._spans, (position, float("inf"))) - 1
+        if 0 <= i < len(self._spans) and self._spans[i][0] <= position < self._spans[i][1]:
+            return i
+        return None
 
     def marker_token(self) -> int | None:
         """The index of the token drawn right after the divergence marker, or None without one."""
-        text = self.document().toPlainText()
-        at = text.find(MARKER_GLYPH)
-        while at >= 0:
-            cursor = QTextCursor(self.document())
-            cursor.setPosition(at + 1)
-            if cursor.charFormat().property(MARKER):
-                following = bisect_left(self._starts, at + 1)
-                return following if following < len(self._starts) else len(self.tokens)
-            at = text.find(MARKER_GLYPH, at + 1)
-        return None
+        if self._marker_at is None:
+            return None
+        return bisect_left(self._spans, (self._marker_at + 1, -1))
 
     def background(self, index: int) -> QColor | None:
         """The background colour token ``index`` is drawn on (None: the view's own)."""
@@ -282,79 +281,114 @@ class TokenView(QTextEdit):
     def rebuild(self) -> None:
         follow = self._at_bottom()
         self.document().clear()
-        self._starts = []
+        self._spans = []
+        self._marker_at = None
         cursor = QTextCursor(self.document())
         if not self.tokens and self._placeholder:
-            fmt = QTextCharFormat()
-            fmt.setForeground(QColor(theme.colors().muted))
-            fmt.setFontItalic(True)
-            cursor.insertText(self._placeholder, fmt)
+            cursor.insertText(self._placeholder, self._cached(("placeholder",), self._placeholder_format))
         for i in range(len(self.tokens)):
             self._insert(cursor, i)
         if self.divergence is not None and self.divergence >= len(self.tokens) and self.tokens:
             self._insert_marker(cursor)  # this reply ended where the others went on
         if follow:
-            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+            self._scroll_to_end()
 
     def _insert(self, cursor: QTextCursor, index: int) -> None:
         record = self.tokens[index]
         if index == self.divergence:
             self._insert_marker(cursor)
-        self._starts.append(cursor.position())
+        start = cursor.position()
         fmt = self._format(index)
         if record.text:
             cursor.insertText(record.text, fmt)
         if record.special:
-            special = QTextCharFormat(fmt)
-            special.setForeground(QColor(theme.colors().muted))
-            if self.font().pointSizeF() > 0:
-                special.setFontPointSize(max(6.0, self.font().pointSizeF() * 0.8))
+            special = self._cached(("special", self._key(index)), lambda: self._special_format(fmt))
             cursor.insertText(_special_label(record.special), special)
         if not record.text and not record.special:
             # An incomplete UTF-8 character: its text comes with the next token. A zero-width
             # space keeps it hoverable without changing what the reply reads.
             cursor.insertText("\u200b", fmt)
+        self._spans.append((start, cursor.position()))
 
     def _insert_marker(self, cursor: QTextCursor) -> None:
+        self._marker_at = cursor.position()
+        cursor.insertText(MARKER_GLYPH, self._cached(("marker",), self._marker_format))
+
+    def _key(self, index: int) -> tuple:
+        """What decides a token's look; tokens with equal keys share one QTextCharFormat."""
+        record = self.tokens[index]
+        p = record.probability if self.overlay and not record.forced else None
+        step = None if p is None else round(max(0.0, min(1.0, p)) * SCALE_STEPS)
+        return (record.kind, step, self.diff_marks.get(index), index == self.divergence, self.overlay)
+
+    def _format(self, index: int) -> QTextCharFormat:
+        key = self._key(index)
+        return self._cached(("token", key), lambda: self._token_format(*key))
+
+    def _cached(self, key: tuple, build) -> QTextCharFormat:
+        fmt = self._formats.get(key)
+        if fmt is None:
+            fmt = self._formats[key] = build()
+        return fmt
+
+    def _token_format(self, kind: str, step: int | None, mark: str | None, bold: bool, overlay: bool):
+        c = theme.colors()
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor(c.text))
+        if kind in CALL_KINDS or kind in RESULT_KINDS:
+            fmt.setFontFamilies([self._mono.family()])
+            result = kind in RESULT_KINDS
+            fmt.setForeground(QColor(c.tool_result if result else c.tool_label))
+            fmt.setBackground(QColor(c.tool_result_bg if result else c.tool_bg))
+        elif kind == THOUGHT:
+            fmt.setForeground(QColor(c.muted))
+            fmt.setFontItalic(True)
+        if step is not None:
+            # Forced tokens were never the model's choice: they have no step and keep the tool
+            # colours (the tooltip still gives their probability).
+            fmt.setBackground(probability_color(step / SCALE_STEPS, c))
+        if mark is not None:
+            color = QColor(c.success if mark == "insert" else c.error)
+            if not overlay:
+                fmt.setBackground(mix(c.surface, color, 0.28))
+            # Colour and underline, no strike-out: a struck-through one-letter token is unreadable.
+            fmt.setUnderlineStyle(
+                QTextCharFormat.UnderlineStyle.SingleUnderline
+                if mark == "insert"
+                else QTextCharFormat.UnderlineStyle.DashUnderline
+            )
+            fmt.setUnderlineColor(color)
+        if bold:
+            fmt.setFontWeight(QFont.Weight.Bold)
+        return fmt
+
+    def _special_format(self, base: QTextCharFormat) -> QTextCharFormat:
+        fmt = QTextCharFormat(base)
+        fmt.setForeground(QColor(theme.colors().muted))
+        if self.font().pointSizeF() > 0:
+            fmt.setFontPointSize(max(6.0, self.font().pointSizeF() * 0.8))
+        return fmt
+
+    def _marker_format(self) -> QTextCharFormat:
         fmt = QTextCharFormat()
         fmt.setForeground(QColor(theme.colors().accent))
         fmt.setFontWeight(QFont.Weight.Black)
-        fmt.setProperty(MARKER, True)
-        cursor.insertText(MARKER_GLYPH, fmt)
+        return fmt
 
-    def _format(self, index: int) -> QTextCharFormat:
-        c = theme.colors()
-        record = self.tokens[index]
+    def _placeholder_format(self) -> QTextCharFormat:
         fmt = QTextCharFormat()
-        fmt.setProperty(TOKEN_INDEX, index)
-        fmt.setForeground(QColor(c.text))
-        if record.kind in CALL_KINDS or record.kind in RESULT_KINDS:
-            fmt.setFontFamilies([self._mono.family()])
-            result = record.kind in RESULT_KINDS
-            fmt.setForeground(QColor(c.tool_result if result else c.tool_label))
-            fmt.setBackground(QColor(c.tool_result_bg if result else c.tool_bg))
-        elif record.kind == THOUGHT:
-            fmt.setForeground(QColor(c.muted))
-            fmt.setFontItalic(True)
-        if self.overlay and record.probability is not None and not record.forced:
-            # Forced tokens were never the model's choice; they keep the tool colours (the
-            # tooltip still gives their probability).
-            fmt.setBackground(probability_color(record.probability, c))
-        mark = self.diff_marks.get(index)
-        if mark is not None:
-            color = QColor(c.success if mark == "insert" else c.error)
-            if not self.overlay:
-                fmt.setBackground(mix(c.surface, color, 0.28))
-            fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.SingleUnderline)
-            fmt.setUnderlineColor(color)
-            fmt.setFontStrikeOut(mark == "delete")
-        if index == self.divergence:
-            fmt.setFontWeight(QFont.Weight.Bold)
+        fmt.setForeground(QColor(theme.colors().muted))
+        fmt.setFontItalic(True)
         return fmt
 
     def _at_bottom(self) -> bool:
         bar = self.verticalScrollBar()
         return bar.value() >= bar.maximum() - 4
+
+    def _scroll_to_end(self) -> None:
+        bar = self.verticalScrollBar()
+        if bar.value() != bar.maximum():
+            bar.setValue(bar.maximum())
 
     # ----- tooltips --------------------------------------------------------------------------
 
@@ -365,6 +399,10 @@ class TokenView(QTextEdit):
         lines = [f"<b>token {index}</b> &nbsp;<code>{html.escape(shown)}</code>"]
         if record.forced:
             lines.append("<i>forced by the calculator (not sampled)</i>")
+        mark = self.diff_marks.get(index)
+        if mark is not None:
+            side = "A" if mark == "delete" else "B"
+            lines.append(f"<i>diff: only in this reply (side {side}), not in the other</i>")
         if record.logprobs is None:
             lines.append("no probabilities: turn on Probabilities to compute them")
             return "<br/>".join(lines)
@@ -411,4 +449,5 @@ class TokenView(QTextEdit):
         # Our own setStyleSheet also sends PaletteChange: restyle only when the theme really changed.
         if event.type() == QEvent.Type.PaletteChange and self._styled_for is not theme.colors():
             self._restyle()
+            self._formats.clear()
             self.rebuild()
