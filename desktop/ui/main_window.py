@@ -204,6 +204,7 @@ class MainWindow(QMainWindow):
         c.reply_finished.connect(self._on_reply_finished)
         c.busy_changed.connect(self.input.set_generating)
         c.context_changed.connect(self.status.set_context)
+        c.context_changed.connect(lambda used, total: self.input.set_hint(f"{used} / {total} context tokens"))
         c.notice.connect(self._on_notice)
         # history
         c.conversations_listed.connect(self.sidebar.set_conversations)
