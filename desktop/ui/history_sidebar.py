@@ -214,6 +214,10 @@ class HistorySidebar(QFrame):
 
     # ----- content ---------------------------------------------------------------------------
 
+    def kind_of(self, conv_id: int) -> str:
+        """ "chat" or "compare" for a listed conversation."""
+        return next((r.kind for r in self._rows if r.id == conv_id), "chat")
+
     def focus_search(self) -> None:
         self.search.setFocus()
         self.search.selectAll()

@@ -182,6 +182,7 @@ class MainWindow(QMainWindow):
         if self.compare_view is not None:
             bg.checkpoints_found.connect(self.compare_view.set_entries)
             self.tabs.currentChanged.connect(self._on_tab)
+            self.compare.saved.connect(lambda _id: c.refresh_list())
         bg.checkpoints_found.connect(self._autoload_once)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
@@ -208,7 +209,7 @@ class MainWindow(QMainWindow):
         c.notice.connect(self._on_notice)
         # history
         c.conversations_listed.connect(self.sidebar.set_conversations)
-        self.sidebar.conversation_selected.connect(c.open_conversation)
+        self.sidebar.conversation_selected.connect(self._open_conversation)
         self.sidebar.new_requested.connect(c.new_chat)
         self.sidebar.rename_requested.connect(c.rename)
         self.sidebar.delete_requested.connect(c.delete)
@@ -256,6 +257,15 @@ class MainWindow(QMainWindow):
             step = steps[-1] if steps else 0
         self.picker.select(path, step)
         self.controller.load_checkpoint(path, step)
+
+    def _open_conversation(self, conv_id: int) -> None:
+        """Chats open in the chat view; saved comparisons reopen in the Compare tab."""
+        if self.compare_view is not None and self.sidebar.kind_of(conv_id) == "compare":
+            self.tabs.setCurrentWidget(self.compare_view)
+            self.compare.open_comparison(conv_id)
+        else:
+            self.tabs.setCurrentIndex(0)
+            self.controller.open_conversation(conv_id)
 
     def _on_tab(self, index: int) -> None:
         """Entering Compare starts from the chat's sampling values (each pane can override them)."""
