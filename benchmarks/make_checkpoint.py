@@ -8,37 +8,17 @@ from pathlib import Path
 import torch
 
 from desktop.engine.classify import expected_shapes
-from desktop.engine.config import ModelConfig, e7_short_window, has_value_embedding
+from desktop.engine.config import ModelConfig, e7_config
 
 
-def e7_config(depth: int, vocab: int = 32768, seq: int = 2048) -> ModelConfig:
+def nanochat_e7(depth: int, vocab: int = 32768, seq: int = 2048) -> ModelConfig:
     """nanochat's sizing since 2026-01-18: C = 64*depth rounded up to 128, H = C/128."""
     C = -(-64 * depth // 128) * 128
-    H = C // 128
-    return ModelConfig(
-        sequence_len=seq,
-        vocab_size=vocab,
-        n_layer=depth,
-        n_head=H,
-        n_kv_head=H,
-        n_embd=C,
-        embed_rows=vocab,
-        era="E7",
-        window_pattern="SSSL",
-        short_window=e7_short_window(seq),
-        rope_base=100000.0,
-        rope_bf16=False,
-        qk_scale=1.2,
-        has_lambdas=True,
-        ve_layers=tuple(i for i in range(depth) if has_value_embedding(i, depth)),
-        ve_gate_channels=12,
-        ve_gate_scale=3.0,
-        has_smear=True,
-    )
+    return e7_config(seq, vocab, depth, C // 128, C)
 
 
 def write_e7(base: Path, depth: int, step: int = 1000, seed: int = 0) -> Path:
-    cfg = e7_config(depth)
+    cfg = nanochat_e7(depth)
     out = base / "base_checkpoints" / f"d{depth}"
     if (out / f"model_{step:06d}.pt").exists():
         return out

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from desktop.engine.calculator import calculate
 from desktop.engine.classify import classify, expected_shapes
-from desktop.engine.config import ModelConfig, e7_short_window, has_value_embedding, padded_vocab
+from desktop.engine.config import ModelConfig, e7_config
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
 from desktop.engine.model import GPT, rotary_tables
 from desktop.engine.tokenizer import (
@@ -477,27 +477,7 @@ def demo_config(
     sequence_len: int, n_layer: int, n_embd: int, n_head: int, window_pattern: str
 ) -> ModelConfig:
     """The E7 configuration ``classify`` infers for such a checkpoint (asserted after building)."""
-    return ModelConfig(
-        sequence_len=sequence_len,
-        vocab_size=VOCAB_SIZE,
-        n_layer=n_layer,
-        n_head=n_head,
-        n_kv_head=n_head,
-        n_embd=n_embd,
-        embed_rows=padded_vocab(VOCAB_SIZE),
-        era="E7",
-        window_pattern=window_pattern,
-        short_window=e7_short_window(sequence_len),
-        softcap=15.0,
-        rope_base=100000.0,
-        rope_bf16=False,
-        qk_scale=1.2,
-        has_lambdas=True,
-        ve_layers=tuple(i for i in range(n_layer) if has_value_embedding(i, n_layer)),
-        ve_gate_channels=12,
-        ve_gate_scale=3.0,
-        has_smear=True,
-    )
+    return e7_config(sequence_len, VOCAB_SIZE, n_layer, n_head, n_embd, window_pattern)
 
 
 def model_config_meta(cfg: ModelConfig) -> dict:

@@ -94,3 +94,30 @@ def e6_short_window(seq: int) -> int:
 
 def e7_short_window(seq: int) -> int:
     return -(-seq // 4 // 128) * 128
+
+
+def e7_config(
+    sequence_len: int, vocab_size: int, n_layer: int, n_head: int, n_embd: int, window_pattern: str = "SSSL"
+) -> ModelConfig:
+    """The current upstream architecture (E7), as ``classify`` infers it: for writing new checkpoints
+    (the demo trainer, benchmarks) with exactly the era parameters the loader will expect."""
+    return ModelConfig(
+        sequence_len=sequence_len,
+        vocab_size=vocab_size,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_kv_head=n_head,
+        n_embd=n_embd,
+        embed_rows=padded_vocab(vocab_size),
+        era="E7",
+        window_pattern=window_pattern,
+        short_window=e7_short_window(sequence_len),
+        rope_base=100000.0,
+        rope_bf16=False,
+        qk_scale=1.2,
+        has_lambdas=True,
+        ve_layers=tuple(i for i in range(n_layer) if has_value_embedding(i, n_layer)),
+        ve_gate_channels=12,
+        ve_gate_scale=3.0,
+        has_smear=True,
+    )
