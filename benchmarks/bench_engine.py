@@ -1,16 +1,22 @@
-"""Decode/prefill speed of Nanoscope against a nanochat-style Engine baseline, in one run.
+"""Decode and prefill speed of Nanoscope against a nanochat-style Engine, in one run.
 
-    python benchmarks/bench_engine.py [--depths 4,8,12,20] [--repeats 3] [--out docs/PERFORMANCE.md]
+    python benchmarks/bench_engine.py [--depths 4,8,12,20] [--repeats 5] [--out docs/PERFORMANCE.md]
 
 For each depth it writes a random-weight nanochat checkpoint (current E7 architecture, vocab
-32768, sequence_len 2048) and measures, alternating A/B so drift hits both sides:
-* decode tok/s (temperature 0.8, top-k 50, batch 1) for the baseline, exact mode (fp32) and
-  fast mode (bf16 weights and compute);
-* TTFT at 16/256/1024 prompt tokens;
-* bytes streamed per decode step and MBU against the copy and matrix-vector bandwidth measured
-  in the same run;
-* turn-N TTFT with 1,000 tokens of history plus 20 new ones, with and without the prefix cache.
-The figures go to stdout (last line JSON) and into the PERFORMANCE.md section between markers.
+32768, sequence_len 2048) and measures, in rounds whose order rotates so that drift on a shared
+machine hits every contender alike:
+
+* decode tok/s at temperature 0.8, top-k 50, batch 1, for the baseline
+  (``nanochat_baseline.py``), exact mode (fp32), fast mode and, on x86, int8;
+* whether exact mode produced the baseline's tokens in every round (same seed);
+* bytes streamed per decode step, and MBU: streamed bytes per second over the matrix-vector
+  bandwidth measured in the same run (the better of torch's ``F.linear`` and exact mode's row
+  split) and over ``F.linear`` alone;
+* TTFT at 16/256/1024 prompt tokens, and the turn-N TTFT (1,000 tokens of history plus 20 new
+  ones) with and without the prefix cache;
+* in a fresh process per depth (``nanoscope bench``): load time and RSS after loading.
+
+The figures go to stdout (the last line is JSON) and into PERFORMANCE.md between markers.
 """
 
 from __future__ import annotations
@@ -19,127 +25,188 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
-from make_checkpoint import write_e7
-from nanochat_baseline import NanochatE7
-from perf_report import write_section
+from make_checkpoint import write_e7  # noqa: E402
+from nanochat_baseline import NanochatE7  # noqa: E402
+from perf_report import write_section  # noqa: E402
 
-from desktop.engine.bench import IdsOnlyTokenizer, decode_bytes_per_step, measure_bandwidth
-from desktop.engine.generation import generate_columns
-from desktop.engine.loader import load_model
-from desktop.engine.sampling import SamplingParams
+from desktop.engine.bench import IdsOnlyTokenizer, decode_bytes_per_step, measure_bandwidth  # noqa: E402
+from desktop.engine.gemv import fbgemm_available  # noqa: E402
+from desktop.engine.generation import generate_columns  # noqa: E402
+from desktop.engine.kvcache import KVCache  # noqa: E402
+from desktop.engine.loader import load_model  # noqa: E402
+from desktop.engine.sampling import SamplingParams  # noqa: E402
 
 STEP = 1000
+TEMPERATURE, TOP_K, SEED = 0.8, 50, 1
 
 
-def _rate(gen) -> tuple[float, float]:
-    """(seconds to first token, decode tok/s after it) for a token generator."""
+def timed_tokens(gen) -> tuple[float, float, list[int]]:
+    """(seconds to the first token, decode tok/s after it, the tokens) of a token generator."""
     t0 = time.perf_counter()
-    n, t_first = 0, 0.0
-    for _ in gen:
-        n += 1
-        if n == 1:
+    tokens: list[int] = []
+    t_first = 0.0
+    for token in gen:
+        tokens.append(token)
+        if len(tokens) == 1:
             t_first = time.perf_counter()
     end = time.perf_counter()
-    return t_first - t0, (n - 1) / max(end - t_first, 1e-9)
+    return t_first - t0, (len(tokens) - 1) / max(end - t_first, 1e-9), tokens
 
 
-def ours(model, prompt: list[int], new: int, temperature: float = 0.8, top_k: int = 50):
-    params = SamplingParams(temperature=temperature, top_k=top_k, max_tokens=new, seed=1)
+def ours(model, prompt: list[int], new: int):
+    params = SamplingParams(temperature=TEMPERATURE, top_k=TOP_K, max_tokens=new, seed=SEED)
     return (c.tokens[0] for c in generate_columns(model, IdsOnlyTokenizer(), prompt, params))
 
 
-def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
-    ckpt = write_e7(base, depth, STEP)
-    exact = load_model(ckpt, dtype="float32").model
-    fast = load_model(ckpt, dtype="bfloat16").model
-    baseline = NanochatE7(ckpt, STEP)
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, 32000, (16,), generator=g).tolist()
-    same_ids = list(ours(exact, prompt, 24)) == list(baseline.generate(prompt, 24, 0.8, 50, seed=1))
-    runs: dict[str, list[float]] = {"baseline": [], "exact": [], "fast": []}
-    gens = {
-        "baseline": lambda: baseline.generate(prompt, new, 0.8, 50, seed=1),
-        "exact": lambda: ours(exact, prompt, new),
-        "fast": lambda: ours(fast, prompt, new),
-    }
-    for make in gens.values():  # warm-up
-        _rate(make())
-    for _ in range(repeats):  # A/B/C alternating
-        for name, make in gens.items():
-            runs[name].append(_rate(make())[1])
-    decode = {k: statistics.median(v) for k, v in runs.items()}
-
-    ttft: dict[str, dict[int, float]] = {"baseline": {}, "exact": {}}
-    for n in (16, 256, 1024):
-        p = torch.randint(0, 32000, (n,), generator=g).tolist()
-        b, e = [], []
-        for _ in range(max(1, repeats - 1) if depth < 20 else 1):
-            b.append(_rate(baseline.generate(p, 1, 0.8, 50))[0])
-            e.append(_rate(ours(exact, p, 1))[0])
-        ttft["baseline"][n], ttft["exact"][n] = statistics.median(b) * 1000, statistics.median(e) * 1000
-
-    turn = turn_ttft(exact, g)
-    step_bytes = decode_bytes_per_step(exact)
-    return {
-        "depth": depth,
-        "params": sum(p.numel() for p in exact.parameters()),
-        "same_ids": same_ids,
-        "decode": decode,
-        "ttft_ms": ttft,
-        "bytes_per_step": step_bytes,
-        "turn": turn,
-    }
+def theirs(baseline: NanochatE7, prompt: list[int], new: int):
+    return baseline.generate(prompt, new, TEMPERATURE, TOP_K, seed=SEED)
 
 
-def turn_ttft(model, g: torch.Generator) -> dict:
-    from desktop.engine.kvcache import KVCache
+def decode_rounds(contenders: dict, prompt: list[int], new: int, repeats: int) -> dict[str, list]:
+    """Each contender's decode tok/s per round and its tokens; the order rotates every round."""
+    names = list(contenders)
+    for name in names:  # warm-up
+        timed_tokens(contenders[name](prompt, new))
+    out: dict[str, list] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            _, rate, tokens = timed_tokens(contenders[name](prompt, new))
+            out[name].append((rate, tokens))
+    return out
 
+
+def turn_ttft(model, g: torch.Generator, repeats: int = 3) -> dict[str, float]:
     history = torch.randint(0, 32000, (1000,), generator=g).tolist()
     follow = history + torch.randint(0, 32000, (20,), generator=g).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=1)
     full, cached = [], []
-    for _ in range(3):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         list(generate_columns(model, IdsOnlyTokenizer(), follow, params))
         full.append(time.perf_counter() - t0)
-        cache = KVCache(model.config, 1, 1100, model.device, torch.float32)
+        cache = KVCache(model.config, 1, 1100, model.device, model.cos.dtype)
         list(generate_columns(model, IdsOnlyTokenizer(), history, params, cache=cache))
-        cache.truncate(len(history))
         t0 = time.perf_counter()
         list(generate_columns(model, IdsOnlyTokenizer(), follow, params, cache=cache))
         cached.append(time.perf_counter() - t0)
     return {"full_ms": statistics.median(full) * 1000, "cached_ms": statistics.median(cached) * 1000}
 
 
+def load_figures(ckpt: Path, dtype: str) -> dict:
+    """``nanoscope bench`` in a fresh process: load time and memory, nothing else running."""
+    cmd = [sys.executable, "-m", "desktop", "bench", str(ckpt), "--dtype", dtype, "--json"]
+    cmd += ["--prompt-tokens", "16", "--new-tokens", "8", "--repeats", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
+    ckpt = write_e7(base, depth, STEP)
+    models = {"exact": load_model(ckpt, dtype="float32").model, "fast": load_model(ckpt, dtype="fast").model}
+    if fbgemm_available():
+        models["int8"] = load_model(ckpt, dtype="int8").model
+    baseline = NanochatE7(ckpt, STEP)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 32000, (16,), generator=g).tolist()
+    contenders = {"baseline": lambda p, n: theirs(baseline, p, n)}
+    contenders.update({name: (lambda p, n, m=m: ours(m, p, n)) for name, m in models.items()})
+    rounds = decode_rounds(contenders, prompt, new, repeats)
+    decode = {name: statistics.median(rate for rate, _ in runs) for name, runs in rounds.items()}
+    same_ids = all(a == b for (_, a), (_, b) in zip(rounds["exact"], rounds["baseline"], strict=True))
+
+    ttft: dict[str, dict[int, float]] = {"baseline": {}, "exact": {}}
+    for n in (16, 256, 1024):
+        p = torch.randint(0, 32000, (n,), generator=g).tolist()
+        b, e = [], []
+        for _ in range(max(1, repeats // 2) if depth < 20 else 1):
+            b.append(timed_tokens(theirs(baseline, p, 1))[0])
+            e.append(timed_tokens(ours(models["exact"], p, 1))[0])
+        ttft["baseline"][n], ttft["exact"][n] = statistics.median(b) * 1000, statistics.median(e) * 1000
+    turn = turn_ttft(models["exact"], g)
+    step_bytes = {name: decode_bytes_per_step(m) for name, m in models.items()}
+    return {
+        "depth": depth,
+        "params": sum(p.numel() for p in baseline.w.values()),
+        "same_ids": same_ids,
+        "decode": decode,
+        "decode_rounds": {name: [round(rate, 2) for rate, _ in runs] for name, runs in rounds.items()},
+        "ttft_ms": ttft,
+        "bytes_per_step": step_bytes,
+        "turn": turn,
+    }
+
+
+def _x(a: float, b: float) -> str:
+    return f"{a:.1f} ({a / b:.2f}×)"
+
+
 def markdown(results: list[dict], bw: dict, meta: dict) -> str:
+    int8 = all("int8" in r["decode"] for r in results)
     lines = [
-        f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['threads']} threads; "
-        f"measured {meta['date']}. Same-run bandwidth: copy {bw['copy_gbs']:.1f} GB/s, "
-        f"fp32 matrix-vector {bw['matvec_gbs']:.1f} GB/s.",
+        f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['threads']} threads; measured "
+        f"{meta['date']}; {meta['repeats']} rounds of {meta['new']} new tokens per contender, medians. "
+        f"Same-run bandwidth (GB/s, mean of the start and the end): copy {bw['copy_gbs']:.1f}, "
+        f"read {bw['read_gbs']:.1f}, fp32 matrix-vector {bw['linear_gbs']:.1f} with `F.linear`, "
+        f"{bw['split_gbs']:.1f} with exact mode's row split (the ceiling below: "
+        f"{bw['matvec_gbs']:.1f}).",
         "",
-        "| depth | params | nanochat-style tok/s | exact tok/s (×) | fast bf16 tok/s (×) "
-        "| exact MBU vs matvec | TTFT@16/256/1024 nanochat → exact (ms) "
-        "| turn-N TTFT full → cached (ms) | same ids |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "**Decode** (tok/s; × is against the nanochat-style Engine unless noted):",
+        "",
+        "| depth | params | MB/step exact | nanochat | exact | fast (fp16 weights) "
+        + ("| int8 " if int8 else "")
+        + "| exact GB/s | MBU vs ceiling | MBU vs `F.linear` | same ids |",
+        "|---|---|---|---|---|---|" + ("---|" if int8 else "") + "---|---|---|---|",
     ]
     for r in results:
-        d, t = r["decode"], r["ttft_ms"]
-        mbu = r["bytes_per_step"] * d["exact"] / 1e9 / bw["matvec_gbs"]
-        tt = " / ".join(f"{t['baseline'][n]:.0f}→{t['exact'][n]:.0f}" for n in (16, 256, 1024))
+        d, nbytes = r["decode"], r["bytes_per_step"]
+        gbs = nbytes["exact"] * d["exact"] / 1e9
+        row = (
+            f"| {r['depth']} | {r['params'] / 1e6:.0f}M | {nbytes['exact'] / 1e6:.0f} | "
+            f"{d['baseline']:.1f} | {_x(d['exact'], d['baseline'])} | "
+            f"{_x(d['fast'], d['baseline'])}, {d['fast'] / d['exact']:.2f}× exact | "
+        )
+        if int8:
+            row += f"{_x(d['int8'], d['baseline'])}, {d['int8'] / d['exact']:.2f}× exact | "
+        row += f"{gbs:.1f} | {gbs / bw['matvec_gbs']:.2f} | {gbs / bw['linear_gbs']:.2f} | {r['same_ids']} |"
+        lines.append(row)
+    lines += [
+        "",
+        "**Prefill and follow-up turns** (ms; nanochat-style → exact):",
+        "",
+        "| depth | TTFT @16 | TTFT @256 | TTFT @1024 | turn-N TTFT, full re-prefill → prefix cache |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        t, turn = r["ttft_ms"], r["turn"]
+        cells = " | ".join(f"{t['baseline'][n]:.0f} → {t['exact'][n]:.0f}" for n in (16, 256, 1024))
         lines.append(
-            f"| {r['depth']} | {r['params'] / 1e6:.0f}M | {d['baseline']:.1f} | {d['exact']:.1f} "
-            f"({d['exact'] / d['baseline']:.2f}×) | {d['fast']:.1f} ({d['fast'] / d['baseline']:.2f}×) | "
-            f"{mbu:.2f} | {tt} | {r['turn']['full_ms']:.0f} → {r['turn']['cached_ms']:.0f} "
-            f"({r['turn']['cached_ms'] / r['turn']['full_ms']:.2f}) | {r['same_ids']} |"
+            f"| {r['depth']} | {cells} | {turn['full_ms']:.0f} → {turn['cached_ms']:.0f} "
+            f"({turn['cached_ms'] / turn['full_ms']:.2f}) |"
+        )
+    lines += [
+        "",
+        "**Loading** (`nanoscope bench` in a fresh process; budget = checkpoint + 15% + 300 MB):",
+        "",
+        "| depth | checkpoint MB | exact: load s, RSS after load MB | fast: load s, RSS after load MB "
+        "| budget MB |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        ex, fa = r["load"]["float32"], r["load"]["fast"]
+        lines.append(
+            f"| {r['depth']} | {ex['checkpoint_mb']:.0f} | "
+            f"{ex['load_s']:.2f}, {ex['rss_after_load_mb']:.0f} | "
+            f"{fa['load_s']:.2f}, {fa['rss_after_load_mb']:.0f} | {ex['rss_budget_mb']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -147,28 +214,32 @@ def markdown(results: list[dict], bw: dict, meta: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--depths", default="4,8,12,20")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--base", type=Path, default=Path("/tmp/nanoscope-bench"))
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
-    )
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
-    bw = measure_bandwidth(torch.device("cpu"), torch.float32)
+    cpu = torch.device("cpu")
+    before = measure_bandwidth(cpu)
     results = []
     for depth in (int(d) for d in args.depths.split(",")):
         r = bench_depth(args.base, depth, args.repeats, args.new_tokens)
+        ckpt = write_e7(args.base, depth, STEP)  # already written: its directory
+        r["load"] = {dtype: load_figures(ckpt, dtype) for dtype in ("float32", "fast")}
         print(json.dumps(r), flush=True)
         results.append(r)
+    after = measure_bandwidth(cpu)
+    bw = {k: (before[k] + after[k]) / 2 for k in before}
     meta = {
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "machine": f"{platform.machine()} ({platform.processor() or 'CPU'})",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d"),
+        "repeats": args.repeats,
+        "new": args.new_tokens,
     }
     write_section(args.out, "engine", markdown(results, bw, meta))
-    print(json.dumps({"bandwidth": bw, "results": results}))
+    print(json.dumps({"bandwidth": {"start": before, "end": after}, "results": results}))
     return 0
 
 

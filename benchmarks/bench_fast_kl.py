@@ -1,9 +1,10 @@
-"""Quality cost of fast mode: mean KL(exact || fast) of next-token distributions on fixed prompts.
+"""Quality cost of the fast precisions: mean KL(exact ‖ mode) of next-token distributions.
 
-    python benchmarks/bench_fast_kl.py [--depths 4,12]
+    python benchmarks/bench_fast_kl.py [--depths 4,12] [--modes bfloat16,float16,int8]
 
 Measured on the bundled (trained) demo model with its own chat prompts, and on random-weight
-nanochat checkpoints (which have flat distributions, so their KL is a rough bound only).
+nanochat checkpoints (whose flatter distributions make their KL a rough guide only). Besides the
+mean KL it reports how often the most likely token changes (top-1 agreement).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from make_checkpoint import write_e7  # noqa: E402
 from perf_report import write_section  # noqa: E402
 
+from desktop.engine.device import pick_precision  # noqa: E402
 from desktop.engine.loader import load_model  # noqa: E402
 
 DEMO_PROMPTS = (
@@ -35,21 +37,24 @@ DEMO_PROMPTS = (
 
 
 @torch.inference_mode()
-def mean_kl(ckpt: Path, prompts: list[list[int]]) -> float:
+def compare(ckpt: Path, prompts: list[list[int]], mode: str) -> tuple[float, float]:
+    """(mean KL in nats, fraction of positions with the same argmax) of ``mode`` against exact."""
     exact = load_model(ckpt, dtype="float32").model
-    fast = load_model(ckpt, dtype="bfloat16").model
-    kls = []
+    other = load_model(ckpt, dtype=mode).model
+    kls, same = [], []
     for ids in prompts:
         x = torch.tensor([ids])
         p = F.log_softmax(exact(x)[0], dim=-1)
-        q = F.log_softmax(fast(x)[0].float(), dim=-1)
+        q = F.log_softmax(other(x)[0].float(), dim=-1)
         kls.append(F.kl_div(q, p, log_target=True, reduction="none").sum(-1).mean().item())
-    return sum(kls) / len(kls)
+        same.append((p.argmax(-1) == q.argmax(-1)).float().mean().item())
+    return sum(kls) / len(kls), sum(same) / len(same)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--depths", default="4,12")
+    parser.add_argument("--modes", default="bfloat16,float16,int8")
     parser.add_argument("--base", type=Path, default=Path("/tmp/nanoscope-bench"))
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
     args = parser.parse_args()
@@ -58,20 +63,35 @@ def main() -> int:
     from desktop.engine.messages import Message
     from desktop.engine.tokenizer import load_tokenizer
 
-    rows = []
+    cpu = torch.device("cpu")
+    modes = [m for m in args.modes.split(",") if m]
+    models: list[tuple[str, Path, list[list[int]]]] = []
     demo = demo_checkpoint()
     if demo is not None:
         tok = load_tokenizer(demo.parent.parent / "tokenizer" / "tokenizer.pkl")
         prompts = [render_for_completion(tok, [Message.of_text("user", p)], None).ids for p in DEMO_PROMPTS]
-        rows.append(("demo (trained, 1.3M)", mean_kl(demo, prompts)))
+        models.append(("demo (trained, 1.3M)", demo, prompts))
     g = torch.Generator().manual_seed(0)
     random_prompts = [torch.randint(0, 32000, (64,), generator=g).tolist() for _ in range(4)]
     for depth in (int(d) for d in args.depths.split(",")):
-        rows.append((f"random E7 d{depth}", mean_kl(write_e7(args.base, depth), random_prompts)))
-    body = "Mean KL(exact ‖ fast) per next-token distribution, in nats:\n\n| model | mean KL |\n|---|---|\n"
-    body += "\n".join(f"| {name} | {kl:.2e} |" for name, kl in rows)
+        models.append((f"random E7 d{depth}", write_e7(args.base, depth), random_prompts))
+
+    results: dict[str, dict[str, list[float]]] = {}
+    for name, ckpt, prompts in models:
+        results[name] = {m: list(compare(ckpt, prompts, m)) for m in modes}
+        print(json.dumps({name: results[name]}), flush=True)
+    labels = [pick_precision(cpu, m).name for m in modes]
+    body = (
+        "Mean KL(exact ‖ mode) per next-token distribution in nats, and the share of positions whose\n"
+        "most likely token is unchanged, on this CPU:\n\n"
+        f"| model | {' | '.join(labels)} |\n|---|{'---|' * len(modes)}\n"
+    )
+    body += "\n".join(
+        f"| {name} | " + " | ".join(f"{kl:.2e} ({top1:.1%})" for kl, top1 in row.values()) + " |"
+        for name, row in results.items()
+    )
     write_section(args.out, "fast-mode-kl", body)
-    print(json.dumps(dict(rows)))
+    print(json.dumps(results))
     return 0
 
 

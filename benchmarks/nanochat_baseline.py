@@ -75,6 +75,9 @@ class NanochatE7:
         freqs = torch.outer(torch.arange(10 * seq, dtype=torch.float32), inv)
         self.cos, self.sin = freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
 
+    def new_cache(self, capacity: int) -> _Cache:
+        return _Cache(self.L, 1, capacity, self.Hkv, self.hd)
+
     def _lin(self, x, key):
         return F.linear(x, self.w[key])
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .engine.device import DEVICES, PRECISIONS
 from .engine.errors import NanoscopeError, is_out_of_memory
 
 EXIT_ERROR = 2
@@ -25,8 +26,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer", type=Path, default=None, help="tokenizer.pkl / tokenizer.json or its folder"
     )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument(
+        "--dtype",
+        choices=PRECISIONS,
+        default="auto",
+        help="float32 is exact; fast picks the quickest 16-bit form for the device; int8: x86 CPUs",
+    )
     p.add_argument("--softcap", type=float, default=None, help="override the logit softcap (20 for E5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

@@ -58,7 +58,7 @@ def test_classifies_every_era(era_dirs, era):
     cfg, tiny = loaded.config, era_config(era)
     assert cfg.era == EXPECTED_ERA[era]
     assert loaded.step == 10
-    assert loaded.dtype == torch.float32 and str(loaded.device) == "cpu"
+    assert loaded.precision.compute == torch.float32 and str(loaded.device) == "cpu"
     # spec §1.3: wte/lm_head rows are V before vocab padding (E0), the padded vocab after
     assert cfg.embed_rows == (tiny.vocab_size if era == "E0" else tiny.padded_vocab)
     # spec §5.2 era parameters
@@ -174,7 +174,7 @@ def test_bf16_tensors_run_in_float32_on_cpu(tmp_path, era, mix):
     sd, meta = read_checkpoint(ckpt)
     assert torch.bfloat16 in {t.dtype for t in sd.values()}
     loaded = load_model(ckpt, device="cpu")
-    assert loaded.dtype == torch.float32
+    assert loaded.precision.compute == torch.float32
     assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}
     ids = fixed_ids(40, 300)
     # The reference upcasts the stored bf16 values, as nanochat's checkpoint_manager does on CPU.

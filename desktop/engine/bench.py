@@ -1,7 +1,7 @@
 """``nanoscope bench``: load time, prefill, decode, bandwidth utilisation, memory, prefix-cache gain.
 
-Every speed is set against a baseline measured in the same run (the machine's copy and
-matrix-vector bandwidth), because absolute numbers on a shared machine mean little.
+Every speed is set against bandwidths measured in the same run on the same device, because
+absolute numbers on a shared machine mean little. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
+from .gemv import ExactLinear, weight_bytes
 from .generation import GenerationStats
 from .sampling import SamplingParams
 
@@ -50,33 +52,47 @@ def peak_rss_bytes() -> int:
     return rss if sys.platform == "darwin" else rss * 1024
 
 
-def _timed(fn, device: torch.device, repeats: int = 5) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _timed(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float:
     """Median seconds of ``fn()`` after one warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
         t0 = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def measure_bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int = 256 << 20) -> dict[str, float]:
-    """Copy bandwidth (read + write) and matrix-vector bandwidth (weight bytes read per second)."""
+def measure_bandwidth(device: torch.device, nbytes: int = 256 << 20) -> dict[str, float]:
+    """GB/s of streaming ``nbytes``: copy (read + write), plain read (a sum), and the matrix-vector
+    product of a 4096-column fp32 matrix by one row, as torch's ``F.linear`` runs it and as exact
+    mode's row-split runs it. ``matvec_gbs`` is the better of the two: the ceiling a decode step's
+    products can reach on this machine. On a GPU the matrix is bf16, as fast mode reads it there."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     elem = torch.empty((), dtype=dtype).element_size()
     n = nbytes // elem
     src = torch.randn(n, device=device).to(dtype)
     dst = torch.empty_like(src)
-    copy_s = _timed(lambda: dst.copy_(src), device)
-    cols = 4096
-    w = src[: (n // cols) * cols].view(-1, cols)
-    x = torch.randn(1, cols, device=device).to(dtype)
-    mv_s = _timed(lambda: torch.nn.functional.linear(x, w), device)
-    return {"copy_gbs": 2 * n * elem / copy_s / 1e9, "matvec_gbs": w.numel() * elem / mv_s / 1e9}
+    out = {"copy_gbs": 2 * nbytes / _timed(lambda: dst.copy_(src), device)}
+    dst.resize_(0)  # free it before the next measurements
+    out["read_gbs"] = nbytes / _timed(lambda: src.sum(), device)
+    w = src.view(-1, 4096)
+    x = torch.randn(1, 4096, device=device).to(dtype)
+    with torch.inference_mode():
+        out["linear_gbs"] = nbytes / _timed(lambda: torch.nn.functional.linear(x, w), device)
+        split = ExactLinear(w)
+        out["split_gbs"] = nbytes / _timed(lambda: split(x), device)
+    out["matvec_gbs"] = max(out["linear_gbs"], out["split_gbs"])
+    return {k: v / 1e9 for k, v in out.items()}
 
 
 def decode_bytes_per_step(model: torch.nn.Module) -> int:
@@ -84,15 +100,15 @@ def decode_bytes_per_step(model: torch.nn.Module) -> int:
     total = 0
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear):
-            total += mod.weight.numel() * mod.weight.element_size()
+            total += weight_bytes(mod)
         elif isinstance(mod, torch.nn.Embedding):
             total += mod.weight.shape[1] * mod.weight.element_size()
     return total
 
 
-def _prompt(session, n: int, seed: int = 0) -> list[int]:
+def _prompt(vocab_size: int, n: int, seed: int = 0) -> list[int]:
     g = torch.Generator().manual_seed(seed)
-    top = max(2, session.loaded.config.vocab_size - 16)  # stay clear of the special tokens at the end
+    top = max(2, vocab_size - 16)  # stay clear of the special tokens at the end
     return torch.randint(0, top, (n,), generator=g).tolist()
 
 
@@ -101,6 +117,20 @@ def _run(session, prompt: list[int], params: SamplingParams, reuse: bool) -> Gen
     for _ in session.generate(prompt, params, stats=stats, reuse_cache=reuse):
         pass
     return stats
+
+
+def turn_ttft(session, vocab_size: int, history_len: int, repeats: int = 3) -> tuple[float, float]:
+    """Median ms to the first token of a 20-token follow-up after ``history_len`` tokens of
+    conversation: (with the prefix cache, re-prefilling everything)."""
+    history = _prompt(vocab_size, history_len, seed=1)
+    follow = history + _prompt(vocab_size, 20, seed=2)
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    cached, full = [], []
+    for _ in range(repeats):
+        _run(session, history, one, reuse=False)
+        cached.append(_run(session, follow, one, reuse=True).ttft_ms)
+        full.append(_run(session, follow, one, reuse=False).ttft_ms)
+    return statistics.median(cached), statistics.median(full)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -113,27 +143,23 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     directory, step = resolve_spec(args.model)
+    step = args.step if args.step is not None else step
     t0 = time.perf_counter()
-    loaded = load_model(
-        directory, args.step if args.step is not None else step, args.device, args.dtype, args.softcap
-    )
+    loaded = load_model(directory, step, args.device, args.dtype, args.softcap)
     load_s = time.perf_counter() - t0
+    rss_after_load = peak_rss_bytes()
+    cfg = loaded.config
     try:
         tok = select_tokenizer(
-            tokenizer_dirs(directory, None),
-            loaded.config.vocab_size,
-            loaded.config.is_fork,
-            explicit=args.tokenizer,
+            tokenizer_dirs(directory, None), cfg.vocab_size, cfg.is_fork, explicit=args.tokenizer
         )
     except TokenizerError as exc:  # speed needs no text: measure with token ids alone
         print(f"nanoscope: warning: {exc}; benchmarking with token ids only", file=sys.stderr)
-        tok = IdsOnlyTokenizer(loaded.config.vocab_size)
+        tok = IdsOnlyTokenizer(cfg.vocab_size)
     session = ChatSession(loaded, tok)
-    rss_after_load = peak_rss_bytes()
-    model, cfg = session.model, session.loaded.config
-    dev = session.loaded.device
+    dev = loaded.device
     n_prompt = max(1, min(args.prompt_tokens, cfg.sequence_len - args.new_tokens - 1))
-    prompt = _prompt(session, n_prompt)
+    prompt = _prompt(cfg.vocab_size, n_prompt)
     params = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, max_tokens=args.new_tokens, seed=1
     )
@@ -142,38 +168,39 @@ def run_bench(args: argparse.Namespace) -> int:
     runs = [_run(session, prompt, params, reuse=False) for _ in range(max(1, args.repeats))]
     ttft_ms = statistics.median(r.ttft_ms for r in runs)
     decode = statistics.median(r.decode_tok_s for r in runs)
-
-    # Turn-N: a follow-up message on top of ~1000 tokens of history, with and without the prefix cache.
     hist_len = max(2, min(1000, cfg.sequence_len - 64))
-    history = _prompt(session, hist_len, seed=1)
-    follow = history + _prompt(session, 20, seed=2)
-    one = SamplingParams(temperature=0.0, max_tokens=1)
-    _run(session, history, one, reuse=False)
-    cached = _run(session, follow, one, reuse=True).ttft_ms
-    full = statistics.median(_run(session, follow, one, reuse=False).ttft_ms for _ in range(3))
+    cached, full = turn_ttft(session, cfg.vocab_size, hist_len)
 
-    bw = measure_bandwidth(dev, session.loaded.dtype)
-    step_bytes = decode_bytes_per_step(model)
-    bytes_per_s = step_bytes * decode
+    bw = measure_bandwidth(dev)
+    step_bytes = decode_bytes_per_step(session.model)
+    streamed_gbs = step_bytes * decode / 1e9
+    file_bytes = loaded.model_file.stat().st_size
     result = {
         "model": str(directory),
+        "step": loaded.step,
         "era": cfg.era,
         "device": str(dev),
-        "dtype": session.info()["dtype"],
+        "dtype": loaded.precision.name,
         "threads": torch.get_num_threads(),
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": loaded.n_params,
         "load_s": round(load_s, 3),
         "prompt_tokens": n_prompt,
         "new_tokens": args.new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
         "ttft_ms": round(ttft_ms, 2),
         "prefill_tok_s": round(n_prompt / (ttft_ms / 1000), 1),
         "decode_tok_s": round(decode, 2),
         "bytes_per_step": step_bytes,
-        "copy_gbs": round(bw["copy_gbs"], 2),
-        "matvec_gbs": round(bw["matvec_gbs"], 2),
-        "mbu_copy": round(bytes_per_s / 1e9 / bw["copy_gbs"], 3),
-        "mbu_matvec": round(bytes_per_s / 1e9 / bw["matvec_gbs"], 3),
+        "streamed_gbs": round(streamed_gbs, 2),
+        **{k: round(v, 2) for k, v in bw.items()},
+        "mbu_matvec": round(streamed_gbs / bw["matvec_gbs"], 3),
+        "mbu_read": round(streamed_gbs / bw["read_gbs"], 3),
+        "mbu_copy": round(streamed_gbs / bw["copy_gbs"], 3),
+        "checkpoint_mb": round(file_bytes / 2**20, 1),
         "rss_after_load_mb": round(rss_after_load / 2**20, 1),
+        # The load budget: the checkpoint's bytes + 15% + 300 MB (interpreter, torch, Qt-free).
+        "rss_budget_mb": round((file_bytes * 1.15 + (300 << 20)) / 2**20, 1),
         "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
         "turn_history_tokens": hist_len,
         "turn_ttft_cached_ms": round(cached, 2),

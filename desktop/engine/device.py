@@ -1,14 +1,41 @@
-"""Device and dtype choice: CUDA -> MPS -> CPU, bf16 on CUDA SM80+ and fp32 elsewhere (spec §5.3)."""
+"""Device and precision choice: CUDA -> MPS -> CPU; "auto" precision is bf16 on CUDA SM80+ and fp32
+elsewhere, as nanochat runs (spec §5.3).
+
+Precisions the user can ask for:
+
+* ``float32`` (exact): nanochat's own numbers, bit for bit on CPU;
+* ``bfloat16`` / ``float16``: weights and compute in that type, except that on an x86 CPU
+  ``float16`` keeps fp32 activations and packs only the weights for fbgemm (see :mod:`.gemv`);
+* ``fast``: the quickest 16-bit form for the device: bf16 on CUDA and MPS, fp16-packed weights on
+  x86 CPUs, bf16 elsewhere;
+* ``int8`` (x86 CPUs): int8 weights, activations quantised per product.
+
+torch is imported inside the functions: the command line lists these names without paying for it.
+"""
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+PRECISIONS = ("auto", *DTYPE_NAMES, "fast", "int8")
+
+
+@dataclass(frozen=True)
+class Precision:
+    compute: torch.dtype  # activations, embeddings and every weight no packed kernel holds
+    gemv: str  # the matrix-vector kernels (gemv.GEMV_KINDS)
+    name: str  # shown to the user: "float32", "bfloat16", "fp16 weights", "int8 weights"
 
 
 def pick_device(preference: str = "auto") -> torch.device:
+    import torch
+
     if preference not in DEVICES:
         raise ValueError(f"unknown device {preference!r} (choose from {', '.join(DEVICES)})")
     if preference == "cuda" and not torch.cuda.is_available():
@@ -25,16 +52,40 @@ def pick_device(preference: str = "auto") -> torch.device:
 
 
 def pick_dtype(device: torch.device, preference: str = "auto") -> torch.dtype:
+    import torch
+
     if preference != "auto":
-        if preference not in DTYPES:
-            raise ValueError(f"unknown dtype {preference!r} (choose from auto, {', '.join(DTYPES)})")
-        return DTYPES[preference]
+        if preference not in DTYPE_NAMES:
+            raise ValueError(f"unknown dtype {preference!r} (choose from auto, {', '.join(DTYPE_NAMES)})")
+        return getattr(torch, preference)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
         return torch.bfloat16
     return torch.float32
 
 
+def pick_precision(device: torch.device, preference: str = "auto") -> Precision:
+    import torch
+
+    from .gemv import fbgemm_available
+
+    if preference not in PRECISIONS:
+        raise ValueError(f"unknown precision {preference!r} (choose from {', '.join(PRECISIONS)})")
+    cpu_packed = device.type == "cpu" and fbgemm_available()
+    if preference == "int8":
+        if not cpu_packed:
+            raise ValueError("int8 runs on the CPU of x86 machines only (torch's fbgemm kernels)")
+        return Precision(torch.float32, "int8", "int8 weights")
+    if preference == "fast":
+        preference = "float16" if cpu_packed else "bfloat16"
+    if preference == "float16" and cpu_packed:
+        return Precision(torch.float32, "fp16", "fp16 weights")
+    dtype = pick_dtype(device, preference)
+    return Precision(dtype, "exact", dtype_name(dtype))
+
+
 def describe_device(device: torch.device) -> str:
+    import torch
+
     if device.type == "cuda":
         return f"CUDA: {torch.cuda.get_device_name(device)}"
     if device.type == "mps":

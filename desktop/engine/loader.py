@@ -13,7 +13,7 @@ import torch
 from . import checkpoint as ckpt
 from .classify import classify, is_ignorable
 from .config import ModelConfig
-from .device import describe_device, dtype_name, pick_device, pick_dtype
+from .device import Precision, describe_device, pick_device, pick_precision
 from .errors import CheckpointError, OutOfMemoryError, is_out_of_memory
 from .model import GPT
 
@@ -26,10 +26,12 @@ class LoadedModel:
     config: ModelConfig
     directory: Path
     step: int
+    model_file: Path
     meta: dict
     meta_hash: str
     device: torch.device
-    dtype: torch.dtype
+    precision: Precision
+    n_params: int
     attention: str
     load_seconds: float
     warnings: list[str] = field(default_factory=list)
@@ -40,14 +42,14 @@ class LoadedModel:
             "path": str(self.directory),
             "step": self.step,
             "era": cfg.era,
-            "params": sum(p.numel() for p in self.model.parameters()),
+            "params": self.n_params,
             "sequence_len": cfg.sequence_len,
             "vocab_size": cfg.vocab_size,
             "n_layer": cfg.n_layer,
             "n_embd": cfg.n_embd,
             "device": str(self.device),
             "device_name": describe_device(self.device),
-            "dtype": dtype_name(self.dtype),
+            "dtype": self.precision.name,
             "attention": self.attention,
             "meta_hash": self.meta_hash,
             "warnings": list(self.warnings),
@@ -130,22 +132,25 @@ def load_model(
     ckpt.check_finite(sd, model_path)
 
     dev = pick_device(device)
-    compute = pick_dtype(dev, dtype)
+    precision = pick_precision(dev, dtype)
+    compute = precision.compute
     report(60, f"building {cfg.era} model on {dev.type}")
     with torch.device("meta"):
         model = GPT(cfg)
     wanted = {k: t for k, t in sd.items() if not is_ignorable(k, cfg)}
+    n_params = sum(t.numel() for t in wanted.values())
     try:
         # Cast to the compute dtype (a no-op, hence no copy, for fp32 weights on CPU).
         wanted = {k: t.to(device=dev, dtype=compute) for k, t in wanted.items()}
         model.load_state_dict(wanted, strict=True, assign=True)
-        model.prepare(dev, compute)
+        del sd, wanted  # packed kernels release the fp32 matrices only once nothing else holds them
+        model.prepare(dev, compute, precision.gemv)
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
-        need = sum(t.numel() for t in wanted.values()) * torch.empty((), dtype=compute).element_size()
+        need = n_params * torch.empty((), dtype=compute).element_size()
         raise OutOfMemoryError(
-            f"{model_path}: out of memory loading {need / 2**30:.1f} GiB of weights as {dtype_name(compute)} "
+            f"{model_path}: out of memory loading {need / 2**30:.1f} GiB of weights as {precision.name} "
             f"on {dev.type}; try the bfloat16 dtype, another device, or a smaller checkpoint"
         ) from None
     model.eval()
@@ -164,10 +169,12 @@ def load_model(
         config=replace(cfg, warnings=tuple(warnings)),
         directory=directory,
         step=step,
+        model_file=model_path,
         meta=meta,
         meta_hash=meta_hash,
         device=dev,
-        dtype=compute,
+        precision=precision,
+        n_params=n_params,
         attention=attention,
         load_seconds=time.perf_counter() - started,
         warnings=warnings,

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     from .discovery import CheckpointSummary
 
 MEMINFO = Path("/proc/meminfo")
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Bytes per parameter by precision. On the CPU "float16", "fast" and "int8" pack weights from
+# the fp32 file (see engine.device), so loading passes through 4 bytes a parameter.
+_GPU_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fast": 2}
+_CPU_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def available_ram() -> int | None:
@@ -79,9 +82,10 @@ def resolve_device(device: str) -> str:
 
 def bytes_per_param(device: str, dtype: str = "auto") -> int:
     """The compute precision's size: "auto" is bf16 on CUDA and float32 elsewhere (as the loader picks)."""
+    on_gpu = resolve_device(device) == "cuda"
     if dtype == "auto":
-        return 2 if resolve_device(device) == "cuda" else 4
-    return _DTYPE_BYTES.get(dtype, 4)
+        return 2 if on_gpu else 4
+    return (_GPU_BYTES if on_gpu else _CPU_BYTES).get(dtype, 4)
 
 
 def human(n: float) -> str:

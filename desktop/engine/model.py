@@ -8,26 +8,32 @@ CPU float32 results match nanochat's Engine token for token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import flash_attn_kvcache_fn, sdpa_attention
 from .config import ModelConfig
+from .gemv import install_gemv
 from .kvcache import KVCache
-from .parallel_linear import RowLinear, parallelize
+
+Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
-    return F.rms_norm(x, (x.size(-1),))
+    # torch.rms_norm, not F.rms_norm: the same op without the Python wrapper's checks.
+    return torch.rms_norm(x, (x.size(-1),))
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: torch.Tensor
+) -> torch.Tensor:
+    """nanochat's rotate-half RoPE; ``neg_sin`` is ``-sin`` (exact), precomputed once."""
     d = x.shape[3] // 2
     x1, x2 = x[..., :d], x[..., d:]
-    y1 = x1 * cos + x2 * sin
-    y2 = x1 * (-sin) + x2 * cos
-    return torch.cat([y1, y2], 3)
+    return torch.cat([x1 * cos + x2 * sin, x1 * neg_sin + x2 * cos], 3)
 
 
 def rotary_tables(
@@ -50,60 +56,59 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.qk_scale = cfg.qk_scale
+        self.scale_qk = cfg.qk_scale != 1.0
+        self.qk_scale: float | torch.Tensor = cfg.qk_scale
         C = cfg.n_embd
         self.c_q = nn.Linear(C, cfg.n_head * cfg.head_dim, bias=False)
         self.c_k = nn.Linear(C, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_v = nn.Linear(C, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, C, bias=False)
         self.ve_channels = cfg.ve_gate_channels if layer in cfg.ve_layers else 0
-        self.ve_scale = cfg.ve_gate_scale
+        self.ve_scale: float | torch.Tensor = cfg.ve_gate_scale
         if self.ve_channels:
             self.ve_gate = nn.Linear(self.ve_channels, cfg.n_kv_head, bias=False)
         self.use_flash = False
-        self._qkv: RowLinear | None = None
+        self.products: tuple[Product, ...] = ()  # q, k, v, proj kernels; set by GPT.prepare
 
-    def fuse_qkv(self) -> None:
-        """One matrix-vector product for q, k and v: their rows stacked, so each output is the
-        same dot product as before (bit-identical) and the separate weights become views of it."""
-        fused = torch.cat([self.c_q.weight, self.c_k.weight, self.c_v.weight])
-        nq, nk = self.c_q.weight.shape[0], self.c_k.weight.shape[0]
-        for lin, part in zip((self.c_q, self.c_k, self.c_v), fused.split((nq, nk, nk)), strict=True):
-            lin.weight = nn.Parameter(part, requires_grad=False)
-        self._qkv = RowLinear(fused)
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k side by side as ``(B, T, H + Hkv, D)``, and v as ``(B, T, Hkv, D)``.
+
+        With q and k in one tensor, RoPE, QK-norm and the scale run once for both; every element
+        sees the same operations as when they run separately, so no bit changes.
+        """
+        B, T, _ = x.shape
+        D = self.head_dim
+        c_q, c_k, c_v, _ = self.products or (self.c_q, self.c_k, self.c_v, None)
+        q = c_q(x).view(B, T, self.n_head, D)
+        k = c_k(x).view(B, T, self.n_kv_head, D)
+        return torch.cat([q, k], dim=2), c_v(x).view(B, T, self.n_kv_head, D)
 
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         window: int,
         cache: KVCache | None,
         ve: torch.Tensor | None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        if self._qkv is not None:
-            nq, nk = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-            q, k, v = self._qkv(x).split((nq, nk, nk), dim=-1)
-        else:
-            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
-        q = q.view(B, T, self.n_head, self.head_dim)
-        k = k.view(B, T, self.n_kv_head, self.head_dim)
-        v = v.contiguous().view(B, T, self.n_kv_head, self.head_dim)
+        H = self.n_head
+        qk, v = self._qkv(x)
         if ve is not None:
             gate = self.ve_scale * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))
-            v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        q, k = norm(q), norm(k)
-        if self.qk_scale != 1.0:
-            q, k = q * self.qk_scale, k * self.qk_scale
+            v = v + gate.unsqueeze(-1) * ve.view(v.shape)
+        qk = norm(apply_rotary(qk, *rope))
+        if self.scale_qk:
+            qk = qk * self.qk_scale
+        q, k = qk[:, :, :H], qk[:, :, H:]
         if cache is None:
             y = sdpa_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window).transpose(
                 1, 2
             )
         else:
             y = self._cached(q, k, v, window, cache)
-        return self.c_proj(y.contiguous().view(B, T, -1))
+        c_proj = self.products[3] if self.products else self.c_proj
+        return c_proj(y.contiguous().view(B, T, -1))
 
     def _cached(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, cache: KVCache
@@ -113,7 +118,14 @@ class Attention(nn.Module):
         if self.use_flash:  # pragma: no cover - CUDA + flash-attn only
             seqlens = torch.full((q.size(0),), pos, dtype=torch.int32, device=q.device)
             return flash_attn_kvcache_fn()(
-                q, k_cache, v_cache, k=k, v=v, cache_seqlens=seqlens, causal=True, window_size=(window, 0)
+                q.contiguous(),
+                k_cache,
+                v_cache,
+                k=k.contiguous(),
+                v=v.contiguous(),
+                cache_seqlens=seqlens,
+                causal=True,
+                window_size=(window, 0),
             )
         k_cache[:, pos : pos + T] = k
         v_cache[:, pos : pos + T] = v
@@ -131,11 +143,14 @@ class MLP(nn.Module):
         if cfg.swiglu:
             self.c_gate = nn.Linear(cfg.n_embd, cfg.hidden_dim, bias=False)
         self.c_proj = nn.Linear(cfg.hidden_dim, cfg.n_embd, bias=False)
+        self.products: tuple[Product, ...] = ()  # fc, proj(, gate) kernels; set by GPT.prepare
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            return self.c_proj(F.silu(self.c_gate(x)) * self.c_fc(x))
-        return self.c_proj(F.relu(self.c_fc(x)).square())
+            c_fc, c_proj, c_gate = self.products or (self.c_fc, self.c_proj, self.c_gate)
+            return c_proj(F.silu(c_gate(x)) * c_fc(x))
+        c_fc, c_proj = self.products or (self.c_fc, self.c_proj)
+        return c_proj(F.relu(c_fc(x)).square())
 
 
 class Engram(nn.Module):
@@ -208,14 +223,14 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         window: int,
         cache: KVCache | None,
         ve: torch.Tensor | None,
     ) -> torch.Tensor:
-        out = x + self.attn(norm(x), cos, sin, window, cache, ve)
-        out = out + self.mlp(norm(out))
+        # .forward: no hooks are used, and nn.Module's call machinery costs ~2 us a call per token.
+        out = x + self.attn.forward(norm(x), rope, window, cache, ve)
+        out = out + self.mlp.forward(norm(out))
         has_engram = hasattr(self, "engram")
         if has_engram:
             hist = None
@@ -261,19 +276,59 @@ class GPT(nn.Module):
         self.windows = cfg.window_sizes()
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.register_buffer("neg_sin", torch.empty(0), persistent=False)
+        self.softcap: float | torch.Tensor = cfg.softcap
+        self._scalar_views: dict[str, list[torch.Tensor]] | None = None
+        self._layers: list[tuple[Block, int, torch.Tensor | None]] | None = None  # set by prepare
+        self._lm_head: Product | None = None  # the head's kernel; set by prepare
 
-    def prepare(self, device: torch.device, dtype: torch.dtype, decode_paths: bool = True) -> None:
-        """Finish a model whose weights were just attached: rotary tables and, unless
-        ``decode_paths`` is off, the bit-exact decode speed-ups (fused q/k/v, row-parallel GEMV)."""
+    def set_rotary(self, device: torch.device, dtype: torch.dtype) -> None:
         self.cos, self.sin = rotary_tables(self.config, device, dtype)
+        self.neg_sin = -self.sin
+
+    def prepare(self, device: torch.device, dtype: torch.dtype, gemv: str = "exact") -> None:
+        """Ready a model whose weights were just attached for inference: rotary tables, frozen
+        weights, scalars in their cheapest form, and the matrix-vector kernels of ``gemv``:
+        "exact", "fp16", "int8" (see :mod:`.gemv`), or "plain" for torch's own ``F.linear``.
+
+        Scalars cost more than the arithmetic in a one-token step: torch wraps a Python float into
+        a tensor on every op (~2 us), and indexing a parameter makes a view each time. So learned
+        scalars become views made once, and constants become 0-dim fp32 CPU tensors, which every
+        device takes as a host scalar with the same value a Python float gives."""
+        self.set_rotary(device, dtype)
         self.requires_grad_(False)
-        if not decode_paths:
-            return
+        self._scalar_views = {name: list(t.unbind(0)) for name, t in self._scalar_params().items()}
+        cfg = self.config
+        self.softcap = torch.tensor(cfg.softcap)
         for block in self.transformer.h:
-            block.attn.fuse_qkv()
+            block.attn.qk_scale = torch.tensor(cfg.qk_scale)
+            block.attn.ve_scale = torch.tensor(cfg.ve_gate_scale)
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                parallelize(module)
+                install_gemv(module, gemv)
+        for block in self.transformer.h:
+            a, mlp = block.attn, block.mlp
+            a.products = tuple(m.forward for m in (a.c_q, a.c_k, a.c_v, a.c_proj))
+            extra = (mlp.c_gate,) if mlp.swiglu else ()
+            mlp.products = tuple(m.forward for m in (mlp.c_fc, mlp.c_proj, *extra))
+        self._layers = self._layer_inputs()
+        self._lm_head = self.lm_head.forward
+
+    def _layer_inputs(self) -> list[tuple[Block, int, torch.Tensor | None]]:
+        """(block, window, value-embedding table or None) per layer."""
+        ve = self.config.ve_layers
+        return [
+            (block, self.windows[i], self.value_embeds[str(i)].weight if i in ve else None)
+            for i, block in enumerate(self.transformer.h)
+        ]
+
+    def _scalar_params(self) -> dict[str, torch.Tensor]:
+        names = ("resid_lambdas", "x0_lambdas", "bigram_lambdas", "smear_lambda", "backout_lambda")
+        return {n: getattr(self, n) for n in names if hasattr(self, n)}
+
+    def _scalars(self) -> dict[str, list[torch.Tensor]] | dict[str, torch.Tensor]:
+        """Learned scalars: views made once when prepared, the parameters themselves while training."""
+        return self._scalar_views if self._scalar_views is not None else self._scalar_params()
 
     @property
     def device(self) -> torch.device:
@@ -294,46 +349,51 @@ class GPT(nn.Module):
             raise ValueError(f"context of {pos + T} tokens exceeds the rotary table ({cfg.rope_len})")
         if cache is not None:
             cache.ensure_capacity(pos + T)
-        cos, sin = self.cos[:, pos : pos + T], self.sin[:, pos : pos + T]
-        x = norm(self.transformer.wte(idx).to(self.cos.dtype))
+        rope = (self.cos[:, pos : pos + T], self.sin[:, pos : pos + T], self.neg_sin[:, pos : pos + T])
+        scalars = self._scalars()
+        layers = self._layers or self._layer_inputs()
+        x = norm(F.embedding(idx, self.transformer.wte.weight))
         if cfg.has_smear:
-            x = self._smear(x, cache)
+            x = self._smear(x, cache, scalars["smear_lambda"][0])
         x0 = x
         bigram = self._bigram(idx, cache) if cfg.has_bigram else None
         backout = None
-        for i, block in enumerate(self.transformer.h):
+        for i, (block, window, ve_table) in enumerate(layers):
             if cfg.has_lambdas:
-                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+                x = scalars["resid_lambdas"][i] * x + scalars["x0_lambdas"][i] * x0
                 if bigram is not None:
-                    x = x + self.bigram_lambdas[i] * bigram
-            ve = self.value_embeds[str(i)](idx).to(x.dtype) if i in cfg.ve_layers else None
-            x = block(x, cos, sin, self.windows[i], cache, ve)
+                    x = x + scalars["bigram_lambdas"][i] * bigram
+            ve = F.embedding(idx, ve_table) if ve_table is not None else None
+            x = block.forward(x, rope, window, cache, ve)
             if cfg.has_smear and i == cfg.n_layer // 2:
                 backout = x
         if backout is not None:
-            x = x - self.backout_lambda * backout
+            x = x - scalars["backout_lambda"][0] * backout
         if cache is not None:
             cache.tokens[:, pos : pos + T] = idx
             cache.pos = pos + T
         x = norm(x)
         if last_only:
             x = x[:, -1:]
-        logits = self.lm_head(x)[..., : cfg.vocab_size].float()
-        return cfg.softcap * torch.tanh(logits / cfg.softcap)
+        logits = (self._lm_head or self.lm_head)(x)
+        if logits.size(-1) != cfg.vocab_size:
+            logits = logits[..., : cfg.vocab_size]
+        logits = logits.float()
+        return self.softcap * torch.tanh(logits / self.softcap)
 
-    def _smear(self, e: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    def _smear(self, e: torch.Tensor, cache: KVCache | None, lam: torch.Tensor) -> torch.Tensor:
         """E7: mix each position's embedding with the previous one's (pre-smear) embedding."""
         pos = 0 if cache is None else cache.pos
         if cache is not None and cache.embeds is not None:
             cache.embeds[:, pos : pos + e.size(1)] = e
-        prev = e[:, :-1]
         if pos > 0 and cache is not None and cache.embeds is not None:
-            prev = torch.cat([cache.embeds[:, pos - 1 : pos], prev], dim=1)
-            gated = self.smear_lambda * torch.sigmoid(self.smear_gate(e[..., :24])) * prev
-            return e + gated
+            prev = cache.embeds[:, pos - 1 : pos]
+            if e.size(1) > 1:
+                prev = torch.cat([prev, e[:, :-1]], dim=1)
+            return e + lam * torch.sigmoid(self.smear_gate(e[..., :24])) * prev
         if e.size(1) == 1:
             return e
-        gated = self.smear_lambda * torch.sigmoid(self.smear_gate(e[:, 1:, :24])) * prev
+        gated = lam * torch.sigmoid(self.smear_gate(e[:, 1:, :24])) * e[:, :-1]
         return torch.cat([e[:, :1], e[:, 1:] + gated], dim=1)
 
     def _bigram(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
@@ -347,4 +407,4 @@ class GPT(nn.Module):
             h = torch.empty_like(idx)
             h[:, 0] = mod
             h[:, 1:] = torch.bitwise_xor(36313 * idx[:, 1:], 27191 * idx[:, :-1]) % mod
-        return self.bigram_embed.embed(h).to(self.cos.dtype)
+        return F.embedding(h, self.bigram_embed.embed.weight)

@@ -72,7 +72,7 @@ def main() -> int:
     from desktop import paths
 
     paths.set_home(tempfile.mkdtemp(prefix="nanoscope-shots-"))
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    _app = QApplication.instance() or QApplication(sys.argv[:1])  # kept alive while rendering
     from desktop.app import build
 
     window = build()

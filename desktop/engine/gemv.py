@@ -1,0 +1,154 @@
+"""The matrix products of a decode step: exact (fp32, bit-identical to ``F.linear``) or fast.
+
+Decoding one token multiplies every weight matrix by one row, so a decode step is as fast as
+these matrix-vector products stream the weights. Three kinds replace ``nn.Linear.forward``:
+
+* :class:`ExactLinear` (fp32). With one input row, torch's CPU ``F.linear`` runs the BLAS GEMV on
+  one core, at about half the memory bandwidth two cores reach. Viewing the weight's rows as P
+  stacked blocks and calling ``bmm`` computes every output as the same dot product (same row,
+  same length, same BLAS kernel) on P OpenMP threads at once. That it really gives the same bits
+  is checked for each shape and thread count on first use, against ``F.linear`` itself; a shape
+  that differs keeps ``F.linear`` for good, so exact mode never trusts the claim blindly.
+* :class:`PackedFp16Linear` (fast mode on x86 CPUs): fp16 weights packed for fbgemm's
+  half-precision GEMM, fp32 activations and accumulation. Half the bytes per step, and closer
+  to fp32 than bf16 compute.
+* :class:`Int8Linear` (int8 mode on x86 CPUs): fbgemm's dynamic quantisation, int8 weights per
+  output channel and int8 activations per call.
+
+The fast kinds own their weights (packed), so the fp32 matrix can be freed after packing.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+# Below this size a split costs more (thread hand-off) than it saves.
+MIN_SPLIT_BYTES = 128 << 10
+# Blocks per thread: two balance better than one when a thread's block outlasts its cache.
+BLOCKS_PER_THREAD = 2
+
+_verdicts: dict[tuple, bool] = {}  # (rows, cols, blocks, dtype) -> bmm gave F.linear's bits
+
+
+def _blocks_for(rows: int, threads: int) -> int:
+    """The largest block count <= BLOCKS_PER_THREAD * ``threads`` dividing ``rows`` (1: no split)."""
+    for p in range(min(BLOCKS_PER_THREAD * threads, rows), 1, -1):
+        if rows % p == 0:
+            return p
+    return 1
+
+
+class ExactLinear:
+    """``F.linear(x, weight)`` for a bias-free fp32 weight; one-row CPU inputs use every thread."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+        self.weight_nbytes = weight.numel() * weight.element_size()
+        self.in_features = weight.shape[1]
+        self._split = (
+            weight.device.type == "cpu"
+            and weight.dtype == torch.float32
+            and self.weight_nbytes >= MIN_SPLIT_BYTES
+        )
+        # threads -> (blocks, the weight as (blocks, C, N / blocks), verified), or None: F.linear
+        self._plans: dict[int, tuple[int, torch.Tensor, bool] | None] = {}
+
+    def _plan(self, threads: int) -> tuple[int, torch.Tensor, bool] | None:
+        n, c = self.weight.shape
+        blocks = _blocks_for(n, threads) if self._split else 1
+        plan = None
+        if blocks > 1 and _verdicts.get((n, c, blocks, self.weight.dtype)) is not False:
+            view = self.weight.view(blocks, n // blocks, c).transpose(1, 2)
+            plan = (blocks, view, (n, c, blocks, self.weight.dtype) in _verdicts)
+        self._plans[threads] = plan
+        return plan
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != self.in_features:
+            return F.linear(x, self.weight)
+        threads = torch.get_num_threads()  # per thread in torch: Compare panes may differ
+        plan = self._plans[threads] if threads in self._plans else self._plan(threads)
+        if plan is None:
+            return F.linear(x, self.weight)
+        blocks, view, verified = plan
+        out = torch.bmm(x.view(1, 1, -1).expand(blocks, 1, -1), view).view(*x.shape[:-1], -1)
+        if verified:
+            return out
+        # First use of this shape and block count: keep the split only if it gave F.linear's bits.
+        reference = F.linear(x, self.weight)
+        same = torch.equal(out, reference)
+        _verdicts[(*self.weight.shape, blocks, self.weight.dtype)] = same
+        self._plans[threads] = (blocks, view, True) if same else None
+        return reference
+
+
+def fbgemm_available() -> bool:
+    """True where torch has fbgemm's packed fp16 and int8 kernels (x86 builds)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+class PackedFp16Linear:
+    """fp16 weights (fbgemm-packed), fp32 in and out; the fp32 weight is not kept."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.weight_nbytes = weight.numel() * 2
+        self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
+
+
+class Int8Linear:
+    """int8 weights (per output channel, symmetric), activations quantised per call by fbgemm."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.weight_nbytes = weight.numel()
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        with warnings.catch_warnings():
+            # torch flags its quantised tensor types as deprecated; fbgemm's kernels still need them.
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        self._packed = torch.ops.quantized.linear_prepack(q, None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self._packed)
+
+
+GEMV_KINDS = ("plain", "exact", "fp16", "int8")
+MIN_PACKED_SIDE = 64
+_PACKED = {"fp16": PackedFp16Linear, "int8": Int8Linear}
+
+
+def install_gemv(module: torch.nn.Linear, kind: str) -> None:
+    """Route a bias-free Linear through ``kind``'s kernel ("plain" keeps ``F.linear``).
+
+    The packed kinds take over the weight: the module's own ``weight`` becomes None so the fp32
+    matrix (often a memory-mapped page range) is released. The tiny gate matrices (a few rows or
+    columns) stay exact: packing them saves nothing.
+    """
+    if kind not in GEMV_KINDS:
+        raise ValueError(f"unknown matrix-vector kind {kind!r}")
+    if kind == "plain" or module.bias is not None:
+        module.__dict__.pop("forward", None)
+        return
+    weight = module.weight
+    if kind in _PACKED and min(weight.shape) >= MIN_PACKED_SIDE and weight.device.type == "cpu":
+        module.forward = _PACKED[kind](weight)  # an instance attribute shadows Linear.forward
+        module.register_parameter("weight", None)
+        return
+    module.forward = ExactLinear(weight)
+
+
+def weight_bytes(module: torch.nn.Linear) -> int:
+    """Bytes a product with this Linear streams, whichever kernel holds its weight."""
+    gemv = module.__dict__.get("forward")
+    if gemv is not None and hasattr(gemv, "weight_nbytes"):
+        return gemv.weight_nbytes
+    return module.weight.numel() * module.weight.element_size()
