@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from desktop import paths
+from desktop.engine.device import DEVICES, PRECISIONS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 THEMES = ("system", "light", "dark")
 
@@ -51,7 +52,17 @@ DEFAULTS: dict[str, Any] = {
 
 # MIGRATIONS[i] turns a version i+1 document into a version i+2 one (version 1 is the first).
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
-MIGRATIONS: list[Migration] = []
+
+
+def _fast_precision(doc: dict[str, Any]) -> dict[str, Any]:
+    """v1 -> v2: the picker's "Fast · bf16" became "Fast · 16-bit" ("fast"), the quickest 16-bit
+    form for the device: still bf16 on GPUs, fp16 weights with fp32 activations on x86 CPUs."""
+    if doc.get("dtype") == "bfloat16":
+        doc["dtype"] = "fast"
+    return doc
+
+
+MIGRATIONS: list[Migration] = [_fast_precision]
 
 
 def _check_type(key: str, value: Any, default: Any) -> Any:
@@ -102,8 +113,9 @@ def normalize(key: str, value: Any) -> Any:
         if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
             raise ValueError(f"setting {key!r} must map preset names to sampling values")
         return {name: _sampling(f"{key}[{name!r}]", v) for name, v in value.items()}
-    if key == "theme" and value not in THEMES:
-        raise ValueError(f"setting 'theme' must be one of {THEMES}, got {value!r}")
+    for name, allowed in (("theme", THEMES), ("dtype", PRECISIONS), ("device", DEVICES)):
+        if key == name and value not in allowed:
+            raise ValueError(f"setting {name!r} must be one of {allowed}, got {value!r}")
     return _check_type(key, value, DEFAULTS[key])
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from checkpoint_factory import (
     model_file,
     read_checkpoint,
@@ -25,6 +26,7 @@ from reference_model import reference_greedy
 from tokenizer_factory import make_tiktoken_encoding, write_evil_pickle
 
 from desktop.cli import main
+from desktop.engine.device import pick_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 ENC = make_tiktoken_encoding(300)  # what write_checkpoint pickles for vocab 300
@@ -315,3 +317,48 @@ def test_python_dash_m_desktop_generate(capsys, base):
     assert lines[-1]["done"] is True
     assert lines[-1]["ids"] == in_process["ids"] == [t["id"] for t in lines[:-1]]
     assert lines[-1]["ids"][-1] == SP("<|assistant_end|>")
+
+
+# ---------------------------------------------------------------------------------------------------
+# bench and devices
+
+BENCH_FIGURES = (
+    "load_s",
+    "ttft_ms",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "bytes_per_step",
+    "copy_gbs",
+    "read_gbs",
+    "matvec_gbs",
+    "mbu_matvec",
+    "rss_after_load_mb",
+    "rss_budget_mb",
+    "peak_rss_mb",
+    "turn_ttft_cached_ms",
+    "turn_ttft_full_ms",
+)
+
+
+@pytest.mark.parametrize(("dtype", "name"), [("float32", "float32"), ("fast", None)])
+def test_bench_reports_every_figure_and_ends_with_json(capsys, base, dtype, name):
+    ckpt = base / "chatsft_checkpoints" / "d4"
+    args = ["bench", str(ckpt), "--prompt-tokens", "8", "--new-tokens", "4", "--repeats", "1"]
+    code, out, err = run_cli(capsys, *args, "--dtype", dtype, "--top-k", "5", "--temperature", "0.5")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert len(lines) > len(BENCH_FIGURES)  # the readable table comes first
+    for key in BENCH_FIGURES:
+        assert result[key] > 0, key
+    assert result["prompt_tokens"] == 8 and result["new_tokens"] == 4
+    assert (result["temperature"], result["top_k"]) == (0.5, 5)
+    assert result["dtype"] == (name or pick_precision(torch.device("cpu"), "fast").name)
+    assert result["peak_rss_mb"] >= result["rss_after_load_mb"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_error_device_not_available(capsys, base):
+    ckpt = base / "chatsft_checkpoints" / "d4"
+    code, _, err = _generate(capsys, ckpt, "--device", "cuda")
+    assert "CUDA" in assert_one_error_line(code, err)

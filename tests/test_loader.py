@@ -6,6 +6,8 @@ and from the independent reference forward in ``reference_model``; nothing is re
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 import torch
 from checkpoint_factory import (
@@ -18,8 +20,13 @@ from checkpoint_factory import (
     read_checkpoint,
     write_checkpoint,
 )
+from checkpoint_factory import (
+    model_file as checkpoint_model_file,
+)
 from reference_model import layer_windows, reference_logits
 
+from desktop.engine import checkpoint as ckpt
+from desktop.engine import gemv
 from desktop.engine.loader import load_model
 
 # E6/E7 get a longer context so that their short window (128 for both, spec §1.4) is shorter than "L".
@@ -273,3 +280,53 @@ def test_last_only_gives_the_last_row(era_dirs, era):
         full, last = model(ids), model(ids, last_only=True)
     assert last.shape == (1, 1, 300)
     torch.testing.assert_close(last[0, 0], full[0, -1], atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# memory
+
+
+def _resident_bytes(path) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in pathlib.Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = len(fields) == 6 and fields[5] == str(path.resolve())
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_released_pages_leave_memory_and_keep_their_values(tmp_path):
+    cfg = default_config("E7", n_embd=256, vocab_size=4096)
+    path = checkpoint_model_file(write_checkpoint(tmp_path, "E7", cfg=cfg, tokenizer=None))
+    sd = ckpt.load_state_dict(path)
+    head = sd["lm_head.weight"]
+    before = head.sum().item()  # touches every page
+    resident = _resident_bytes(path)
+    release = ckpt.page_releaser(path)
+    dropped = release(head)
+    assert dropped >= head.numel() * 4 - 2 * 4096
+    assert _resident_bytes(path) <= resident - dropped + 4096
+    assert head.sum().item() == before  # read back from the file
+    anonymous = head.clone()
+    assert release(anonymous) == 0 and torch.equal(anonymous, head)
+
+
+def test_packed_precisions_load_within_the_checkpoint_budget(tmp_path):
+    """fp16/int8 packing reads every fp32 matrix; their pages are dropped as each is packed."""
+    cfg = default_config("E7", n_embd=256, vocab_size=4096)
+    path = checkpoint_model_file(write_checkpoint(tmp_path, "E7", cfg=cfg, tokenizer=None))
+    if not pathlib.Path("/proc/self/smaps").exists() or not gemv.fbgemm_available():
+        pytest.skip("needs Linux /proc and fbgemm")
+    loaded = load_model(path.parent, dtype="fast")
+    matrices = sum(
+        m.forward.weight_nbytes * 2
+        for m in loaded.model.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight is None
+    )
+    assert matrices > 0
+    # What stays mapped is the embeddings and gates, not the matrices that were packed.
+    assert _resident_bytes(path) <= path.stat().st_size - matrices + 64 * 4096

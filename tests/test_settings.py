@@ -174,3 +174,21 @@ def test_a_failed_save_leaves_the_old_file(monkeypatch: pytest.MonkeyPatch) -> N
         s.save()
     assert s.path.read_bytes() == before
     assert not s.path.with_name("settings.json.tmp").exists()
+
+
+def test_version_1_fast_bf16_becomes_fast() -> None:
+    path = write_file({"schema_version": 1, "dtype": "bfloat16", "theme": "dark"})
+    s = Settings()
+    assert s.get("dtype") == "fast" and s.get("theme") == "dark" and s.warnings == []
+    s.save()
+    assert json.loads(path.read_text(encoding="utf-8"))["schema_version"] == settings.SCHEMA_VERSION
+
+
+@pytest.mark.parametrize(("key", "bad"), [("dtype", "float8"), ("device", "tpu")])
+def test_unknown_precision_or_device_falls_back(key: str, bad: str) -> None:
+    write_file({"schema_version": settings.SCHEMA_VERSION, key: bad})
+    s = Settings()
+    assert s.get(key) == DEFAULTS[key]
+    assert len(s.warnings) == 1 and key in s.warnings[0]
+    with pytest.raises(ValueError, match=key):
+        s.set(key, bad)

@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -48,6 +49,13 @@ class IdsOnlyTokenizer:
 
 
 def peak_rss_bytes() -> int:
+    """The process's peak resident memory. On Linux VmHWM, because ``ru_maxrss`` survives exec
+    and so counts the parent's memory in a process started from a big one (a benchmark)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .errors import DeviceError
+
 if TYPE_CHECKING:
     import torch
 
@@ -37,11 +39,11 @@ def pick_device(preference: str = "auto") -> torch.device:
     import torch
 
     if preference not in DEVICES:
-        raise ValueError(f"unknown device {preference!r} (choose from {', '.join(DEVICES)})")
+        raise DeviceError(f"unknown device {preference!r} (choose from {', '.join(DEVICES)})")
     if preference == "cuda" and not torch.cuda.is_available():
-        raise ValueError("CUDA was requested but torch sees no CUDA device")
+        raise DeviceError("CUDA was requested but torch sees no CUDA device")
     if preference == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("MPS was requested but this torch build or machine has no MPS")
+        raise DeviceError("MPS was requested but this torch build or machine has no MPS")
     if preference != "auto":
         return torch.device(preference)
     if torch.cuda.is_available():
@@ -56,7 +58,7 @@ def pick_dtype(device: torch.device, preference: str = "auto") -> torch.dtype:
 
     if preference != "auto":
         if preference not in DTYPE_NAMES:
-            raise ValueError(f"unknown dtype {preference!r} (choose from auto, {', '.join(DTYPE_NAMES)})")
+            raise DeviceError(f"unknown dtype {preference!r} (choose from auto, {', '.join(DTYPE_NAMES)})")
         return getattr(torch, preference)
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
         return torch.bfloat16
@@ -69,11 +71,11 @@ def pick_precision(device: torch.device, preference: str = "auto") -> Precision:
     from .gemv import fbgemm_available
 
     if preference not in PRECISIONS:
-        raise ValueError(f"unknown precision {preference!r} (choose from {', '.join(PRECISIONS)})")
+        raise DeviceError(f"unknown precision {preference!r} (choose from {', '.join(PRECISIONS)})")
     cpu_packed = device.type == "cpu" and fbgemm_available()
     if preference == "int8":
         if not cpu_packed:
-            raise ValueError("int8 runs on the CPU of x86 machines only (torch's fbgemm kernels)")
+            raise DeviceError("int8 runs on the CPU of x86 machines only (torch's fbgemm kernels)")
         return Precision(torch.float32, "int8", "int8 weights")
     if preference == "fast":
         preference = "float16" if cpu_packed else "bfloat16"

@@ -19,6 +19,10 @@ class TokenizerError(NanoscopeError):
     """A tokenizer file is missing, unsafe, or does not fit the model."""
 
 
+class DeviceError(NanoscopeError, ValueError):
+    """The device or precision asked for is unknown or not available on this machine."""
+
+
 class ContextError(NanoscopeError):
     """A prompt does not fit the model's context."""
 

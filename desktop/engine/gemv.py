@@ -21,6 +21,7 @@ The fast kinds own their weights (packed), so the fp32 matrix can be freed after
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -126,12 +127,14 @@ MIN_PACKED_SIDE = 64
 _PACKED = {"fp16": PackedFp16Linear, "int8": Int8Linear}
 
 
-def install_gemv(module: torch.nn.Linear, kind: str) -> None:
+def install_gemv(
+    module: torch.nn.Linear, kind: str, release: Callable[[torch.Tensor], object] | None = None
+) -> None:
     """Route a bias-free Linear through ``kind``'s kernel ("plain" keeps ``F.linear``).
 
-    The packed kinds take over the weight: the module's own ``weight`` becomes None so the fp32
-    matrix (often a memory-mapped page range) is released. The tiny gate matrices (a few rows or
-    columns) stay exact: packing them saves nothing.
+    The packed kinds take over the weight: the module's own ``weight`` becomes None, and the fp32
+    matrix, which the model no longer needs, goes to ``release`` at once (to drop its pages from
+    memory before the next one is packed). Tiny gate matrices stay exact: packing saves nothing.
     """
     if kind not in GEMV_KINDS:
         raise ValueError(f"unknown matrix-vector kind {kind!r}")
@@ -142,6 +145,8 @@ def install_gemv(module: torch.nn.Linear, kind: str) -> None:
     if kind in _PACKED and min(weight.shape) >= MIN_PACKED_SIDE and weight.device.type == "cpu":
         module.forward = _PACKED[kind](weight)  # an instance attribute shadows Linear.forward
         module.register_parameter("weight", None)
+        if release is not None:
+            release(weight)
         return
     module.forward = ExactLinear(weight)
 

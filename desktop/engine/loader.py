@@ -143,8 +143,8 @@ def load_model(
         # Cast to the compute dtype (a no-op, hence no copy, for fp32 weights on CPU).
         wanted = {k: t.to(device=dev, dtype=compute) for k, t in wanted.items()}
         model.load_state_dict(wanted, strict=True, assign=True)
-        del sd, wanted  # packed kernels release the fp32 matrices only once nothing else holds them
-        model.prepare(dev, compute, precision.gemv)
+        del sd, wanted
+        model.prepare(dev, compute, precision.gemv, release=ckpt.page_releaser(model_path))
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise

@@ -51,6 +51,13 @@ def rotary_tables(
     return cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
 
 
+def embedding(rows: int, dim: int) -> nn.Embedding:
+    """An embedding table left uninitialised: weights always come from a checkpoint (or the demo
+    trainer's own init). On the meta device, where models are built before loading, Embedding's
+    default random init would import sympy: ~70 MB of resident memory and a second of loading."""
+    return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -252,7 +259,7 @@ class GPT(nn.Module):
         C, L = cfg.n_embd, cfg.n_layer
         self.transformer = nn.ModuleDict(
             {
-                "wte": nn.Embedding(cfg.embed_rows, C),
+                "wte": embedding(cfg.embed_rows, C),
                 "h": nn.ModuleList(Block(cfg, i) for i in range(L)),
             }
         )
@@ -262,12 +269,10 @@ class GPT(nn.Module):
             self.x0_lambdas = nn.Parameter(torch.zeros(L))
         if cfg.ve_layers:
             kvd = cfg.n_kv_head * cfg.head_dim
-            self.value_embeds = nn.ModuleDict(
-                {str(i): nn.Embedding(cfg.embed_rows, kvd) for i in cfg.ve_layers}
-            )
+            self.value_embeds = nn.ModuleDict({str(i): embedding(cfg.embed_rows, kvd) for i in cfg.ve_layers})
         if cfg.has_bigram:
             self.bigram_embed = nn.Module()
-            self.bigram_embed.embed = nn.Embedding(5 * cfg.vocab_size, C)
+            self.bigram_embed.embed = embedding(5 * cfg.vocab_size, C)
             self.bigram_lambdas = nn.Parameter(torch.zeros(L))
         if cfg.has_smear:
             self.smear_gate = nn.Linear(24, 1, bias=False)
@@ -286,7 +291,13 @@ class GPT(nn.Module):
         self.cos, self.sin = rotary_tables(self.config, device, dtype)
         self.neg_sin = -self.sin
 
-    def prepare(self, device: torch.device, dtype: torch.dtype, gemv: str = "exact") -> None:
+    def prepare(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        gemv: str = "exact",
+        release: Callable[[torch.Tensor], object] | None = None,
+    ) -> None:
         """Ready a model whose weights were just attached for inference: rotary tables, frozen
         weights, scalars in their cheapest form, and the matrix-vector kernels of ``gemv``:
         "exact", "fp16", "int8" (see :mod:`.gemv`), or "plain" for torch's own ``F.linear``.
@@ -294,7 +305,8 @@ class GPT(nn.Module):
         Scalars cost more than the arithmetic in a one-token step: torch wraps a Python float into
         a tensor on every op (~2 us), and indexing a parameter makes a view each time. So learned
         scalars become views made once, and constants become 0-dim fp32 CPU tensors, which every
-        device takes as a host scalar with the same value a Python float gives."""
+        device takes as a host scalar with the same value a Python float gives. Weights packed
+        into another form are handed to ``release`` one by one (see ``install_gemv``)."""
         self.set_rotary(device, dtype)
         self.requires_grad_(False)
         self._scalar_views = {name: list(t.unbind(0)) for name, t in self._scalar_params().items()}
@@ -305,7 +317,7 @@ class GPT(nn.Module):
             block.attn.ve_scale = torch.tensor(cfg.ve_gate_scale)
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                install_gemv(module, gemv)
+                install_gemv(module, gemv, release)
         for block in self.transformer.h:
             a, mlp = block.attn, block.mlp
             a.products = tuple(m.forward for m in (a.c_q, a.c_k, a.c_v, a.c_proj))
