@@ -39,7 +39,7 @@ from make_checkpoint import write_e7  # noqa: E402
 from nanochat_baseline import NanochatE7  # noqa: E402
 from perf_report import write_section  # noqa: E402
 
-from desktop.engine.bench import IdsOnlyTokenizer, decode_bytes_per_step, measure_bandwidth  # noqa: E402
+from desktop.engine.bench import IdsOnlyTokenizer, measure_bandwidth  # noqa: E402
 from desktop.engine.gemv import fbgemm_available  # noqa: E402
 from desktop.engine.generation import generate_columns  # noqa: E402
 from desktop.engine.kvcache import KVCache  # noqa: E402
@@ -94,7 +94,7 @@ def turn_ttft(model, g: torch.Generator, repeats: int = 3) -> dict[str, float]:
         t0 = time.perf_counter()
         list(generate_columns(model, IdsOnlyTokenizer(), follow, params))
         full.append(time.perf_counter() - t0)
-        cache = KVCache(model.config, 1, 1100, model.device, model.cos.dtype)
+        cache = KVCache(model.config, 1, 1100, model.device, model.compute_dtype)
         list(generate_columns(model, IdsOnlyTokenizer(), history, params, cache=cache))
         t0 = time.perf_counter()
         list(generate_columns(model, IdsOnlyTokenizer(), follow, params, cache=cache))
@@ -133,7 +133,7 @@ def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
             e.append(timed_tokens(ours(models["exact"], p, 1))[0])
         ttft["baseline"][n], ttft["exact"][n] = statistics.median(b) * 1000, statistics.median(e) * 1000
     turn = turn_ttft(models["exact"], g)
-    step_bytes = {name: decode_bytes_per_step(m) for name, m in models.items()}
+    step_bytes = {name: m.decode_bytes() for name, m in models.items()}
     return {
         "depth": depth,
         "params": sum(p.numel() for p in baseline.w.values()),

@@ -47,7 +47,7 @@ from desktop.engine.calculator import calculate
 from desktop.engine.classify import classify, expected_shapes
 from desktop.engine.config import ModelConfig, e7_config
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
-from desktop.engine.model import GPT, rotary_tables
+from desktop.engine.model import GPT
 from desktop.engine.tokenizer import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -929,7 +929,7 @@ def build_model(args: argparse.Namespace) -> GPT:
     model = GPT(cfg)
     init_weights(model)
     # Not GPT.prepare(): that readies a loaded model for inference (frozen weights, decode helpers).
-    model.cos, model.sin = rotary_tables(cfg, torch.device("cpu"), torch.float32)
+    model.set_rotary(torch.device("cpu"), torch.float32)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if shapes != expected_shapes(cfg):
         raise SystemExit("the state_dict's keys or shapes differ from what the loader expects")

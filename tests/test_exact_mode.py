@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from checkpoint_factory import default_config, write_checkpoint
 
 from desktop.engine import gemv
-from desktop.engine.bench import decode_bytes_per_step
 from desktop.engine.device import pick_precision
 from desktop.engine.kvcache import KVCache
 from desktop.engine.loader import load_model
@@ -55,7 +54,7 @@ def _checkpoint(tmp_path, era: str, n_layer: int = 2):
 @torch.inference_mode()
 def _decode(model, ids: torch.Tensor, prefill: int) -> list[torch.Tensor]:
     """Logits of a prefill of ``ids[:, :prefill]`` and then of one decode step per remaining id."""
-    cache = KVCache(model.config, 1, 8, model.device, model.cos.dtype)
+    cache = KVCache(model.config, 1, 8, model.device, model.compute_dtype)
     out = [model(ids[:, :prefill], cache)]
     out += [model(ids[:, t : t + 1], cache) for t in range(prefill, ids.size(1))]
     return out
@@ -146,7 +145,7 @@ def test_packed_modes_stay_close_to_exact(tmp_path, precision, kind, max_kl):
     lm_head = model.lm_head.forward
     assert model.lm_head.weight is None
     assert lm_head.weight_nbytes == exact.lm_head.weight.numel() * (2 if kind == "fp16" else 1)
-    assert decode_bytes_per_step(model) < decode_bytes_per_step(exact)
+    assert model.decode_bytes() < exact.decode_bytes()
     # These tiny random models are peaked on purpose (see checkpoint_factory), which makes int8's
     # activation rounding show far more than on trained models (docs/PERFORMANCE.md has both).
     ids = _ids(40, seed=1)

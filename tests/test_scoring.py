@@ -41,7 +41,7 @@ def _reply(session: ChatSession, text: str, n: int = 20) -> tuple[list[int], lis
 def _cached_logprobs(session: ChatSession, prompt: list[int], reply: list[int]) -> list[float]:
     """Each reply token's log-probability through the incremental (KV-cached) path."""
     model = session.model
-    cache = KVCache(model.config, 1, len(prompt) + len(reply), model.device, model.cos.dtype)
+    cache = KVCache(model.config, 1, len(prompt) + len(reply), model.device, model.compute_dtype)
     out = []
     with torch.inference_mode():
         logits = model(torch.tensor([prompt]), cache, last_only=True)[0, -1]

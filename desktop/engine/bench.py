@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .gemv import ExactLinear, weight_bytes
+from .gemv import ExactLinear
 from .generation import GenerationStats
 from .sampling import SamplingParams
 
@@ -103,17 +103,6 @@ def measure_bandwidth(device: torch.device, nbytes: int = 256 << 20) -> dict[str
     return {k: v / 1e9 for k, v in out.items()}
 
 
-def decode_bytes_per_step(model: torch.nn.Module) -> int:
-    """Bytes one decode step must stream: every Linear weight plus one row of each embedding."""
-    total = 0
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.Linear):
-            total += weight_bytes(mod)
-        elif isinstance(mod, torch.nn.Embedding):
-            total += mod.weight.shape[1] * mod.weight.element_size()
-    return total
-
-
 def _prompt(vocab_size: int, n: int, seed: int = 0) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     top = max(2, vocab_size - 16)  # stay clear of the special tokens at the end
@@ -180,7 +169,7 @@ def run_bench(args: argparse.Namespace) -> int:
     cached, full = turn_ttft(session, cfg.vocab_size, hist_len)
 
     bw = measure_bandwidth(dev)
-    step_bytes = decode_bytes_per_step(session.model)
+    step_bytes = session.model.decode_bytes()
     streamed_gbs = step_bytes * decode / 1e9
     file_bytes = loaded.model_file.stat().st_size
     result = {

@@ -1,7 +1,8 @@
 """The matrix products of a decode step: exact (fp32, bit-identical to ``F.linear``) or fast.
 
 Decoding one token multiplies every weight matrix by one row, so a decode step is as fast as
-these matrix-vector products stream the weights. Three kinds replace ``nn.Linear.forward``:
+these matrix-vector products stream the weights. Besides :class:`PlainLinear` (torch's own
+``F.linear``, the reference), three kinds replace ``nn.Linear.forward``:
 
 * :class:`ExactLinear` (fp32). With one input row, torch's CPU ``F.linear`` runs the BLAS GEMV on
   one core, at about half the memory bandwidth two cores reach. Viewing the weight's rows as P
@@ -122,38 +123,59 @@ class Int8Linear:
         return torch.ops.quantized.linear_dynamic(x, self._packed)
 
 
+class PlainLinear:
+    """torch's own ``F.linear``: the reference the other kinds are checked against."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+        self.weight_nbytes = weight.numel() * weight.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+KERNELS = (PlainLinear, ExactLinear, PackedFp16Linear, Int8Linear)
+Product = PlainLinear | ExactLinear | PackedFp16Linear | Int8Linear
 GEMV_KINDS = ("plain", "exact", "fp16", "int8")
-MIN_PACKED_SIDE = 64
-_PACKED = {"fp16": PackedFp16Linear, "int8": Int8Linear}
+_KERNELS = {"plain": PlainLinear, "exact": ExactLinear, "fp16": PackedFp16Linear, "int8": Int8Linear}
+MIN_PACKED_SIDE = 64  # gates (a dozen rows or columns) stay fp32: packing them saves nothing
 
 
-def install_gemv(
-    module: torch.nn.Linear, kind: str, release: Callable[[torch.Tensor], object] | None = None
-) -> None:
-    """Route a bias-free Linear through ``kind``'s kernel ("plain" keeps ``F.linear``).
+def packs(weight: torch.Tensor, kind: str) -> bool:
+    """Whether ``kind`` packs this weight into a form of its own (the fp32 matrix is then unused)."""
+    return kind in ("fp16", "int8") and weight.device.type == "cpu" and min(weight.shape) >= MIN_PACKED_SIDE
 
-    The packed kinds take over the weight: the module's own ``weight`` becomes None, and the fp32
-    matrix, which the model no longer needs, goes to ``release`` at once (to drop its pages from
-    memory before the next one is packed). Tiny gate matrices stay exact: packing saves nothing.
-    """
+
+def make_product(weight: torch.Tensor, kind: str) -> Product:
+    """The kernel computing ``x @ weight.T`` for ``kind`` (a bias-free weight)."""
     if kind not in GEMV_KINDS:
         raise ValueError(f"unknown matrix-vector kind {kind!r}")
-    if kind == "plain" or module.bias is not None:
-        module.__dict__.pop("forward", None)
-        return
+    if kind in ("fp16", "int8") and not packs(weight, kind):
+        kind = "exact"
+    return _KERNELS[kind](weight)
+
+
+Release = Callable[[torch.Tensor], object]
+
+
+def install_gemv(module: torch.nn.Linear, kind: str, release: Release | None = None) -> None:
+    """Route a bias-free Linear through ``kind``'s kernel.
+
+    A packing kind takes over the weight: the module's own ``weight`` becomes None, and the fp32
+    matrix, which the model no longer needs, goes to ``release`` at once (to drop its pages from
+    memory before the next one is packed).
+    """
     weight = module.weight
-    if kind in _PACKED and min(weight.shape) >= MIN_PACKED_SIDE and weight.device.type == "cpu":
-        module.forward = _PACKED[kind](weight)  # an instance attribute shadows Linear.forward
+    module.forward = make_product(weight, kind)  # an instance attribute shadows Linear.forward
+    if packs(weight, kind):
         module.register_parameter("weight", None)
         if release is not None:
             release(weight)
-        return
-    module.forward = ExactLinear(weight)
 
 
 def weight_bytes(module: torch.nn.Linear) -> int:
     """Bytes a product with this Linear streams, whichever kernel holds its weight."""
-    gemv = module.__dict__.get("forward")
-    if gemv is not None and hasattr(gemv, "weight_nbytes"):
-        return gemv.weight_nbytes
+    kernel = module.__dict__.get("forward")
+    if kernel is not None:
+        return kernel.weight_nbytes
     return module.weight.numel() * module.weight.element_size()

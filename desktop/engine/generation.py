@@ -151,7 +151,7 @@ def generate_columns(
     cfg = model.config
     budget = params.max_tokens if params.max_tokens is not None else cfg.sequence_len
     if cache is None:
-        cache = KVCache(cfg, 1, min(cfg.rope_len, len(prompt) + budget), device, model.cos.dtype)
+        cache = KVCache(cfg, 1, min(cfg.rope_len, len(prompt) + budget), device, model.compute_dtype)
     else:
         reuse_prefix(cache, prompt)
     start = cache.pos

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .attention import flash_attn_kvcache_fn, sdpa_attention
 from .config import ModelConfig
-from .gemv import install_gemv
+from .gemv import KERNELS, Release, install_gemv, make_product, packs, weight_bytes
 from .kvcache import KVCache
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
@@ -27,18 +27,21 @@ def norm(x: torch.Tensor) -> torch.Tensor:
     return torch.rms_norm(x, (x.size(-1),))
 
 
-def apply_rotary(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neg_sin: torch.Tensor
-) -> torch.Tensor:
-    """nanochat's rotate-half RoPE; ``neg_sin`` is ``-sin`` (exact), precomputed once."""
-    d = x.shape[3] // 2
-    x1, x2 = x[..., :d], x[..., d:]
-    return torch.cat([x1 * cos + x2 * sin, x1 * neg_sin + x2 * cos], 3)
+def apply_rotary(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """nanochat's rotate-half RoPE: ``y1 = x1*cos + x2*sin``, ``y2 = x1*(-sin) + x2*cos``.
+
+    ``rotation`` holds ``[[cos, sin], [-sin, cos]]`` per position (see :func:`rotary_tables`), so
+    the four products are one multiply and the two sums one reduction over a dimension of two.
+    Each output is still the sum of the same two rounded products (a sum of two floats rounds
+    once, whatever the accumulator), so the bits are nanochat's, in 2 ops instead of 9.
+    """
+    B, T, H, D = x.shape
+    halves = x.view(B, T, H, 1, 2, D // 2)
+    return (halves * rotation).sum(-2).view(B, T, H, D)
 
 
-def rotary_tables(
-    cfg: ModelConfig, device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``(1, rope_len, 1, 2, 2, head_dim / 2)``: ``[[cos, sin], [-sin, cos]]`` for every position."""
     hd = cfg.head_dim
     channel_range = torch.arange(0, hd, 2, dtype=torch.float32, device=device)
     inv_freq = 1.0 / (cfg.rope_base ** (channel_range / hd))
@@ -48,7 +51,9 @@ def rotary_tables(
     if cfg.rope_bf16:
         # nanochat keeps the tables in bf16 (E0-E5 and the fork); rounding them is part of the math.
         cos, sin = cos.bfloat16(), sin.bfloat16()
-    return cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    table = torch.stack([torch.stack([cos, sin], 1), torch.stack([-sin, cos], 1)], 1)
+    return table[None, :, None]
 
 
 def embedding(rows: int, dim: int) -> nn.Embedding:
@@ -75,7 +80,37 @@ class Attention(nn.Module):
         if self.ve_channels:
             self.ve_gate = nn.Linear(self.ve_channels, cfg.n_kv_head, bias=False)
         self.use_flash = False
-        self.products: tuple[Product, ...] = ()  # q, k, v, proj kernels; set by GPT.prepare
+        self.qkv: Product | None = None  # q|k|v as one matrix, once bound for inference
+        self.proj: Product | None = None
+
+    def bind(self, kind: str, release: Release | None) -> None:
+        """Install the kernels of ``kind``; q, k and v become one matrix.
+
+        One product instead of three per token, and q|k come out side by side, ready for RoPE and
+        the norm. Each output is the same dot product as before, so no bit changes. Fusing copies
+        the three matrices; the pages of the (memory-mapped) originals are then released, so
+        memory does not grow. "plain" keeps nanochat's three separate ``F.linear`` calls.
+        """
+        if kind != "plain":
+            parts = (self.c_q, self.c_k, self.c_v)
+            originals = [lin.weight for lin in parts]
+            fused = torch.cat(originals)
+            self.qkv = make_product(fused, kind)
+            views = fused.split([w.shape[0] for w in originals])
+            for lin, view in zip(parts, views, strict=True):
+                if packs(fused, kind):
+                    lin.register_parameter("weight", None)
+                else:  # state_dict and parameter counts still see q, k and v, now views of one matrix
+                    lin.weight = nn.Parameter(view, requires_grad=False)
+            for w in originals if release is not None else ():
+                release(w)
+        else:
+            for lin in (self.c_q, self.c_k, self.c_v):
+                install_gemv(lin, kind, release)
+        install_gemv(self.c_proj, kind, release)
+        self.proj = self.c_proj.forward
+        if self.ve_channels:
+            install_gemv(self.ve_gate, kind, release)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k side by side as ``(B, T, H + Hkv, D)``, and v as ``(B, T, Hkv, D)``.
@@ -84,16 +119,20 @@ class Attention(nn.Module):
         sees the same operations as when they run separately, so no bit changes.
         """
         B, T, _ = x.shape
-        D = self.head_dim
-        c_q, c_k, c_v, _ = self.products or (self.c_q, self.c_k, self.c_v, None)
-        q = c_q(x).view(B, T, self.n_head, D)
-        k = c_k(x).view(B, T, self.n_kv_head, D)
-        return torch.cat([q, k], dim=2), c_v(x).view(B, T, self.n_kv_head, D)
+        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        if self.qkv is not None:
+            out = self.qkv(x)
+            return out[..., : (H + Hkv) * D].view(B, T, H + Hkv, D), out[..., (H + Hkv) * D :].view(
+                B, T, Hkv, D
+            )
+        q = self.c_q(x).view(B, T, H, D)
+        k = self.c_k(x).view(B, T, Hkv, D)
+        return torch.cat([q, k], dim=2), self.c_v(x).view(B, T, Hkv, D)
 
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        rope: torch.Tensor,
         window: int,
         cache: KVCache | None,
         ve: torch.Tensor | None,
@@ -104,7 +143,7 @@ class Attention(nn.Module):
         if ve is not None:
             gate = self.ve_scale * torch.sigmoid(self.ve_gate(x[..., : self.ve_channels]))
             v = v + gate.unsqueeze(-1) * ve.view(v.shape)
-        qk = norm(apply_rotary(qk, *rope))
+        qk = norm(apply_rotary(qk, rope))
         if self.scale_qk:
             qk = qk * self.qk_scale
         q, k = qk[:, :, :H], qk[:, :, H:]
@@ -114,8 +153,7 @@ class Attention(nn.Module):
             )
         else:
             y = self._cached(q, k, v, window, cache)
-        c_proj = self.products[3] if self.products else self.c_proj
-        return c_proj(y.contiguous().view(B, T, -1))
+        return (self.proj or self.c_proj)(y.contiguous().view(B, T, -1))
 
     def _cached(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, cache: KVCache
@@ -230,7 +268,7 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        rope: torch.Tensor,
         window: int,
         cache: KVCache | None,
         ve: torch.Tensor | None,
@@ -279,24 +317,22 @@ class GPT(nn.Module):
             self.smear_lambda = nn.Parameter(torch.zeros(1))
             self.backout_lambda = nn.Parameter(torch.zeros(1))
         self.windows = cfg.window_sizes()
-        self.register_buffer("cos", torch.empty(0), persistent=False)
-        self.register_buffer("sin", torch.empty(0), persistent=False)
-        self.register_buffer("neg_sin", torch.empty(0), persistent=False)
+        self.register_buffer("rotation", torch.empty(0), persistent=False)
         self.softcap: float | torch.Tensor = cfg.softcap
         self._scalar_views: dict[str, list[torch.Tensor]] | None = None
         self._layers: list[tuple[Block, int, torch.Tensor | None]] | None = None  # set by prepare
         self._lm_head: Product | None = None  # the head's kernel; set by prepare
 
     def set_rotary(self, device: torch.device, dtype: torch.dtype) -> None:
-        self.cos, self.sin = rotary_tables(self.config, device, dtype)
-        self.neg_sin = -self.sin
+        self.rotation = rotary_tables(self.config, device, dtype)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The activations' dtype (also the KV cache's)."""
+        return self.rotation.dtype
 
     def prepare(
-        self,
-        device: torch.device,
-        dtype: torch.dtype,
-        gemv: str = "exact",
-        release: Callable[[torch.Tensor], object] | None = None,
+        self, device: torch.device, dtype: torch.dtype, gemv: str = "exact", release: Release | None = None
     ) -> None:
         """Ready a model whose weights were just attached for inference: rotary tables, frozen
         weights, scalars in their cheapest form, and the matrix-vector kernels of ``gemv``:
@@ -315,12 +351,14 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             block.attn.qk_scale = torch.tensor(cfg.qk_scale)
             block.attn.ve_scale = torch.tensor(cfg.ve_gate_scale)
+        for block in self.transformer.h:
+            block.attn.bind(gemv, release)
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            bound = isinstance(module.__dict__.get("forward"), KERNELS)
+            if isinstance(module, nn.Linear) and module.weight is not None and not bound:
                 install_gemv(module, gemv, release)
         for block in self.transformer.h:
-            a, mlp = block.attn, block.mlp
-            a.products = tuple(m.forward for m in (a.c_q, a.c_k, a.c_v, a.c_proj))
+            mlp = block.mlp
             extra = (mlp.c_gate,) if mlp.swiglu else ()
             mlp.products = tuple(m.forward for m in (mlp.c_fc, mlp.c_proj, *extra))
         self._layers = self._layer_inputs()
@@ -342,6 +380,18 @@ class GPT(nn.Module):
         """Learned scalars: views made once when prepared, the parameters themselves while training."""
         return self._scalar_views if self._scalar_views is not None else self._scalar_params()
 
+    def decode_bytes(self) -> int:
+        """Bytes one decode step reads from weights: every matrix once, one row of each embedding."""
+        fused = [b.attn for b in self.transformer.h if b.attn.qkv is not None]
+        covered = {id(lin) for a in fused for lin in (a.c_q, a.c_k, a.c_v)}
+        total = sum(a.qkv.weight_nbytes for a in fused)
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and id(module) not in covered:
+                total += weight_bytes(module)
+            elif isinstance(module, nn.Embedding):
+                total += module.weight.shape[1] * module.weight.element_size()
+        return total
+
     @property
     def device(self) -> torch.device:
         return self.transformer.wte.weight.device
@@ -361,7 +411,7 @@ class GPT(nn.Module):
             raise ValueError(f"context of {pos + T} tokens exceeds the rotary table ({cfg.rope_len})")
         if cache is not None:
             cache.ensure_capacity(pos + T)
-        rope = (self.cos[:, pos : pos + T], self.sin[:, pos : pos + T], self.neg_sin[:, pos : pos + T])
+        rope = self.rotation[:, pos : pos + T]
         scalars = self._scalars()
         layers = self._layers or self._layer_inputs()
         x = norm(F.embedding(idx, self.transformer.wte.weight))

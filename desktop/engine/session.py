@@ -80,7 +80,7 @@ class ChatSession:
         """One tiny forward so the first reply does not pay for kernel selection and allocations."""
         with torch.inference_mode():
             ids = torch.zeros(1, 2, dtype=torch.long, device=self.model.device)
-            cache = KVCache(self.model.config, 1, 4, self.model.device, self.model.cos.dtype)
+            cache = KVCache(self.model.config, 1, 4, self.model.device, self.model.compute_dtype)
             self.model(ids, cache, last_only=True)
             self.model(ids[:, :1], cache, last_only=True)
 
@@ -113,7 +113,7 @@ class ChatSession:
         if not reuse_cache or self._cache is None:
             cfg = self.model.config
             cap = min(cfg.rope_len, len(prompt) + (params.max_tokens or cfg.sequence_len))
-            self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.cos.dtype)
+            self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
         yield from stream_reply(
             self.model, self.tok, prompt, params, cache=self._cache, cancel=cancel, stats=stats
         )
