@@ -18,6 +18,7 @@ from reference_model import layer_windows, reference_greedy, reference_logits
 
 from desktop.engine.kvcache import KVCache
 from desktop.engine.loader import load_model
+from desktop.engine.model import rotary_tables
 
 ATOL = 1e-4
 NEW_TOKENS = 10
@@ -159,3 +160,25 @@ def test_replicated_rows_continue_like_row_zero(eras, era):
         torch.testing.assert_close(same[i], original, atol=ATOL, rtol=0)
         expected = full_logits(model, [*prompt, 9, nexts[i]])[-1]
         torch.testing.assert_close(apart[i], expected, atol=ATOL, rtol=0)
+
+
+@torch.inference_mode()
+def test_rotary_rows_grow_on_demand_with_the_same_values(eras):
+    """The rotary table starts short and grows as decoding goes past it; the rows it grows are
+    the ones the full table (nanochat's 10x sequence_len) holds."""
+    model = eras["E7"][0]
+    cfg = model.config
+    full = rotary_tables(cfg, model.device, model.compute_dtype, cfg.rope_len)
+    ids = torch.tensor([random_ids(30, seed=11)])
+    model.set_rotary(model.device, model.compute_dtype, length=8)
+    try:
+        cache = new_cache(model)
+        grown = [model(ids[:, :4], cache)] + [model(ids[:, t : t + 1], cache) for t in range(4, 30)]
+        assert model.rotation.size(1) >= 30
+        assert torch.equal(model.rotation, full[:, : model.rotation.size(1)])
+    finally:
+        model.set_rotary(model.device, model.compute_dtype)
+    cache = new_cache(model)
+    whole = [model(ids[:, :4], cache)] + [model(ids[:, t : t + 1], cache) for t in range(4, 30)]
+    for a, b in zip(grown, whole, strict=True):
+        assert torch.equal(a, b)

@@ -37,6 +37,7 @@ class KVCache:
         shape = (cfg.n_layer, batch, capacity, cfg.n_kv_head, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self._split_layers()
         self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=device)
         self.embeds = (
             torch.zeros(batch, capacity, cfg.n_embd, device=device, dtype=dtype) if cfg.has_smear else None
@@ -45,6 +46,10 @@ class KVCache:
             i: torch.zeros(batch, capacity, cfg.engram_dim, device=device, dtype=dtype)
             for i in cfg.engram_layers
         }
+
+    def _split_layers(self) -> None:
+        # Per-layer views made once: indexing ``k[layer]`` would make a new view every step.
+        self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         out = {"k": self.k, "v": self.v, "tokens": self.tokens}
@@ -69,6 +74,7 @@ class KVCache:
 
         self.k = grown(self.k, 2)
         self.v = grown(self.v, 2)
+        self._split_layers()
         self.tokens = grown(self.tokens, 1)
         if self.embeds is not None:
             self.embeds = grown(self.embeds, 1)

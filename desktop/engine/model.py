@@ -40,12 +40,13 @@ def apply_rotary(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     return (halves * rotation).sum(-2).view(B, T, H, D)
 
 
-def rotary_tables(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``(1, rope_len, 1, 2, 2, head_dim / 2)``: ``[[cos, sin], [-sin, cos]]`` for every position."""
+def rotary_tables(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, length: int) -> torch.Tensor:
+    """``(1, length, 1, 2, 2, head_dim / 2)``: ``[[cos, sin], [-sin, cos]]`` for positions
+    ``0 .. length-1`` (each row depends on its position alone, so any length gives the same rows)."""
     hd = cfg.head_dim
     channel_range = torch.arange(0, hd, 2, dtype=torch.float32, device=device)
     inv_freq = 1.0 / (cfg.rope_base ** (channel_range / hd))
-    t = torch.arange(cfg.rope_len, dtype=torch.float32, device=device)
+    t = torch.arange(length, dtype=torch.float32, device=device)
     freqs = torch.outer(t, inv_freq)
     cos, sin = freqs.cos(), freqs.sin()
     if cfg.rope_bf16:
@@ -159,7 +160,7 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, cache: KVCache
     ) -> torch.Tensor:
         pos, T = cache.pos, q.size(1)
-        k_cache, v_cache = cache.k[self.layer], cache.v[self.layer]
+        k_cache, v_cache = cache.k_layers[self.layer], cache.v_layers[self.layer]
         if self.use_flash:  # pragma: no cover - CUDA + flash-attn only
             seqlens = torch.full((q.size(0),), pos, dtype=torch.int32, device=q.device)
             return flash_attn_kvcache_fn()(
@@ -323,8 +324,12 @@ class GPT(nn.Module):
         self._layers: list[tuple[Block, int, torch.Tensor | None]] | None = None  # set by prepare
         self._lm_head: Product | None = None  # the head's kernel; set by prepare
 
-    def set_rotary(self, device: torch.device, dtype: torch.dtype) -> None:
-        self.rotation = rotary_tables(self.config, device, dtype)
+    def set_rotary(self, device: torch.device, dtype: torch.dtype, length: int | None = None) -> None:
+        """Rotary rows for ``length`` positions (default: twice the training context; nanochat's
+        10x is reached by growing on demand, which keeps ~80% of the table out of memory)."""
+        cfg = self.config
+        length = min(cfg.rope_len, length or 2 * cfg.sequence_len)
+        self.rotation = rotary_tables(cfg, device, dtype, length)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -411,6 +416,10 @@ class GPT(nn.Module):
             raise ValueError(f"context of {pos + T} tokens exceeds the rotary table ({cfg.rope_len})")
         if cache is not None:
             cache.ensure_capacity(pos + T)
+        if pos + T > self.rotation.size(1):
+            self.set_rotary(
+                self.rotation.device, self.rotation.dtype, max(pos + T, 2 * self.rotation.size(1))
+            )
         rope = self.rotation[:, pos : pos + T]
         scalars = self._scalars()
         layers = self._layers or self._layer_inputs()
