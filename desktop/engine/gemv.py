@@ -36,7 +36,10 @@ _verdicts: dict[tuple, bool] = {}  # (rows, cols, blocks, dtype) -> bmm gave F.l
 
 
 def _blocks_for(rows: int, threads: int) -> int:
-    """The largest block count <= BLOCKS_PER_THREAD * ``threads`` dividing ``rows`` (1: no split)."""
+    """The largest block count <= BLOCKS_PER_THREAD * ``threads`` dividing ``rows`` (1: no split,
+    as with a single thread, where blocks would only run one after another)."""
+    if threads < 2:
+        return 1
     for p in range(min(BLOCKS_PER_THREAD * threads, rows), 1, -1):
         if rows % p == 0:
             return p
