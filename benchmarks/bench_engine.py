@@ -211,6 +211,18 @@ def markdown(results: list[dict], bw: dict, meta: dict) -> str:
     return "\n".join(lines)
 
 
+def cpu_name() -> str:
+    """The processor's model name and the widest vector ISA torch uses on it."""
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--depths", default="4,8,12,20")
@@ -231,7 +243,7 @@ def main() -> int:
     after = measure_bandwidth(cpu)
     bw = {k: (before[k] + after[k]) / 2 for k in before}
     meta = {
-        "machine": f"{platform.machine()} ({platform.processor() or 'CPU'})",
+        "machine": cpu_name(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%d"),
