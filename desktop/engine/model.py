@@ -416,10 +416,10 @@ class GPT(nn.Module):
             raise ValueError(f"context of {pos + T} tokens exceeds the rotary table ({cfg.rope_len})")
         if cache is not None:
             cache.ensure_capacity(pos + T)
-        if pos + T > self.rotation.size(1):
-            self.set_rotary(
-                self.rotation.device, self.rotation.dtype, max(pos + T, 2 * self.rotation.size(1))
-            )
+        # Rows for the whole cache at once, so memory grows when a cache is made, not mid-reply.
+        needed = pos + T if cache is None else max(pos + T, cache.capacity)
+        if needed > self.rotation.size(1):
+            self.set_rotary(self.rotation.device, self.rotation.dtype, max(needed, 2 * self.rotation.size(1)))
         rope = self.rotation[:, pos : pos + T]
         scalars = self._scalars()
         layers = self._layers or self._layer_inputs()
