@@ -97,7 +97,7 @@ def test_exact_linear_gives_f_linear_bits(small_splits, threads, rows, n_threads
     weight = torch.randn(rows, 192, generator=g)
     product = gemv.ExactLinear(weight)
     with torch.inference_mode():
-        for shape in [(1, 192), (1, 1, 192), (3, 192), (2, 5, 192)]:
+        for shape in [(1, 192), (1, 1, 192), (1, 1, 1, 192), (3, 192), (2, 5, 192)]:
             for _ in range(3):  # the first call checks the split against F.linear; later ones use it
                 x = torch.randn(shape, generator=g)
                 assert torch.equal(product(x), F.linear(x, weight))

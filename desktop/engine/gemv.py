@@ -72,14 +72,15 @@ class ExactLinear:
         return plan
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() != self.in_features:
+        if x.numel() != self.in_features or x.dim() > 3:
             return F.linear(x, self.weight)
         threads = torch.get_num_threads()  # per thread in torch: Compare panes may differ
         plan = self._plans[threads] if threads in self._plans else self._plan(threads)
         if plan is None:
             return F.linear(x, self.weight)
         blocks, view, verified = plan
-        out = torch.bmm(x.view(1, 1, -1).expand(blocks, 1, -1), view).view(*x.shape[:-1], -1)
+        # expand adds the block dimension to a (1, C) or (1, 1, C) row without copying it
+        out = torch.bmm(x.expand(blocks, 1, self.in_features), view).view(*x.shape[:-1], -1)
         if verified:
             return out
         # First use of this shape and block count: keep the split only if it gave F.linear's bits.
