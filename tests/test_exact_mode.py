@@ -108,9 +108,10 @@ def test_exact_linear_splits_across_threads(small_splits, threads):
     product = gemv.ExactLinear(torch.randn(4096, 64))
     with torch.inference_mode():
         product(torch.randn(1, 64))
-    blocks, _view, verified = product._plans[2]
+    blocks, _view = product._plans[2]
     # On this machine's BLAS the split gives F.linear's bits, so it is kept after its check.
-    assert blocks == 2 * gemv.BLOCKS_PER_THREAD and verified
+    assert blocks == 2 * gemv.BLOCKS_PER_THREAD
+    assert gemv._verdicts[(4096, 64, blocks, torch.float32)] is True
 
 
 def test_a_split_that_changed_bits_is_never_used(small_splits, threads, monkeypatch):

@@ -8,7 +8,7 @@ these matrix-vector products stream the weights. Besides :class:`PlainLinear` (t
   one core, at about half the memory bandwidth two cores reach. Viewing the weight's rows as P
   stacked blocks and calling ``bmm`` computes every output as the same dot product (same row,
   same length, same BLAS kernel) on P OpenMP threads at once. That it really gives the same bits
-  is checked for each shape and thread count on first use, against ``F.linear`` itself; a shape
+  is checked for each shape and block count on first use, against ``F.linear`` itself; a shape
   that differs keeps ``F.linear`` for good, so exact mode never trusts the claim blindly.
 * :class:`PackedFp16Linear` (fast mode on x86 CPUs): fp16 weights packed for fbgemm's
   half-precision GEMM, fp32 activations and accumulation. Half the bytes per step, and closer
@@ -32,7 +32,7 @@ MIN_SPLIT_BYTES = 128 << 10
 # Blocks per thread: two balance better than one when a thread's block outlasts its cache.
 BLOCKS_PER_THREAD = 2
 
-_verdicts: dict[tuple, bool] = {}  # (rows, cols, blocks, dtype) -> bmm gave F.linear's bits
+_verdicts: dict[tuple, bool] = {}  # (rows, cols, blocks, dtype) -> the split gives F.linear's bits
 
 
 def _blocks_for(rows: int, threads: int) -> int:
@@ -44,6 +44,18 @@ def _blocks_for(rows: int, threads: int) -> int:
         if rows % p == 0:
             return p
     return 1
+
+
+def _split_matches(weight: torch.Tensor, blocks: int) -> bool:
+    """Whether the row split gives ``F.linear``'s bits for this shape on this machine's BLAS.
+
+    The summation order depends on the shapes, not on the values, so one random row decides it;
+    a real activation could be all zeros and prove nothing.
+    """
+    n, c = weight.shape
+    probe = torch.randn(1, 1, c, generator=torch.Generator().manual_seed(0), dtype=weight.dtype)
+    split = torch.bmm(probe.expand(blocks, 1, c), weight.view(blocks, n // blocks, c).transpose(1, 2))
+    return torch.equal(split.view(1, 1, n), F.linear(probe, weight))
 
 
 class ExactLinear:
@@ -58,16 +70,19 @@ class ExactLinear:
             and weight.dtype == torch.float32
             and self.weight_nbytes >= MIN_SPLIT_BYTES
         )
-        # threads -> (blocks, the weight as (blocks, C, N / blocks), verified), or None: F.linear
-        self._plans: dict[int, tuple[int, torch.Tensor, bool] | None] = {}
+        # threads -> (blocks, the weight as (blocks, C, N / blocks)), or None: F.linear
+        self._plans: dict[int, tuple[int, torch.Tensor] | None] = {}
 
-    def _plan(self, threads: int) -> tuple[int, torch.Tensor, bool] | None:
+    def _plan(self, threads: int) -> tuple[int, torch.Tensor] | None:
         n, c = self.weight.shape
         blocks = _blocks_for(n, threads) if self._split else 1
-        plan = None
-        if blocks > 1 and _verdicts.get((n, c, blocks, self.weight.dtype)) is not False:
-            view = self.weight.view(blocks, n // blocks, c).transpose(1, 2)
-            plan = (blocks, view, (n, c, blocks, self.weight.dtype) in _verdicts)
+        key = (n, c, blocks, self.weight.dtype)
+        if blocks > 1 and key not in _verdicts:
+            with torch.inference_mode():
+                _verdicts[key] = _split_matches(self.weight, blocks)
+        plan = (
+            (blocks, self.weight.view(blocks, n // blocks, c).transpose(1, 2)) if _verdicts.get(key) else None
+        )
         self._plans[threads] = plan
         return plan
 
@@ -78,17 +93,9 @@ class ExactLinear:
         plan = self._plans[threads] if threads in self._plans else self._plan(threads)
         if plan is None:
             return F.linear(x, self.weight)
-        blocks, view, verified = plan
+        blocks, view = plan
         # expand adds the block dimension to a (1, C) or (1, 1, C) row without copying it
-        out = torch.bmm(x.expand(blocks, 1, self.in_features), view).view(*x.shape[:-1], -1)
-        if verified:
-            return out
-        # First use of this shape and block count: keep the split only if it gave F.linear's bits.
-        reference = F.linear(x, self.weight)
-        same = torch.equal(out, reference)
-        _verdicts[(*self.weight.shape, blocks, self.weight.dtype)] = same
-        self._plans[threads] = (blocks, view, True) if same else None
-        return reference
+        return torch.bmm(x.expand(blocks, 1, self.in_features), view).view(*x.shape[:-1], -1)
 
 
 def fbgemm_available() -> bool:
