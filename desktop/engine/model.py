@@ -123,9 +123,8 @@ class Attention(nn.Module):
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         if self.qkv is not None:
             out = self.qkv(x)
-            return out[..., : (H + Hkv) * D].view(B, T, H + Hkv, D), out[..., (H + Hkv) * D :].view(
-                B, T, Hkv, D
-            )
+            qk, v = out[..., : (H + Hkv) * D], out[..., (H + Hkv) * D :]
+            return qk.view(B, T, H + Hkv, D), v.view(B, T, Hkv, D)
         q = self.c_q(x).view(B, T, H, D)
         k = self.c_k(x).view(B, T, Hkv, D)
         return torch.cat([q, k], dim=2), self.c_v(x).view(B, T, Hkv, D)
@@ -345,18 +344,18 @@ class GPT(nn.Module):
 
         Scalars cost more than the arithmetic in a one-token step: torch wraps a Python float into
         a tensor on every op (~2 us), and indexing a parameter makes a view each time. So learned
-        scalars become views made once, and constants become 0-dim fp32 CPU tensors, which every
-        device takes as a host scalar with the same value a Python float gives. Weights packed
-        into another form are handed to ``release`` one by one (see ``install_gemv``)."""
+        scalars become views made once, and on the CPU constants become 0-dim fp32 tensors, which
+        torch takes as a scalar with the same value a Python float gives. Weights packed into
+        another form are handed to ``release`` one by one (see ``install_gemv``)."""
         self.set_rotary(device, dtype)
         self.requires_grad_(False)
         self._scalar_views = {name: list(t.unbind(0)) for name, t in self._scalar_params().items()}
         cfg = self.config
-        self.softcap = torch.tensor(cfg.softcap)
+        # Off the CPU a Python float is cheap next to a kernel launch, and stays the safe choice.
+        host = torch.tensor if device.type == "cpu" else float
+        self.softcap = host(cfg.softcap)
         for block in self.transformer.h:
-            block.attn.qk_scale = torch.tensor(cfg.qk_scale)
-            block.attn.ve_scale = torch.tensor(cfg.ve_gate_scale)
-        for block in self.transformer.h:
+            block.attn.qk_scale, block.attn.ve_scale = host(cfg.qk_scale), host(cfg.ve_gate_scale)
             block.attn.bind(gemv, release)
         for module in self.modules():
             bound = isinstance(module.__dict__.get("forward"), KERNELS)
