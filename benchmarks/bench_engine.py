@@ -39,12 +39,12 @@ from make_checkpoint import write_e7  # noqa: E402
 from nanochat_baseline import NanochatE7  # noqa: E402
 from perf_report import write_section  # noqa: E402
 
-from desktop.engine.bench import IdsOnlyTokenizer, measure_bandwidth  # noqa: E402
+from desktop.engine.bench import IdsOnlyTokenizer, measure_bandwidth, turn_ttft  # noqa: E402
 from desktop.engine.gemv import fbgemm_available  # noqa: E402
 from desktop.engine.generation import generate_columns  # noqa: E402
-from desktop.engine.kvcache import KVCache  # noqa: E402
 from desktop.engine.loader import load_model  # noqa: E402
 from desktop.engine.sampling import SamplingParams  # noqa: E402
+from desktop.engine.session import ChatSession  # noqa: E402
 
 STEP = 1000
 TEMPERATURE, TOP_K, SEED = 0.8, 50, 1
@@ -85,23 +85,6 @@ def decode_rounds(contenders: dict, prompt: list[int], new: int, repeats: int) -
     return out
 
 
-def turn_ttft(model, g: torch.Generator, repeats: int = 3) -> dict[str, float]:
-    history = torch.randint(0, 32000, (1000,), generator=g).tolist()
-    follow = history + torch.randint(0, 32000, (20,), generator=g).tolist()
-    params = SamplingParams(temperature=0.0, max_tokens=1)
-    full, cached = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        list(generate_columns(model, IdsOnlyTokenizer(), follow, params))
-        full.append(time.perf_counter() - t0)
-        cache = KVCache(model.config, 1, 1100, model.device, model.compute_dtype)
-        list(generate_columns(model, IdsOnlyTokenizer(), history, params, cache=cache))
-        t0 = time.perf_counter()
-        list(generate_columns(model, IdsOnlyTokenizer(), follow, params, cache=cache))
-        cached.append(time.perf_counter() - t0)
-    return {"full_ms": statistics.median(full) * 1000, "cached_ms": statistics.median(cached) * 1000}
-
-
 def load_figures(ckpt: Path, dtype: str) -> dict:
     """``nanoscope bench`` in a fresh process: load time and memory, nothing else running."""
     cmd = [sys.executable, "-m", "desktop", "bench", str(ckpt), "--dtype", dtype, "--json"]
@@ -112,7 +95,8 @@ def load_figures(ckpt: Path, dtype: str) -> dict:
 
 def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
     ckpt = write_e7(base, depth, STEP)
-    models = {"exact": load_model(ckpt, dtype="float32").model, "fast": load_model(ckpt, dtype="fast").model}
+    exact = load_model(ckpt, dtype="float32")
+    models = {"exact": exact.model, "fast": load_model(ckpt, dtype="fast").model}
     if fbgemm_available():
         models["int8"] = load_model(ckpt, dtype="int8").model
     baseline = NanochatE7(ckpt, STEP)
@@ -132,7 +116,9 @@ def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
             b.append(timed_tokens(theirs(baseline, p, 1))[0])
             e.append(timed_tokens(ours(models["exact"], p, 1))[0])
         ttft["baseline"][n], ttft["exact"][n] = statistics.median(b) * 1000, statistics.median(e) * 1000
-    turn = turn_ttft(models["exact"], g)
+    session = ChatSession(exact, IdsOnlyTokenizer(exact.config.vocab_size))
+    cached, full = turn_ttft(session, exact.config.vocab_size, history_len=1000)
+    turn = {"full_ms": full, "cached_ms": cached}
     step_bytes = {name: m.decode_bytes() for name, m in models.items()}
     return {
         "depth": depth,

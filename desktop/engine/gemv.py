@@ -145,10 +145,9 @@ class PlainLinear:
         return F.linear(x, self.weight)
 
 
-KERNELS = (PlainLinear, ExactLinear, PackedFp16Linear, Int8Linear)
 Product = PlainLinear | ExactLinear | PackedFp16Linear | Int8Linear
-GEMV_KINDS = ("plain", "exact", "fp16", "int8")
 _KERNELS = {"plain": PlainLinear, "exact": ExactLinear, "fp16": PackedFp16Linear, "int8": Int8Linear}
+GEMV_KINDS = tuple(_KERNELS)
 MIN_PACKED_SIDE = 64  # gates (a dozen rows or columns) stay fp32: packing them saves nothing
 
 

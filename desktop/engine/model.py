@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .attention import flash_attn_kvcache_fn, sdpa_attention
 from .config import ModelConfig
-from .gemv import KERNELS, Release, install_gemv, make_product, packs, weight_bytes
+from .gemv import Release, install_gemv, make_product, packs, weight_bytes
 from .kvcache import KVCache
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
@@ -188,7 +188,14 @@ class MLP(nn.Module):
         if cfg.swiglu:
             self.c_gate = nn.Linear(cfg.n_embd, cfg.hidden_dim, bias=False)
         self.c_proj = nn.Linear(cfg.hidden_dim, cfg.n_embd, bias=False)
-        self.products: tuple[Product, ...] = ()  # fc, proj(, gate) kernels; set by GPT.prepare
+        self.products: tuple[Product, ...] = ()  # fc, proj(, gate) kernels, once bound for inference
+
+    def bind(self, kind: str, release: Release | None) -> None:
+        """Install the kernels of ``kind`` (see ``Attention.bind``)."""
+        linears = (self.c_fc, self.c_proj, self.c_gate) if self.swiglu else (self.c_fc, self.c_proj)
+        for lin in linears:
+            install_gemv(lin, kind, release)
+        self.products = tuple(lin.forward for lin in linears)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
@@ -354,17 +361,15 @@ class GPT(nn.Module):
         # Off the CPU a Python float is cheap next to a kernel launch, and stays the safe choice.
         host = torch.tensor if device.type == "cpu" else float
         self.softcap = host(cfg.softcap)
+        bound: set[int] = set()  # the Linears attention and MLP installed themselves
         for block in self.transformer.h:
             block.attn.qk_scale, block.attn.ve_scale = host(cfg.qk_scale), host(cfg.ve_gate_scale)
-            block.attn.bind(gemv, release)
-        for module in self.modules():
-            bound = isinstance(module.__dict__.get("forward"), KERNELS)
-            if isinstance(module, nn.Linear) and module.weight is not None and not bound:
+            for part in (block.attn, block.mlp):
+                part.bind(gemv, release)
+                bound.update(map(id, part.modules()))
+        for module in self.modules():  # the head, the gates, Engram and mHC
+            if isinstance(module, nn.Linear) and id(module) not in bound:
                 install_gemv(module, gemv, release)
-        for block in self.transformer.h:
-            mlp = block.mlp
-            extra = (mlp.c_gate,) if mlp.swiglu else ()
-            mlp.products = tuple(m.forward for m in (mlp.c_fc, mlp.c_proj, *extra))
         self._layers = self._layer_inputs()
         self._lm_head = self.lm_head.forward
 
