@@ -122,9 +122,11 @@ def turn_ttft(session, vocab_size: int, history_len: int, repeats: int = 3) -> t
     history = _prompt(vocab_size, history_len, seed=1)
     follow = history + _prompt(vocab_size, 20, seed=2)
     one = SamplingParams(temperature=0.0, max_tokens=1)
+    # The previous turn's reply, as in a chat: its cache then has room for the next message.
+    reply = SamplingParams(temperature=0.0, max_tokens=21)
     cached, full = [], []
     for _ in range(repeats):
-        _run(session, history, one, reuse=False)
+        _run(session, history, reply, reuse=False)
         cached.append(_run(session, follow, one, reuse=True).ttft_ms)
         full.append(_run(session, follow, one, reuse=False).ttft_ms)
     return statistics.median(cached), statistics.median(full)
