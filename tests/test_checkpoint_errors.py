@@ -166,6 +166,25 @@ def test_non_finite_values(tmp_path, key, value):
     assert str(path) in message and key in message and "NaN/Inf" in message
 
 
+def test_huge_finite_values_whose_sum_overflows_still_load(tmp_path):
+    """The finite check sums each tensor first; an overflowing sum is not taken for a NaN/Inf."""
+    cfg = default_config("E7")
+    ckpt = write_checkpoint(tmp_path, "E7", cfg=cfg, tokenizer=None)
+    shape = (cfg.n_embd, 4 * cfg.n_embd)  # mlp.c_proj
+    add_key(ckpt, "transformer.h.0.mlp.c_proj.weight", torch.full(shape, 3e38))  # its sum overflows
+    assert load(ckpt).model.transformer.h[0].mlp.c_proj.weight.isfinite().all()
+
+
+@pytest.mark.parametrize(
+    ("precision", "key"), [("fast", "lm_head.weight"), ("int8", "transformer.h.1.attn.c_q.weight")]
+)
+def test_non_finite_values_are_refused_before_packing(tmp_path, precision, key):
+    ckpt = write_checkpoint(tmp_path, "E7", tokenizer=None)
+    path = set_nan(ckpt, key)
+    message = failure(CheckpointError, load, ckpt, dtype=precision)
+    assert str(path) in message and key in message
+
+
 @pytest.mark.parametrize("variant", UNSUPPORTED_VARIANTS)
 def test_branch_only_variants_are_unsupported(tmp_path, variant):
     ckpt = write_checkpoint(tmp_path, variant, tokenizer=None)
