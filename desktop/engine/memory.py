@@ -2,24 +2,25 @@
 
 The Compare view loads one model per pane, so a user picking four 1.9B checkpoints should hear
 *before* loading that they need ~30 GB. Estimates come from :class:`CheckpointSummary` (meta and
-tensor shapes, no weights). Free memory is read from the OS without importing torch; GPU memory
-is asked of torch only when torch is already imported (the worker threads import it), because
-importing it here would cost the GUI thread seconds.
+tensor shapes, no weights). Free RAM comes from psutil (no torch import); GPU memory is asked of
+torch only when torch is already imported (the worker threads import it), because importing it
+here would cost the GUI thread seconds.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
+import logging
 import sys
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+import psutil
 
 if TYPE_CHECKING:
     from .discovery import CheckpointSummary
 
-MEMINFO = Path("/proc/meminfo")
+logger = logging.getLogger(__name__)
+
 # Bytes per parameter by precision. On the CPU "float16", "fast" and "int8" pack weights from
 # the fp32 file (see engine.device), so loading passes through 4 bytes a parameter.
 _GPU_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fast": 2}
@@ -27,26 +28,15 @@ _CPU_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def available_ram() -> int | None:
-    """Bytes of RAM a new allocation can get without swapping, or None when unknown.
+    """Bytes of RAM a new allocation can get without swapping, or None when the OS will not say.
 
-    Linux: ``MemAvailable`` (free plus reclaimable cache). macOS: the whole ``hw.memsize``, since
-    its compressor and cache make "free" meaningless. Elsewhere: free physical pages.
+    psutil's ``available`` is the OS's own estimate on every platform (Linux ``MemAvailable``,
+    macOS free + inactive pages, Windows available physical memory), never the total installed.
     """
     try:
-        for line in MEMINFO.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    if sys.platform == "darwin":
-        try:
-            out = subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, timeout=2)
-            return int(out.stdout.strip())
-        except (OSError, ValueError, subprocess.SubprocessError):
-            pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
+        return int(psutil.virtual_memory().available)
+    except (OSError, psutil.Error) as error:
+        logger.warning("Cannot read the free memory, so the memory check is off: %s", error)
         return None
 
 
