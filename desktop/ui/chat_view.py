@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..engine.messages import Message, TokenEvent
-from . import theme
+from . import icons, theme
 from .message_widget import MessageWidget
 
 BATCH = 40  # message widgets built at once
@@ -114,7 +114,7 @@ class ChatView(QWidget):
 
         self.jump_btn = QToolButton(self)
         self.jump_btn.setObjectName("JumpToBottom")
-        self.jump_btn.setIcon(theme.icon("arrow-down", theme.colors().text, 18))
+        self.jump_btn.setIcon(icons.icon("arrow-down", theme.colors().text, 18))
         self.jump_btn.setIconSize(QSize(18, 18))
         self.jump_btn.setFixedSize(34, 34)
         self.jump_btn.setToolTip("Jump to the latest message")
@@ -133,7 +133,7 @@ class ChatView(QWidget):
         lay.addStretch(1)
         self.placeholder_icon = QLabel()
         self.placeholder_icon.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.placeholder_icon.setPixmap(theme.avatar("assistant", theme.is_dark(), 44))
+        self.placeholder_icon.setPixmap(icons.avatar("assistant", theme.is_dark(), 44))
         title = QLabel(PLACEHOLDER)
         title.setObjectName("PlaceholderTitle")
         title.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -339,8 +339,8 @@ class ChatView(QWidget):
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange:
-            self.placeholder_icon.setPixmap(theme.avatar("assistant", theme.is_dark(), 44))
-            self.jump_btn.setIcon(theme.icon("arrow-down", theme.colors().text, 18))
+            self.placeholder_icon.setPixmap(icons.avatar("assistant", theme.is_dark(), 44))
+            self.jump_btn.setIcon(icons.icon("arrow-down", theme.colors().text, 18))
 
 
 def _same(a: Message, b: Message) -> bool:

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import theme
+from . import icons, theme, widgets
 
 # Int8 needs torch's fbgemm kernels, which x86 builds carry; asking torch would mean importing it.
 PRECISIONS = (("Auto", "auto"), ("Exact · fp32", "float32"), ("Fast · 16-bit", "fast")) + (
@@ -119,7 +119,7 @@ class CheckpointPicker(QFrame):
         self.open_btn.setToolTip("Pick any folder holding model_<step>.pt and meta_<step>.json")
         self.open_btn.setAccessibleName("Open checkpoint folder")
 
-        self.summary = theme.ElidedLabel("No checkpoint selected")
+        self.summary = widgets.ElidedLabel("No checkpoint selected")
         self.summary.setObjectName("Summary")
         self.summary.setAccessibleName("Checkpoint summary")
         self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -132,7 +132,7 @@ class CheckpointPicker(QFrame):
         self.progress.hide()
 
         icon_label = QLabel()
-        icon_label.setPixmap(theme.avatar("assistant", theme.is_dark(), 22))
+        icon_label.setPixmap(icons.avatar("assistant", theme.is_dark(), 22))
         self._icon_label = icon_label
         row = QHBoxLayout(self)
         row.setContentsMargins(12, 8, 12, 8)
@@ -274,8 +274,8 @@ class CheckpointPicker(QFrame):
             self.folder_chosen.emit(Path(folder))
 
     def _refresh_icons(self) -> None:
-        self.open_btn.setIcon(theme.icon("folder", theme.colors().text))
-        self._icon_label.setPixmap(theme.avatar("assistant", theme.is_dark(), 22))
+        self.open_btn.setIcon(icons.icon("folder", theme.colors().text))
+        self._icon_label.setPixmap(icons.avatar("assistant", theme.is_dark(), 22))
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)

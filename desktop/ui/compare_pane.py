@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..engine.messages import TokenEvent
-from . import theme
+from . import theme, widgets
 from .checkpoint_picker import SOURCE_NAMES, human_params
 from .token_view import TokenRecord, TokenView
 
@@ -106,9 +106,9 @@ class ComparePane(QFrame):
         self.step.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.load_btn = QPushButton("Load")
         self.load_btn.setObjectName("Primary")
-        self.remove_btn = theme.flat_button("close", "Remove this pane")
+        self.remove_btn = widgets.flat_button("close", "Remove this pane")
 
-        self.summary = theme.ElidedLabel("Pick a checkpoint and press Load")
+        self.summary = widgets.ElidedLabel("Pick a checkpoint and press Load")
         self.summary.setObjectName("Muted")
         self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.progress = QProgressBar()
@@ -134,7 +134,7 @@ class ComparePane(QFrame):
         self.view.clear_tokens("The reply appears here.")
         self.stats = QLabel()
         self.stats.setObjectName("Muted")
-        self.score = theme.ElidedLabel()
+        self.score = widgets.ElidedLabel()
         self.score.setObjectName("Muted")
         self.score.hide()
 

@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..compare_controller import LETTERS, MAX_PANES, MIN_PANES, CompareController, DiffSpan
-from . import theme
+from . import theme, widgets
 from .checkpoint_picker import SOURCE_NAMES
 from .compare_pane import SEED_MAX, ComparePane
 from .error_banner import ErrorBanner
@@ -189,7 +189,7 @@ class CompareView(QWidget):
         self.seed = QSpinBox()
         self.seed.setRange(0, SEED_MAX)
         self.seed.setToolTip("Seed shared by every pane: same seed, same random draws")
-        self.dice = theme.flat_button("dice", "New random seed")
+        self.dice = widgets.flat_button("dice", "New random seed")
         title = QLabel("Shared sampling")
         title.setObjectName("SectionTitle")
         lay = QHBoxLayout(row)

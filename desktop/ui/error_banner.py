@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QToolButton, QVBoxLayout, QWidget
 
-from . import theme
+from . import icons, theme, widgets
 
 DETAILS_MAX_LINES = 8  # then the details scroll
 SEVERITY_ICONS = {"error": "error", "warning": "warning", "info": "info"}
@@ -29,9 +29,9 @@ class ErrorBanner(QFrame):
 
         self.icon = QLabel()
         self.icon.setFixedSize(18, 18)
-        self.title = theme.ElidedLabel()
+        self.title = widgets.ElidedLabel()
         self.title.setObjectName("BannerTitle")
-        self.message = theme.ElidedLabel()
+        self.message = widgets.ElidedLabel()
         self.message.setAccessibleName("Message")
         self.more = QToolButton()
         self.more.setObjectName("Flat")
@@ -41,7 +41,7 @@ class ErrorBanner(QFrame):
         self.more.setIconSize(QSize(14, 14))
         self.more.setToolTip("Show the technical details")
         self.more.setAccessibleName("Show details")
-        self.close_btn = theme.flat_button("close", "Dismiss")
+        self.close_btn = widgets.flat_button("close", "Dismiss")
         self.details = QPlainTextEdit()
         self.details.setObjectName("BannerDetails")
         self.details.setReadOnly(True)
@@ -101,9 +101,9 @@ class ErrorBanner(QFrame):
     def _refresh_icons(self) -> None:
         c = theme.colors()
         color = {"error": c.error, "warning": c.warning}.get(self.level, c.info)
-        self.icon.setPixmap(theme.icon(SEVERITY_ICONS.get(self.level, "info"), color, 18).pixmap(18, 18))
-        self.more.setIcon(theme.icon("chevron-up" if self.more.isChecked() else "chevron-down", c.muted))
-        theme.retint_flat_buttons(self)
+        self.icon.setPixmap(icons.icon(SEVERITY_ICONS.get(self.level, "info"), color, 18).pixmap(18, 18))
+        self.more.setIcon(icons.icon("chevron-up" if self.more.isChecked() else "chevron-down", c.muted))
+        widgets.retint_flat_buttons(self)
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)

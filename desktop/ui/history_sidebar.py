@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import theme
+from . import icons, theme
 
 UNDO_MS = 8000
 MARK_START, MARK_END = "\x02", "\x03"  # the store wraps search matches in these
@@ -347,8 +347,8 @@ class HistorySidebar(QFrame):
 
     def _refresh_icons(self) -> None:
         c = theme.colors()
-        self.new_btn.setIcon(theme.icon("plus", c.on_accent))
-        self.search_icon.setIcon(theme.icon("search", c.muted))
+        self.new_btn.setIcon(icons.icon("plus", c.on_accent))
+        self.search_icon.setIcon(icons.icon("search", c.muted))
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import theme
+from . import icons, theme
 
 MAX_VISIBLE_LINES = 8
 COLUMN_MAX_WIDTH = 860  # the chat column's width, so the box lines up with the messages
@@ -200,8 +200,8 @@ class InputBox(QFrame):
 
     def _refresh_icons(self) -> None:
         c = theme.colors()
-        self.send_btn.setIcon(theme.icon("send", c.on_accent))
-        self.stop_btn.setIcon(theme.icon("stop", c.on_accent))
+        self.send_btn.setIcon(icons.icon("send", c.on_accent))
+        self.stop_btn.setIcon(icons.icon("stop", c.on_accent))
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:
         if obj is self.editor and event.type() in (QEvent.Type.FocusIn, QEvent.Type.FocusOut):

@@ -41,7 +41,7 @@ from ..engine.messages import (
     Message,
     TokenEvent,
 )
-from . import theme
+from . import icons, theme, widgets
 from .markdown_render import COPY_CODE_SCHEME, render_markdown, render_plain, render_raw_tokens
 
 RENDER_INTERVAL_MS = 50
@@ -242,7 +242,7 @@ class ToolCallBlock(QFrame):
 
     def refresh_colors(self) -> None:
         label = theme.tool_colors(theme.is_dark()).label
-        self.icon.setPixmap(theme.icon("calculator", label, 16).pixmap(16, 16))
+        self.icon.setPixmap(icons.icon("calculator", label, 16).pixmap(16, 16))
 
     def update_segment(self, segment: Segment, streaming: bool) -> None:
         self.expression = segment.body
@@ -274,7 +274,7 @@ class FoldBlock(QFrame):
         self.preview = QLabel()
         self.preview.setObjectName("ThoughtPreview")
         self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.toggle = theme.flat_button("chevron-down", "Show or hide")
+        self.toggle = widgets.flat_button("chevron-down", "Show or hide")
         self.toggle.setAccessibleName(f"Show {self.title.text()}")
         header.addWidget(self.icon)
         header.addWidget(self.title)
@@ -307,11 +307,11 @@ class FoldBlock(QFrame):
         c = theme.colors()
         color = c.muted if self.kind == THOUGHT else theme.tool_colors(theme.is_dark()).label
         self.icon.setPixmap(
-            theme.icon("thought" if self.kind == THOUGHT else "code", color, 16).pixmap(16, 16)
+            icons.icon("thought" if self.kind == THOUGHT else "code", color, 16).pixmap(16, 16)
         )
         chevron = "chevron-up" if self._open else "chevron-down"
         self.toggle.setProperty("icon_name", chevron)
-        self.toggle.setIcon(theme.icon(chevron, c.muted))
+        self.toggle.setIcon(icons.icon(chevron, c.muted))
 
     def set_open(self, open_: bool) -> None:
         self._open = open_
@@ -471,17 +471,17 @@ class MessageWidget(QFrame):
         header.setSpacing(8)
         self.avatar = QLabel()
         self.avatar.setFixedSize(AVATAR, AVATAR)
-        self.avatar.setPixmap(theme.avatar(role, theme.is_dark(), AVATAR))
+        self.avatar.setPixmap(icons.avatar(role, theme.is_dark(), AVATAR))
         self.role_label = QLabel(ROLE_NAMES.get(role, role))
         self.role_label.setObjectName("RoleLabel")
         header.addWidget(self.avatar)
         header.addWidget(self.role_label)
         header.addStretch(1)
 
-        self.prev_btn = theme.flat_button("chevron-left", "Previous version")
+        self.prev_btn = widgets.flat_button("chevron-left", "Previous version")
         self.branch_label = QLabel()
         self.branch_label.setObjectName("Muted")
-        self.next_btn = theme.flat_button("chevron-right", "Next version")
+        self.next_btn = widgets.flat_button("chevron-right", "Next version")
         self.prev_btn.clicked.connect(lambda: self.branch_requested.emit(-1))
         self.next_btn.clicked.connect(lambda: self.branch_requested.emit(1))
         for w in (self.prev_btn, self.branch_label, self.next_btn):
@@ -491,21 +491,21 @@ class MessageWidget(QFrame):
         actions = QHBoxLayout(self.actions)
         actions.setContentsMargins(6, 0, 0, 0)
         actions.setSpacing(2)
-        self.raw_btn = theme.flat_button("tokens", "Show raw tokens", checkable=True)
+        self.raw_btn = widgets.flat_button("tokens", "Show raw tokens", checkable=True)
         self.raw_btn.toggled.connect(self._show_raw)
         self.raw_btn.hide()
-        self.copy_btn = theme.flat_button("copy", "Copy message")
+        self.copy_btn = widgets.flat_button("copy", "Copy message")
         self.copy_btn.clicked.connect(self._copy)
         actions.addWidget(self.raw_btn)
         actions.addWidget(self.copy_btn)
         self.regenerate_btn: QToolButton | None = None
         self.edit_btn: QToolButton | None = None
         if role == "assistant":
-            self.regenerate_btn = theme.flat_button("refresh", "Regenerate (keeps this version)")
+            self.regenerate_btn = widgets.flat_button("refresh", "Regenerate (keeps this version)")
             self.regenerate_btn.clicked.connect(self.regenerate_requested)
             actions.addWidget(self.regenerate_btn)
         elif role == "user":
-            self.edit_btn = theme.flat_button("edit", "Edit and resend (keeps this version)")
+            self.edit_btn = widgets.flat_button("edit", "Edit and resend (keeps this version)")
             self.edit_btn.clicked.connect(self.start_edit)
             actions.addWidget(self.edit_btn)
         policy = self.actions.sizePolicy()
@@ -663,11 +663,11 @@ class MessageWidget(QFrame):
 
     def _copy(self) -> None:
         self.copy_requested.emit(copy_text(self.message))
-        self.copy_btn.setIcon(theme.icon("check", theme.colors().success))
+        self.copy_btn.setIcon(icons.icon("check", theme.colors().success))
         self._copied_timer.start()
 
     def _restore_copy_icon(self) -> None:
-        self.copy_btn.setIcon(theme.icon("copy", theme.colors().muted))
+        self.copy_btn.setIcon(icons.icon("copy", theme.colors().muted))
 
     def start_edit(self) -> None:
         """Swap the user message for an inline editor (Save sends it as a new branch)."""
@@ -694,6 +694,6 @@ class MessageWidget(QFrame):
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and theme.is_dark() != self._dark_rendered:
-            self.avatar.setPixmap(theme.avatar(self.message.role, theme.is_dark(), AVATAR))
-            theme.retint_flat_buttons(self)
+            self.avatar.setPixmap(icons.avatar(self.message.role, theme.is_dark(), AVATAR))
+            widgets.retint_flat_buttons(self)
             self.flush()

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import theme
+from . import icons, theme, widgets
 
 SEED_MAX = 2**31 - 1
 EXPANDED_MIN_WIDTH = 270
@@ -225,7 +225,7 @@ class SamplingPanel(QFrame):
 
         self.title = QLabel("Parameters")
         self.title.setObjectName("PanelTitle")
-        self.collapse_btn = theme.flat_button("chevron-right", "Hide the parameters panel")
+        self.collapse_btn = widgets.flat_button("chevron-right", "Hide the parameters panel")
         self.collapse_btn.clicked.connect(lambda: self.set_collapsed(not self.is_collapsed()))
         header = QHBoxLayout()
         header.setContentsMargins(14, 10, 8, 6)
@@ -305,9 +305,9 @@ class SamplingPanel(QFrame):
         self.preset_box.setToolTip("Apply a set of sampling values")
         self.preset_box.setPlaceholderText("Custom")
         self.preset_box.activated.connect(self._on_preset_activated)
-        self.save_preset_btn = theme.flat_button("plus", "Save the current values as a preset…")
+        self.save_preset_btn = widgets.flat_button("plus", "Save the current values as a preset…")
         self.save_preset_btn.clicked.connect(self._ask_preset_name)
-        self.delete_preset_btn = theme.flat_button("close", "Delete this preset")
+        self.delete_preset_btn = widgets.flat_button("close", "Delete this preset")
         self.delete_preset_btn.clicked.connect(self._delete_current_preset)
         row = QHBoxLayout()
         row.setSpacing(4)
@@ -331,7 +331,7 @@ class SamplingPanel(QFrame):
         self.lock_btn.setToolTip(
             "Locked: every reply uses this seed.\nUnlocked: a new random seed for each reply."
         )
-        self.random_btn = theme.flat_button("dice", "Pick a new random seed")
+        self.random_btn = widgets.flat_button("dice", "Pick a new random seed")
         self.seed_box.valueChanged.connect(lambda _seed: self._changed())
         self.lock_btn.toggled.connect(self._on_lock)
         self.random_btn.clicked.connect(lambda: self.seed_box.setValue(random.randint(0, SEED_MAX)))
@@ -386,7 +386,7 @@ class SamplingPanel(QFrame):
         locked = self.lock_btn.isChecked()
         self.lock_btn.setText("Locked" if locked else "Random")
         self.lock_btn.setProperty("icon_name", "lock" if locked else "unlock")
-        self.lock_btn.setIcon(theme.icon("lock" if locked else "unlock", theme.colors().muted))
+        self.lock_btn.setIcon(icons.icon("lock" if locked else "unlock", theme.colors().muted))
 
     def _changed(self) -> None:
         if self._quiet:
@@ -493,7 +493,7 @@ class SamplingPanel(QFrame):
         self.setMaximumWidth(COLLAPSED_WIDTH if collapsed else 16777215)
         icon = "chevron-left" if collapsed else "chevron-right"
         self.collapse_btn.setProperty("icon_name", icon)
-        self.collapse_btn.setIcon(theme.icon(icon, theme.colors().muted))
+        self.collapse_btn.setIcon(icons.icon(icon, theme.colors().muted))
         tip = "Show the parameters panel" if collapsed else "Hide the parameters panel"
         self.collapse_btn.setToolTip(tip)
         self.collapse_btn.setAccessibleName(tip)
@@ -502,7 +502,7 @@ class SamplingPanel(QFrame):
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange:
-            theme.retint_flat_buttons(self)
+            widgets.retint_flat_buttons(self)
 
 
 def _describe(values: dict) -> str:

@@ -1,21 +1,18 @@
-"""Light and dark palettes, the application style sheet, the tool-call colours and a small icon set.
+"""Light and dark palettes, light/dark detection, the application style sheet and the tool-call colours.
 
 Every widget takes its colours from here, so a theme switch is one call: ``apply_theme`` sets the
-Qt palette and one style sheet, and widgets that bake colours into HTML (messages) re-render on
-the palette-change event that follows. Icons are painted, not loaded from font glyphs, so they
-look the same on every OS and need no resource files.
+Qt palette and one style sheet, and widgets that bake colours into HTML (messages) or paint icons
+(see ``icons``) re-render on the palette-change event that follows.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import lru_cache
-from math import cos, radians, sin
 from string import Template
 
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPainterPath, QPalette, QPen, QPixmap
-from PySide6.QtWidgets import QApplication, QLabel, QToolButton, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication, QWidget
 
 THEME_MODES = ("system", "light", "dark")
 
@@ -152,15 +149,14 @@ def tool_colors(dark: bool) -> ToolColors:
     return ToolColors(c.tool_bg, c.tool_border, c.tool_label, c.tool_result_bg, c.tool_result)
 
 
-def system_prefers_dark(app: QGuiApplication) -> bool:
-    """The OS colour scheme (Qt ≥ 6.5), else the lightness of the palette Qt started with."""
-    hints = app.styleHints()
-    scheme = hints.colorScheme() if hasattr(hints, "colorScheme") else Qt.ColorScheme.Unknown
+def _system_prefers_dark(app: QGuiApplication) -> bool:
+    """The OS colour scheme, or, where Qt cannot tell it (Unknown: e.g. Linux desktops without a
+    settings portal), the lightness of the palette Qt started with, which ``apply_theme`` noted."""
+    scheme = app.styleHints().colorScheme()
     if scheme == Qt.ColorScheme.Dark:
         return True
     if scheme == Qt.ColorScheme.Light:
         return False
-    _remember_system_palette(app)
     return bool(app.property("nanoscope_system_dark"))
 
 
@@ -301,21 +297,20 @@ def apply_theme(app: QApplication, mode: str = "system") -> Colors:
     if mode not in THEME_MODES:
         raise ValueError(f"theme mode must be one of {THEME_MODES}, got {mode!r}")
     _remember_system_palette(app)
-    dark = system_prefers_dark(app) if mode == "system" else mode == "dark"
+    dark = _system_prefers_dark(app) if mode == "system" else mode == "dark"
     _current = DARK if dark else LIGHT
     # Fusion everywhere: native styles (macOS especially) ignore most palette colours.
     app.setStyle("Fusion")
     app.setPalette(build_palette(_current))
     app.setStyleSheet(style_sheet(_current))
-    hints = app.styleHints()
-    if app.property("nanoscope_theme_mode") is None and hasattr(hints, "colorSchemeChanged"):
-        hints.colorSchemeChanged.connect(lambda _scheme: _follow_system(app))
+    if app.property("nanoscope_theme_mode") is None:
+        app.styleHints().colorSchemeChanged.connect(lambda _scheme: _follow_system(app))
     app.setProperty("nanoscope_theme_mode", mode)
     return _current
 
 
 def _follow_system(app: QApplication) -> None:
-    if app.property("nanoscope_theme_mode") == "system" and system_prefers_dark(app) != is_dark():
+    if app.property("nanoscope_theme_mode") == "system" and _system_prefers_dark(app) != is_dark():
         apply_theme(app, "system")
 
 
@@ -325,233 +320,3 @@ def repolish(widget: QWidget) -> None:
     style.unpolish(widget)
     style.polish(widget)
     widget.update()
-
-
-# ----- small shared widgets ----------------------------------------------------------------
-
-
-def flat_button(icon_name: str, tip: str, checkable: bool = False) -> QToolButton:
-    """A small borderless icon button (message actions, panel toggles)."""
-    button = QToolButton()
-    button.setObjectName("Flat")
-    button.setProperty("icon_name", icon_name)  # lets a theme switch re-tint it
-    button.setIcon(icon(icon_name, colors().muted))
-    button.setIconSize(QSize(16, 16))
-    button.setToolTip(tip)
-    button.setAccessibleName(tip)
-    button.setCheckable(checkable)
-    button.setCursor(Qt.CursorShape.PointingHandCursor)
-    return button
-
-
-def retint_flat_buttons(root: QWidget) -> None:
-    """After a theme switch: repaint the icons of ``root``'s flat buttons in the new colours."""
-    for button in root.findChildren(QToolButton, "Flat"):
-        if button.property("icon_name"):
-            button.setIcon(icon(button.property("icon_name"), colors().muted))
-
-
-class ElidedLabel(QLabel):
-    """A one-line label that ends in "…" when narrow instead of clipping or widening the layout.
-    ``text()`` returns the full text; the tooltip shows it too."""
-
-    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setTextFormat(Qt.TextFormat.PlainText)
-        self._full = ""
-        self.setText(text)
-
-    def setText(self, text: str) -> None:
-        self._full = text
-        self.setToolTip(text if len(text) > 40 else "")
-        self._elide()
-        self.updateGeometry()
-
-    def text(self) -> str:
-        return self._full
-
-    def sizeHint(self) -> QSize:
-        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 4, super().sizeHint().height())
-
-    def minimumSizeHint(self) -> QSize:
-        return QSize(40, super().minimumSizeHint().height())
-
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        self._elide()
-
-    def _elide(self) -> None:
-        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, self.width()))
-
-
-# ----- icons -------------------------------------------------------------------------------
-# Drawn on a 24×24 grid with 2-unit round strokes, in the spirit of Feather/Lucide icons.
-
-
-def _arc_path(cx: float, cy: float, r: float, start_deg: float, sweep_deg: float) -> QPainterPath:
-    path = QPainterPath()
-    rect = QRectF(cx - r, cy - r, 2 * r, 2 * r)
-    path.arcMoveTo(rect, start_deg)
-    path.arcTo(rect, start_deg, sweep_deg)
-    return path
-
-
-def _poly(p: QPainter, *points: tuple[float, float]) -> None:
-    path = QPainterPath(QPointF(*points[0]))
-    for pt in points[1:]:
-        path.lineTo(QPointF(*pt))
-    p.drawPath(path)
-
-
-def _dot(p: QPainter, x: float, y: float, r: float = 1.2) -> None:
-    p.save()
-    p.setBrush(p.pen().color())
-    p.setPen(Qt.PenStyle.NoPen)
-    p.drawEllipse(QPointF(x, y), r, r)
-    p.restore()
-
-
-def _draw(name: str, p: QPainter) -> None:
-    if name == "copy":
-        p.drawRoundedRect(QRectF(9, 9, 12, 12), 2, 2)
-        _poly(p, (5, 15), (4, 15), (3, 14), (3, 4), (4, 3), (14, 3), (15, 4), (15, 5))
-    elif name == "refresh":
-        p.drawPath(_arc_path(12, 12, 8, 60, 290))
-        _poly(p, (15, 2.5), (17.5, 5.5), (14, 7.5))
-    elif name == "edit":
-        _poly(p, (4, 20), (4, 16), (15, 5), (19, 9), (8, 20), (4, 20))
-        _poly(p, (12.5, 7.5), (16.5, 11.5))
-    elif name == "calculator":
-        p.drawRoundedRect(QRectF(5, 2.5, 14, 19), 2, 2)
-        p.drawRect(QRectF(8, 5.5, 8, 3.5))
-        for x in (9, 12, 15):
-            for y in (13, 17):
-                _dot(p, x, y)
-    elif name in ("lock", "unlock"):
-        p.drawRoundedRect(QRectF(5, 11, 14, 10), 2, 2)
-        path = QPainterPath(QPointF(8, 11))
-        path.lineTo(8, 7)
-        path.arcTo(QRectF(8, 3, 8, 8), 180, -180)
-        if name == "lock":
-            path.lineTo(16, 11)
-        p.drawPath(path)
-    elif name == "dice":
-        p.drawRoundedRect(QRectF(3.5, 3.5, 17, 17), 3, 3)
-        for x, y in ((8.5, 8.5), (15.5, 15.5), (12, 12), (15.5, 8.5), (8.5, 15.5)):
-            _dot(p, x, y, 1.4)
-    elif name == "close":
-        _poly(p, (6, 6), (18, 18))
-        _poly(p, (18, 6), (6, 18))
-    elif name == "plus":
-        _poly(p, (12, 5), (12, 19))
-        _poly(p, (5, 12), (19, 12))
-    elif name == "chevron-left":
-        _poly(p, (15, 6), (9, 12), (15, 18))
-    elif name == "chevron-right":
-        _poly(p, (9, 6), (15, 12), (9, 18))
-    elif name == "chevron-down":
-        _poly(p, (6, 9), (12, 15), (18, 9))
-    elif name == "chevron-up":
-        _poly(p, (6, 15), (12, 9), (18, 15))
-    elif name == "send":
-        _poly(p, (12, 19), (12, 5))
-        _poly(p, (6, 11), (12, 5), (18, 11))
-    elif name == "stop":
-        p.setBrush(p.pen().color())
-        p.drawRoundedRect(QRectF(7, 7, 10, 10), 1.5, 1.5)
-    elif name == "arrow-down":
-        _poly(p, (12, 5), (12, 19))
-        _poly(p, (6, 13), (12, 19), (18, 13))
-    elif name == "folder":
-        outline = ((3, 7), (3, 18), (4, 19), (20, 19), (21, 18), (21, 9), (20, 8), (11, 8), (9, 5), (4, 5))
-        _poly(p, *outline, (3, 6), (3, 7))
-    elif name == "search":
-        p.drawEllipse(QPointF(11, 11), 6.5, 6.5)
-        _poly(p, (16, 16), (20.5, 20.5))
-    elif name in ("info", "error"):
-        p.drawEllipse(QPointF(12, 12), 9.5, 9.5)
-        if name == "info":
-            _poly(p, (12, 11), (12, 16.5))
-            _dot(p, 12, 7.5, 1.3)
-        else:
-            _poly(p, (9, 9), (15, 15))
-            _poly(p, (15, 9), (9, 15))
-    elif name == "warning":
-        _poly(p, (12, 3), (22, 20), (2, 20), (12, 3))
-        _poly(p, (12, 9.5), (12, 13.5))
-        _dot(p, 12, 16.8, 1.3)
-    elif name == "chat":
-        outline = ((4, 5), (20, 5), (21, 6), (21, 16), (20, 17), (10, 17), (6, 21), (6, 17), (4, 17))
-        _poly(p, *outline, (3, 16), (3, 6), (4, 5))
-    elif name == "thought":
-        p.drawEllipse(QPointF(12, 10), 8, 6.5)
-        p.drawEllipse(QPointF(6, 19.5), 1.5, 1.5)
-        for x in (8.5, 12, 15.5):
-            _dot(p, x, 10)
-    elif name == "code":
-        _poly(p, (8, 7), (3, 12), (8, 17))
-        _poly(p, (16, 7), (21, 12), (16, 17))
-    elif name == "tokens":
-        for x in (2.5, 9.5, 16.5):
-            p.drawRoundedRect(QRectF(x, 8, 5, 8), 1.5, 1.5)
-    elif name == "user":
-        p.drawEllipse(QPointF(12, 8), 4, 4)
-        p.drawPath(_arc_path(12, 21, 7.5, 0, 180))
-    elif name == "check":
-        _poly(p, (5, 12.5), (10, 17.5), (19.5, 7))
-    elif name == "sliders":
-        for y, knob in ((6, 15), (12, 8), (18, 13)):
-            _poly(p, (3, y), (21, y))
-            p.save()
-            p.setBrush(QColor(p.pen().color()))
-            p.drawEllipse(QPointF(knob, y), 2.2, 2.2)
-            p.restore()
-    elif name == "sparkle":
-        path = QPainterPath(QPointF(12, 3))
-        for i in range(1, 9):
-            angle = radians(90 - 45 * i)
-            r = 9 if i % 2 == 0 else 3
-            path.lineTo(12 + r * cos(angle), 12 - r * sin(angle))
-        p.drawPath(path)
-    else:
-        raise KeyError(f"no icon named {name!r}")
-
-
-@lru_cache(maxsize=256)
-def icon(name: str, color: str, size: int = 16) -> QIcon:
-    """A painted icon in ``color``; drawn at 2× so it stays crisp on HiDPI screens."""
-    scale = 2
-    pix = QPixmap(size * scale, size * scale)
-    pix.fill(Qt.GlobalColor.transparent)
-    p = QPainter(pix)
-    p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    p.scale(size * scale / 24, size * scale / 24)
-    pen = QPen(QColor(color), 2.0)
-    pen.setCapStyle(Qt.PenCapStyle.RoundCap)
-    pen.setJoinStyle(Qt.PenJoinStyle.RoundJoin)
-    p.setPen(pen)
-    _draw(name, p)
-    p.end()
-    pix.setDevicePixelRatio(scale)
-    return QIcon(pix)
-
-
-def avatar(role: str, dark: bool, size: int = 24) -> QPixmap:
-    """A round badge for a chat role: a person for the user, a sparkle for the model."""
-    c = DARK if dark else LIGHT
-    fill = {"user": c.muted, "assistant": c.accent}.get(role, c.border)
-    glyph = {"user": "user", "assistant": "sparkle"}.get(role, "chat")
-    scale = 2
-    pix = QPixmap(size * scale, size * scale)
-    pix.fill(Qt.GlobalColor.transparent)
-    p = QPainter(pix)
-    p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    p.setPen(Qt.PenStyle.NoPen)
-    p.setBrush(QColor(fill))
-    p.drawEllipse(QRectF(0, 0, size * scale, size * scale))
-    inner = round(size * 0.62)
-    offset = (size - inner) * scale // 2
-    p.drawPixmap(offset, offset, icon(glyph, "#ffffff", inner).pixmap(inner * scale, inner * scale))
-    p.end()
-    pix.setDevicePixelRatio(scale)
-    return pix
