@@ -12,7 +12,7 @@ from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QApplication, QLabel
 
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part, TokenEvent
-from desktop.ui import theme
+from desktop.ui import history_sidebar, theme
 from desktop.ui.chat_view import BATCH, ChatView
 from desktop.ui.checkpoint_picker import CheckpointPicker, human_bytes, human_params
 from desktop.ui.error_banner import ErrorBanner
@@ -23,6 +23,7 @@ from desktop.ui.message_widget import FoldBlock, MessageWidget, RichText, ToolCa
 from desktop.ui.sampling_panel import BUILTIN_PRESETS, KNOBS, SamplingPanel
 from desktop.ui.shortcuts_dialog import SHORTCUTS, ShortcutsDialog
 from desktop.ui.status_bar import StatusBar
+from desktop.ui.widgets import ElidedLabel
 
 pytestmark = pytest.mark.gui
 
@@ -413,6 +414,17 @@ def test_delete_then_undo(qtbot):
     assert undone.args == [2] and not side.undo_bar.isVisible()
 
 
+def test_the_undo_bar_goes_by_itself_after_a_delete(qtbot, monkeypatch):
+    monkeypatch.setattr(history_sidebar, "UNDO_MS", 50)
+    side = HistorySidebar()
+    qtbot.addWidget(side)
+    side.show()
+    side.set_conversations([Row(1, "first", time.time(), "chat")])
+    side.delete(1)
+    assert side.undo_bar.isVisible()
+    qtbot.waitUntil(lambda: not side.undo_bar.isVisible())
+
+
 def test_select_is_quiet_and_a_click_selects(qtbot):
     side = HistorySidebar()
     qtbot.addWidget(side)
@@ -534,6 +546,23 @@ def test_banner_levels_details_and_dismiss(qtbot):
     with qtbot.waitSignal(banner.dismissed):
         banner.close_btn.click()
     assert banner.isHidden()
+
+
+def test_elided_label_shows_an_ellipsis_when_narrow_and_asks_for_the_whole_text(qtbot):
+    label = ElidedLabel("<b>short</b>")
+    qtbot.addWidget(label)
+    label.show()
+    assert label.textFormat() == Qt.TextFormat.PlainText and label.toolTip() == ""
+    long = "E7 · 561M params · stored bfloat16 · 2048 ctx · ≈1.2 GB on cuda"
+    label.setText(long)
+    assert label.text() == long and label.toolTip() == long
+    whole = label.fontMetrics().horizontalAdvance(long)
+    assert label.sizeHint().width() >= whole
+    label.resize(whole // 3, label.sizeHint().height())
+    shown = QLabel.text(label)  # what is painted
+    assert shown.endswith("…") and len(shown) < len(long) and label.text() == long
+    label.resize(label.sizeHint())
+    assert QLabel.text(label) == long
 
 
 def test_shortcuts_dialog_lists_every_shortcut(qtbot):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QLabel,
@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from superqt.utils import qdebounced
 
 from ..engine.messages import Message, TokenEvent
 from . import icons, theme
@@ -82,10 +83,8 @@ class ChatView(QWidget):
         self._follow = True
         self._anchor: tuple[MessageWidget, int] | None = None  # keeps the view still while prepending
         self._adjusting = False
-        self._older_timer = QTimer(self)
-        self._older_timer.setSingleShot(True)
-        self._older_timer.setInterval(0)
-        self._older_timer.timeout.connect(self._load_older)
+        # Once, after the event that asked for it: widgets are not built inside a scroll signal.
+        self._load_older_soon = qdebounced(self._load_older, timeout=0, parent=self)
 
         self.notice = QLabel()
         self.notice.setObjectName("ModeNotice")
@@ -307,8 +306,8 @@ class ChatView(QWidget):
 
     def _maybe_load_older(self) -> None:
         near_top = self.scroll.verticalScrollBar().value() <= LOAD_OLDER_PX
-        if self._first > 0 and near_top and not self._older_timer.isActive():
-            self._older_timer.start()  # after this event: widgets are not built inside a scroll signal
+        if self._first > 0 and near_top:
+            self._load_older_soon()
 
     def _load_older(self) -> None:
         """Build the previous batch above the current first widget without moving the view."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QAction, QColor, QFont, QKeySequence, QPainter, QPainterPath
 from PySide6.QtWidgets import (
     QFrame,
@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from superqt.utils import qdebounced
 
 from . import icons, theme
 
@@ -189,10 +190,8 @@ class HistorySidebar(QFrame):
         col.addWidget(self.list, 1)
         col.addWidget(self.undo_bar)
 
-        self._undo_timer = QTimer(self)
-        self._undo_timer.setSingleShot(True)
-        self._undo_timer.setInterval(UNDO_MS)
-        self._undo_timer.timeout.connect(self.undo_bar.hide)
+        # UNDO_MS after the last delete (each delete starts the wait again).
+        self._hide_undo_later = qdebounced(self.undo_bar.hide, timeout=UNDO_MS, parent=self)
 
         self.new_btn.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.search_changed)
@@ -313,14 +312,14 @@ class HistorySidebar(QFrame):
         self._deleted = conv_id
         self.delete_requested.emit(conv_id)
         self.undo_bar.show()
-        self._undo_timer.start()
+        self._hide_undo_later()
         self._update_empty()
 
     def _undo(self) -> None:
         if self._deleted is not None:
             self.undo_delete_requested.emit(self._deleted)
             self._deleted = None
-        self._undo_timer.stop()
+        self._hide_undo_later.cancel()
         self.undo_bar.hide()
 
     def _delete_current(self) -> None:

@@ -72,6 +72,7 @@ class InputBox(QFrame):
         self.editor = _Editor()
         self.editor.setObjectName("Input")
         self.editor.setAccessibleName("Message input")
+        self.editor.setPlaceholderText(PLACEHOLDER)
         self.editor.setTabChangesFocus(True)
         self.editor.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
         self.editor.document().setDocumentMargin(2)
@@ -145,7 +146,6 @@ class InputBox(QFrame):
 
     def set_enter_sends(self, on: bool) -> None:
         self.editor.enter_sends = on
-        self.editor.setPlaceholderText(PLACEHOLDER)
         keys = (
             "Enter to send · Shift+Enter for a new line"
             if on
@@ -166,24 +166,17 @@ class InputBox(QFrame):
         self.stop_btn.setVisible(on)
         self._on_text_changed()
 
-    def set_input_enabled(self, enabled: bool, reason: str = "") -> None:
-        """Disable typing (``reason`` shows as the placeholder, e.g. "Load a checkpoint first")."""
-        self.editor.setReadOnly(not enabled)
-        self.editor.setEnabled(enabled)
-        self.editor.setPlaceholderText(PLACEHOLDER if enabled else reason or PLACEHOLDER)
-        self._on_text_changed()
-
     # ----- internals -------------------------------------------------------------------------
 
     def _submit(self) -> None:
         text = self.editor.toPlainText()
-        if self.generating or not self.editor.isEnabled() or not text.strip():
+        if self.generating or not text.strip():
             return
         self.send_requested.emit(text)
 
     def _on_text_changed(self) -> None:
         has_text = bool(self.editor.toPlainText().strip())
-        self.send_btn.setEnabled(has_text and self.editor.isEnabled() and not self.generating)
+        self.send_btn.setEnabled(has_text and not self.generating)
         self.text_changed.emit()
 
     def _fit_height(self) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtWidgets import QLabel, QToolButton, QWidget
+from PySide6.QtWidgets import QToolButton, QWidget
+from superqt import QElidingLabel
 
 from .icons import icon
 from .theme import colors
@@ -30,34 +31,27 @@ def retint_flat_buttons(root: QWidget) -> None:
             button.setIcon(icon(button.property("icon_name"), colors().muted))
 
 
-class ElidedLabel(QLabel):
+class ElidedLabel(QElidingLabel):
     """A one-line label that ends in "…" when narrow instead of clipping or widening the layout.
-    ``text()`` returns the full text; the tooltip shows it too."""
+
+    superqt elides and keeps the whole text in ``text()``; on top of that the text is plain
+    (never read as HTML), long text is also the tooltip, and the size hint is the *whole* text's
+    width: superqt's is the width of the elided text shown now, so a label elided once in a
+    narrow layout would never ask for its room back.
+    """
 
     def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setTextFormat(Qt.TextFormat.PlainText)
-        self._full = ""
         self.setText(text)
 
     def setText(self, text: str) -> None:
-        self._full = text
+        super().setText(text)
         self.setToolTip(text if len(text) > 40 else "")
-        self._elide()
         self.updateGeometry()
 
-    def text(self) -> str:
-        return self._full
-
     def sizeHint(self) -> QSize:
-        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 4, super().sizeHint().height())
+        return QSize(self.fontMetrics().horizontalAdvance(self.text()) + 4, super().sizeHint().height())
 
     def minimumSizeHint(self) -> QSize:
-        return QSize(40, super().minimumSizeHint().height())
-
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        self._elide()
-
-    def _elide(self) -> None:
-        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, self.width()))
+        return QSize(40, super().sizeHint().height())
