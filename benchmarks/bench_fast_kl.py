@@ -58,10 +58,10 @@ def main() -> int:
     parser.add_argument("--base", type=Path, default=Path("/tmp/nanoscope-bench"))
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
     args = parser.parse_args()
-    from desktop.app import demo_checkpoint
     from desktop.engine.chat_format import render_for_completion
     from desktop.engine.messages import Message
     from desktop.engine.tokenizer import load_tokenizer
+    from desktop.paths import demo_checkpoint
 
     cpu = torch.device("cpu")
     modes = [m for m in args.modes.split(",") if m]

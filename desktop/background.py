@@ -11,9 +11,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from .app import demo_checkpoint
 from .engine.checkpoint import model_steps
 from .engine.discovery import CheckpointEntry, discover, summarize
+from .paths import demo_checkpoint
 from .store import HistoryStore
 
 SEARCH_DEBOUNCE_S = 0.2

@@ -5,9 +5,9 @@ Writes ``nanoscope.desktop`` into ``$XDG_DATA_HOME/applications`` and the icon i
 runs *this* installation (the frozen executable, or the venv's ``nanoscope`` script), so it keeps
 working when several copies are installed side by side.
 
-The keys live in ``packaging/linux/nanoscope.desktop.in`` (shared with distribution packages);
-this module only fills in the command. No Qt and no torch here: it must run instantly and
-headless.
+The keys live in ``resources/linux/nanoscope.desktop.in`` (shared with distribution packages,
+and shipped with every installation as a resource); this module only fills in the command.
+No Qt and no torch here: it must run instantly and headless.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .engine.errors import NanoscopeError
 from .paths import resource_path
 
 APP_ID = "nanoscope"  # the .desktop basename; app.py passes it to QApplication.setDesktopFileName
-TEMPLATE = Path("packaging") / "linux" / f"{APP_ID}.desktop.in"
+TEMPLATE = f"linux/{APP_ID}.desktop.in"  # a resource_path() name
 # hicolor's index.theme defines fixed-size folders up to 512 px; bigger files would never be used.
 ICON_SIZES = (16, 32, 48, 64, 128, 256, 512)
 
@@ -32,12 +32,6 @@ def xdg_data_home() -> Path:
     """``$XDG_DATA_HOME``, or ``~/.local/share`` when unset or not absolute (as the spec says)."""
     env = os.environ.get("XDG_DATA_HOME", "")
     return Path(env) if os.path.isabs(env) else Path.home() / ".local" / "share"
-
-
-def _bundle_root() -> Path:
-    """Folder holding ``packaging/``: the PyInstaller bundle, or the source checkout."""
-    frozen_root = getattr(sys, "_MEIPASS", None)
-    return Path(frozen_root) if frozen_root else Path(__file__).resolve().parents[1]
 
 
 def launch_command() -> tuple[list[str], Path, Path | None]:
@@ -53,7 +47,8 @@ def launch_command() -> tuple[list[str], Path, Path | None]:
     script = exe.parent / APP_ID
     if script.is_file():
         return [str(script)], script, None
-    return [str(exe), "-m", "desktop"], exe, _bundle_root()
+    # Run from the folder holding the ``desktop`` package, so ``-m desktop`` finds it.
+    return [str(exe), "-m", "desktop"], exe, Path(__file__).resolve().parents[1]
 
 
 def _escape_string(value: str) -> str:
@@ -76,7 +71,7 @@ def exec_quote(arg: str) -> str:
 
 def render_desktop_file(argv: list[str], try_exec: Path, workdir: Path | None = None) -> str:
     """The ``.desktop`` text for a launcher that runs ``argv``."""
-    template = _bundle_root() / TEMPLATE
+    template = resource_path(TEMPLATE)
     try:
         text = template.read_text(encoding="utf-8")
     except OSError as exc:

@@ -84,15 +84,53 @@ def nanochat_base_dir() -> Path:
     return Path(os.environ.get(NANOCHAT_BASE_ENV) or "~/.cache/nanochat").expanduser()
 
 
-def resource_path(name: str | os.PathLike[str]) -> Path:
-    """A file in the repo-level ``resources/`` folder, from a checkout or a PyInstaller bundle.
+# The bundled demo checkpoint, relative to the resources folder (docs/DEMO_MODEL.md).
+DEMO_DIR = PurePath("demo") / "chatsft_checkpoints" / "demo"
 
-    ``resources/`` sits outside the ``desktop`` package, so a frozen app finds it under
-    ``sys._MEIPASS`` (where the spec's ``datas`` put it) and a checkout next to ``desktop/``.
+
+def frozen_root() -> Path | None:
+    """The folder a PyInstaller bundle unpacks to (``sys._MEIPASS``), or None when not frozen."""
+    root = getattr(sys, "_MEIPASS", None)
+    return Path(root) if root else None
+
+
+def resources_root() -> Path:
+    """The folder holding the demo model, the icons and the launcher template.
+
+    Three layouts, one answer: a PyInstaller bundle has it at ``<bundle>/resources`` (the spec's
+    ``datas``), an installed wheel inside the package as ``desktop/resources`` (pyproject maps the
+    repo's folder there), and a source checkout or editable install at ``<repo>/resources``.
+    Plain paths rather than ``importlib.resources.files()``: wheels always install unpacked, the
+    folder is a namespace package (where ``files()`` gives no real path), and torch, Qt and the
+    checkpoint scanner all need real files.
+    """
+    bundle = frozen_root()
+    if bundle is not None:
+        return bundle / "resources"
+    package = Path(__file__).resolve().parent
+    installed = package / "resources"
+    return installed if installed.is_dir() else package.parent / "resources"
+
+
+def resource_path(name: str | os.PathLike[str]) -> Path:
+    """A file or folder in the resources folder (see ``resources_root``), by its relative name.
+
+    Absolute names and ``..`` are refused, so a name read from a file or a setting cannot point
+    outside the app's own resources.
     """
     rel = PurePath(name)
     if rel.is_absolute() or rel.anchor or ".." in rel.parts:
         raise ValueError(f"resource name must be relative without '..': {name!s}")
-    frozen_root = getattr(sys, "_MEIPASS", None)
-    root = Path(frozen_root) if frozen_root else Path(__file__).resolve().parents[1]
-    return root / "resources" / rel
+    return resources_root() / rel
+
+
+def demo_checkpoint() -> Path | None:
+    """The bundled demo checkpoint folder, or None when this installation lacks it."""
+    path = resource_path(DEMO_DIR)
+    return path if path.is_dir() else None
+
+
+def is_demo(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is the bundled demo checkpoint (however it is spelled)."""
+    demo = demo_checkpoint()
+    return demo is not None and Path(path).resolve() == demo.resolve()

@@ -19,7 +19,7 @@ TIMEOUT_MS = 180_000
 
 
 def attach(window) -> None:
-    from .app import demo_checkpoint
+    from .paths import demo_checkpoint
 
     controller = window.controller
     demo = demo_checkpoint()

@@ -2,21 +2,51 @@
 # Set up a local virtualenv and either launch Nanoscope or run its tests.
 #   bash packaging/setup.sh run [nanoscope args...]   # set up + launch the app
 #   bash packaging/setup.sh test [pytest args...]     # set up + run the test suite
-# Idempotent: a second run reuses .venv and only installs what is missing.
+# Idempotent and quick the second time: .venv is reused, and `pip install -e` runs only when
+# pyproject.toml changed since the last install (a stamp in .venv holds its hash) or the venv's
+# `desktop` is not this checkout's (a moved or copied folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 shift || true
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
-"$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if [ ! -x "$VPY" ]; then
+  "$PY" -m venv .venv
+  "$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+fi
 
 # torch first, pinned, so the unpinned range in pyproject never pulls a multi-GB CUDA build by
-# accident. On Linux dev/CI machines a local CPU wheel of this version is found first.
-if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
+# accident. On Linux dev/CI machines a local CPU wheel of this version is found first. find_spec,
+# not `import torch`: the check must not cost the second of an import on every launch.
+if ! "$VPY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"; then
   "$VPY" -m pip install -q "torch==${NANOSCOPE_TORCH_VERSION:-2.13.0}"
 fi
+
+# pyproject.toml decides everything an install holds (dependencies, entry points, package data).
+pyproject_hash() {
+  if command -v sha256sum >/dev/null; then sha256sum pyproject.toml; else shasum -a 256 pyproject.toml; fi | cut -d" " -f1
+}
+
+# True when the last `setup.sh $1` install (run or test) was for this pyproject.toml and this
+# checkout. -I keeps the current folder off sys.path, so `desktop` is found the way the
+# installed app finds it.
+installed() {
+  local stamp=.venv/nanoscope-$1.stamp
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(pyproject_hash)" ] || return 1
+  "$VPY" -I -c 'import pathlib, sys, desktop
+sys.exit(pathlib.Path(desktop.__file__).resolve().parent != pathlib.Path(sys.argv[1]).resolve())' \
+    "$PWD/desktop" 2>/dev/null
+}
+
+# `pip install -e $2` for mode $1 unless already done; a test install has all that run needs.
+ensure_installed() {
+  if installed "$1" || { [ "$1" = run ] && installed test; }; then
+    return 0
+  fi
+  "$VPY" -m pip install -q -e "$2"
+  pyproject_hash >".venv/nanoscope-$1.stamp"
+}
 
 # Qt's X11 plugin needs a few xcb libraries that minimal systems lack (libxcb-cursor0 since
 # Qt 6.5, libxcb-icccm4, libxcb-keysyms1, ...). Ask ldd which are missing and install those.
@@ -38,12 +68,12 @@ need_x11_libs() {
 
 case "$mode" in
   run)
-    "$VPY" -m pip install -q -e .
+    ensure_installed run .
     need_x11_libs
     exec .venv/bin/nanoscope "$@"
     ;;
   test)
-    "$VPY" -m pip install -q -e ".[test]"
+    ensure_installed test ".[test]"
     export QT_QPA_PLATFORM=offscreen
     exec "$VPY" -m pytest -q "$@"
     ;;

@@ -1,15 +1,20 @@
 """Packaging: the Linux launcher entry, the generated icons, the .icns container, the PyInstaller
-spec and the smoke-test checker. Nothing here touches the real home folder or builds anything."""
+spec, the smoke-test checker, the wheel and setup.sh. Nothing here touches the real home folder;
+only the slow wheel test builds anything (in a temporary folder)."""
 
 from __future__ import annotations
 
 import ast
 import configparser
 import importlib.util
+import os
+import shutil
+import site
 import struct
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -297,3 +302,140 @@ def test_smoke_test_passes_against_the_source_tree():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("smoke_test: PASS")
+
+
+# --- the wheel: `pip install .` must work outside the source tree -------------------------------
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the check is the same on every version
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_pyproject_lists_every_package_and_maps_resources():
+    """The package list is explicit (find cannot see the mapped resources folder), so a new
+    subpackage must be added there by hand; this names the one that was forgotten."""
+    config = _pyproject()["tool"]["setuptools"]
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "desktop").rglob("__init__.py")
+    }
+    assert on_disk - set(config["packages"]) == set(), "add these to [tool.setuptools] packages"
+    assert "desktop.resources" in config["packages"]
+    assert config["package-dir"] == {"desktop.resources": "resources"}
+    assert config["package-data"]["desktop.resources"] == ["**/*"]  # by pattern: the demo's steps change
+
+
+def test_both_commands_start_through_the_cli():
+    project = _pyproject()["project"]
+    assert project["scripts"]["nanoscope"] == project["gui-scripts"]["nanoscope-gui"] == "desktop.cli:main"
+
+
+def _copy_sources(dest: Path) -> Path:
+    """The checkout without venvs, caches and build output, so the build sees only sources
+    (and never writes build/ or *.egg-info into the shared tree)."""
+    ignore = shutil.ignore_patterns(".*", "__pycache__", "build", "dist", "*.egg-info")
+    return Path(shutil.copytree(ROOT, dest, ignore=ignore))
+
+
+def _site_packages(python: Path) -> Path:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+    return Path(out.strip())
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_runs_the_demo_from_outside_the_source_tree(tmp_path, monkeypatch):
+    """Build the wheel, install it into a fresh venv, run `nanoscope --smoke-test` elsewhere."""
+    src = _copy_sources(tmp_path / "src")
+    wheels = tmp_path / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", wheels, src]
+    subprocess.run(build, check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = wheels.glob("nanoscope-*.whl")
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    resources = {
+        "desktop/resources/" + p.relative_to(ROOT / "resources").as_posix()
+        for p in (ROOT / "resources").rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+    }
+    assert resources - names == set(), "resources/ files missing from the wheel"
+    assert {"desktop/py.typed", "desktop/cli.py"} <= names
+
+    # A fresh venv without pip. torch and Qt are not installed again: a .pth file adds this
+    # environment's site-packages after the venv's own (a venv's --system-site-packages would
+    # only reach the base interpreter's). Folders named in a .pth get no .pth processing of
+    # their own, so the checkout's editable install stays out of the way.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    bindir = venv / ("Scripts" if sys.platform == "win32" else "bin")
+    site_packages = _site_packages(bindir / "python")
+    (site_packages / "parent-env.pth").write_text("\n".join(site.getsitepackages()) + "\n", encoding="utf-8")
+    install = [*pip, "--python", bindir / "python", "install", "--no-deps", "--no-index", "-q"]
+    subprocess.run([*install, "--ignore-installed", wheel], check=True, capture_output=True, cwd=tmp_path)
+
+    smoke = _load_smoke_module(monkeypatch)
+    outside, home = tmp_path / "elsewhere", tmp_path / "home"
+    outside.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NANOSCOPE_HOME")}
+    env.update(QT_QPA_PLATFORM="offscreen", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [bindir / "nanoscope", "--home", home, "--smoke-test"],
+        cwd=outside,
+        env=env,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=smoke.DEFAULT_TIMEOUT_S,
+        check=False,
+    )
+    result = smoke.SmokeResult(proc.returncode, proc.stdout, proc.stderr)
+    assert result.problems() == [], proc.stdout + proc.stderr
+    installed_demo = site_packages / "desktop" / "resources" / "demo" / "chatsft_checkpoints" / "demo"
+    assert f"smoke test: loading {installed_demo}\n" in proc.stderr  # the wheel's copy, not the checkout's
+    assert any(bindir.glob("nanoscope-gui*"))
+
+
+# --- setup.sh: reinstall only when needed ------------------------------------------------------
+
+# Stands in for .venv/bin/python: records each call. torch is "there", and `desktop` resolves to
+# this checkout unless STUB_DESKTOP_ELSEWHERE=1 (the `-I` check).
+STUB_PYTHON = """#!/bin/sh
+echo "$*" >>"$STUB_LOG"
+if [ "$1" = -I ]; then exit "${STUB_DESKTOP_ELSEWHERE:-0}"; fi
+exit 0
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="setup.sh is for Linux and macOS")
+def test_setup_sh_reinstalls_only_when_pyproject_changes_or_the_checkout_moved(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "packaging").mkdir(parents=True)
+    shutil.copy(ROOT / "packaging" / "setup.sh", repo / "packaging")
+    shutil.copy(ROOT / "pyproject.toml", repo)
+    bindir = repo / ".venv" / "bin"
+    bindir.mkdir(parents=True)
+    for name in ("python", "nanoscope"):
+        (bindir / name).write_text(STUB_PYTHON)
+        (bindir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+
+    def installs(mode: str, **env: str) -> list[str]:
+        """The `pip install` calls one `setup.sh <mode>` made."""
+        log.write_text("")
+        environ = {k: v for k, v in os.environ.items() if k != "DISPLAY"}
+        environ.update(STUB_LOG=str(log), **env)
+        subprocess.run(["bash", str(repo / "packaging" / "setup.sh"), mode], env=environ, check=True)
+        return [line for line in log.read_text().splitlines() if line.startswith("-m pip install")]
+
+    assert installs("test") == ["-m pip install -q -e .[test]"]
+    assert installs("test") == []
+    assert installs("run") == []  # the test extras include everything `run` needs
+    pyproject = repo / "pyproject.toml"
+    text = pyproject.read_text()
+    pyproject.write_text(text.replace("dependencies = [", 'dependencies = [\n    "rich>=13",', 1))
+    assert pyproject.read_text() != text  # a dependency was added
+    assert installs("run") == ["-m pip install -q -e ."]
+    assert installs("run") == []
+    assert installs("test") == ["-m pip install -q -e .[test]"]
+    assert installs("run", STUB_DESKTOP_ELSEWHERE="1") == ["-m pip install -q -e ."]

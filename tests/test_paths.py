@@ -88,3 +88,50 @@ def test_resource_path_in_a_frozen_app(tmp_path: Path, monkeypatch: pytest.Monke
 def test_resource_path_refuses_escapes(bad: str) -> None:
     with pytest.raises(ValueError, match="relative"):
         paths.resource_path(bad)
+
+
+def test_an_installed_wheel_finds_resources_inside_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel installs resources/ as desktop/resources (pyproject's package-dir mapping)."""
+    package = tmp_path / "site-packages" / "desktop"
+    (package / "resources" / "icons").mkdir(parents=True)
+    monkeypatch.setattr(paths, "__file__", str(package / "paths.py"))
+    assert paths.resource_path("icons/x.png") == package / "resources" / "icons" / "x.png"
+
+
+def test_a_checkout_without_the_packaged_folder_uses_the_repo_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(paths, "__file__", str(tmp_path / "repo" / "desktop" / "paths.py"))
+    assert paths.resources_root() == tmp_path / "repo" / "resources"
+
+
+def test_the_frozen_root_wins_over_the_package_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "site-packages" / "desktop"
+    (package / "resources").mkdir(parents=True)
+    monkeypatch.setattr(paths, "__file__", str(package / "paths.py"))
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path / "bundle"), raising=False)
+    assert paths.frozen_root() == tmp_path / "bundle"
+    assert paths.resources_root() == tmp_path / "bundle" / "resources"
+
+
+def test_demo_checkpoint_is_found_in_the_resources_and_recognised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path), raising=False)
+    assert paths.demo_checkpoint() is None  # a bundle without the demo: no crash, no demo
+    demo = tmp_path / "resources" / paths.DEMO_DIR
+    demo.mkdir(parents=True)
+    assert paths.demo_checkpoint() == demo
+    assert paths.is_demo(demo / ".." / demo.name)  # however the path is spelled
+    assert not paths.is_demo(tmp_path)
+
+
+def test_the_log_folder_follows_the_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(paths.HOME_ENV, str(tmp_path / "env-home"))
+    assert paths.log_dir() == tmp_path / "env-home" / "log"
+    paths.set_home(tmp_path / "flag-home")  # what --home does
+    assert paths.log_dir() == tmp_path / "flag-home" / "log"

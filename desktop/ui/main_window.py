@@ -234,7 +234,7 @@ class MainWindow(QMainWindow):
     def _autoload_once(self, entries: list) -> None:
         """On the first scan: reopen the last checkpoint, else the newest chat one, else the demo."""
         self.background.checkpoints_found.disconnect(self._autoload_once)
-        from ..app import demo_checkpoint
+        from ..paths import demo_checkpoint
 
         last = self.settings.get("last_checkpoint")
         if last.get("dir") and Path(last["dir"]).is_dir():

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 
 async def scenario(window, out: Path, theme: str) -> None:
-    from desktop.app import demo_checkpoint
+    from desktop.paths import demo_checkpoint
     from desktop.ui.theme import apply_theme
 
     app = QApplication.instance()
