@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
 from . import __version__
 from .engine.device import DEVICES, PRECISIONS
 from .engine.errors import NanoscopeError, is_out_of_memory
+from .logfile import SHOWN, cli_logging
+
+logger = logging.getLogger(__name__)
 
 EXIT_ERROR = 2
 
@@ -233,25 +237,29 @@ def main(argv: list[str] | None = None) -> int:
 
         paths.set_home(args.home)
     handlers = {"list": cmd_list, "generate": cmd_generate, "bench": cmd_bench}
-    try:
-        if args.command is None:
-            from .app import run_app
+    with cli_logging():  # errors (and the GUI's whole run) also go to the log file
+        try:
+            if args.command is None:  # the GUI: `nanoscope`, `nanoscope-gui`, the frozen app
+                from .app import run_app
 
-            return run_app(args)
-        return handlers[args.command](args)
-    except NanoscopeError as exc:
-        print(f"nanoscope: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except (MemoryError, RuntimeError) as exc:
-        if not is_out_of_memory(exc):
-            raise
-        print(
-            "nanoscope: error: out of memory; try --dtype bfloat16, another --device or a smaller checkpoint",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
+                return run_app(args)
+            return handlers[args.command](args)
+        except NanoscopeError as exc:
+            logger.error("%s", exc, extra=SHOWN)
+            print(f"nanoscope: error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        except (MemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            logger.error("out of memory: %s", exc, extra=SHOWN)
+            print(
+                "nanoscope: error: out of memory; "
+                "try --dtype bfloat16, another --device or a smaller checkpoint",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            return 130
 
 
 if __name__ == "__main__":

@@ -127,7 +127,12 @@ class Settings:
         self.warnings: list[str] = []
         self._values: dict[str, Any] = copy.deepcopy(DEFAULTS)
         self._unknown: dict[str, Any] = {}
+        self._listeners: list[Callable[[str], None]] = []
         self._load()
+
+    def on_change(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(key)`` after every ``set()`` that changed a value (the app saves then)."""
+        self._listeners.append(listener)
 
     def get(self, key: str) -> Any:
         """A copy of the value, so callers cannot change the settings behind ``set()``'s back."""
@@ -141,6 +146,8 @@ class Settings:
         if value == self._values[key]:
             return False
         self._values[key] = copy.deepcopy(value)
+        for listener in self._listeners:
+            listener(key)
         return True
 
     def reset(self, key: str) -> bool:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from checkpoint_factory import truncate_file, write_checkpoint
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QObject, Qt, QTimer, QUrl, Slot
+from PySide6.QtGui import QAction, QDesktopServices
+from PySide6.QtWidgets import QApplication, QMessageBox
 
-from desktop.app import build, demo_checkpoint
+from desktop import cli, logfile, paths
+from desktop.app import build, show_error, shutdown
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT
+from desktop.paths import demo_checkpoint
 from desktop.store import HistoryStore
+from desktop.ui.main_window import MainWindow
 from desktop.ui.message_widget import ToolCallBlock
 
 pytestmark = pytest.mark.gui
@@ -27,7 +33,7 @@ def window(qtbot):
     qtbot.addWidget(win)
     win.show()
     yield win
-    win.close()  # closeEvent: stop, quit, wait
+    shutdown(win)  # closeEvent: stop, quit, wait; then the settings and the history store
 
 
 def load(qtbot, win, path: Path, step: int = 10) -> dict:
@@ -194,3 +200,90 @@ def test_a_100_kb_paste_is_sent_with_a_truncation_warning(qtbot, window, sft_dir
     assert used <= total
     _, user = window.controller.path[-2]
     assert user.plain_text() == big.strip()  # the full text is kept in history, only the prompt was cut
+
+
+# --- the app shell: settings saved as they change, crash log, log folder, store closed at quit ------
+
+
+def settings_on_disk(win) -> dict:
+    path = win.settings.path
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def test_a_setting_changed_in_the_menu_is_on_disk_while_the_app_runs(qtbot, window):
+    dark = next(a for a in window.findChildren(QAction) if a.text() == "Dark")
+    dark.trigger()
+    assert settings_on_disk(window).get("theme") != "dark"  # debounced, not written in the click
+    qtbot.waitUntil(lambda: settings_on_disk(window).get("theme") == "dark", timeout=5000)
+    assert window.isVisible()
+
+
+@pytest.mark.qt_no_exception_capture  # the app's own hook is under test, not pytest-qt's
+def test_an_exception_in_a_slot_goes_to_the_log_file_and_a_message_box(qtbot, window):
+    log = logfile.setup_logging()
+    assert log is not None and log.parent == paths.home() / "log"
+    logfile.install_exception_hooks(show_error)
+    try:
+
+        def broken_slot() -> None:
+            raise RuntimeError("a slot went wrong 8086")
+
+        QTimer.singleShot(0, broken_slot)
+
+        def box_shown() -> QMessageBox | None:
+            boxes = [w for w in QApplication.topLevelWidgets() if isinstance(w, QMessageBox)]
+            boxes = [b for b in boxes if b.isVisible()]
+            return boxes[0] if boxes else None
+
+        qtbot.waitUntil(lambda: box_shown() is not None, timeout=5000)
+        assert "RuntimeError: a slot went wrong 8086" in box_shown().text()
+        box_shown().close()
+        text = log.read_text(encoding="utf-8")
+        assert "CRITICAL [MainThread] desktop.logfile: Uncaught exception" in text
+        assert "in broken_slot" in text and "RuntimeError: a slot went wrong 8086" in text
+    finally:
+        logfile.teardown_logging()
+
+
+def test_help_menu_opens_the_log_folder(qtbot, window):
+    class Receiver(QObject):
+        def __init__(self) -> None:
+            super().__init__()
+            self.opened: list[str] = []
+
+        @Slot(QUrl)
+        def open(self, url: QUrl) -> None:
+            self.opened.append(url.toLocalFile())
+
+    receiver = Receiver()
+    QDesktopServices.setUrlHandler("file", receiver, "open")  # Qt's hook for a scheme's opener
+    try:
+        action = next(a for a in window.findChildren(QAction) if a.text() == "Open log folder")
+        action.trigger()
+    finally:
+        QDesktopServices.unsetUrlHandler("file")
+    assert receiver.opened == [str(paths.log_dir())]
+    assert paths.log_dir() == paths.home() / "log"
+
+
+def test_quitting_the_app_closes_the_history_database(qapp, tmp_path):
+    """A real start through the CLI entry point, quit once the window shows."""
+    home = tmp_path / "home"
+    db = home / "data" / "history.sqlite3"
+    seen: dict[str, bool] = {}
+
+    def quit_once_shown() -> None:
+        if not any(isinstance(w, MainWindow) and w.isVisible() for w in qapp.topLevelWidgets()):
+            QTimer.singleShot(20, quit_once_shown)
+            return
+        seen["wal while running"] = db.with_name(db.name + "-wal").exists()
+        qapp.quit()
+
+    QTimer.singleShot(0, quit_once_shown)
+    assert cli.main(["--home", str(home)]) == 0
+    assert seen == {"wal while running": True}  # the store was open (WAL mode) while the app ran
+    assert db.is_file()
+    assert not db.with_name(db.name + "-wal").exists()  # the last connection closed at quit
+    assert not db.with_name(db.name + "-shm").exists()
+    log = (home / "log" / logfile.LOG_NAME).read_text(encoding="utf-8")
+    assert "GUI starting" in log and "GUI closed" in log

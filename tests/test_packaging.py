@@ -393,6 +393,8 @@ def test_the_installed_wheel_runs_the_demo_from_outside_the_source_tree(tmp_path
     assert result.problems() == [], proc.stdout + proc.stderr
     installed_demo = site_packages / "desktop" / "resources" / "demo" / "chatsft_checkpoints" / "demo"
     assert f"smoke test: loading {installed_demo}\n" in proc.stderr  # the wheel's copy, not the checkout's
+    db = home / "data" / "history.sqlite3"
+    assert db.is_file() and not db.with_name(db.name + "-wal").exists()  # the store was closed at quit
     assert any(bindir.glob("nanoscope-gui*"))
 
 

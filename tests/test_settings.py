@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,53 @@ def test_unknown_precision_or_device_falls_back(key: str, bad: str) -> None:
     assert len(s.warnings) == 1 and key in s.warnings[0]
     with pytest.raises(ValueError, match=key):
         s.set(key, bad)
+
+
+# --- saved when changed (SettingsAutosave) ---------------------------------------------------
+
+
+def on_disk(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def test_listeners_hear_real_changes_only() -> None:
+    s = Settings()
+    heard: list[str] = []
+    s.on_change(heard.append)
+    s.set("theme", "dark")
+    s.set("theme", "dark")  # no change, no call
+    s.reset("theme")
+    assert heard == ["theme", "theme"]
+
+
+@pytest.mark.gui
+def test_a_burst_of_changes_reaches_disk_once_it_settles(qtbot) -> None:
+    from desktop.settings_autosave import SettingsAutosave
+
+    s = Settings()
+    autosave = SettingsAutosave(s, delay_ms=50)
+    for value in ("dark", "light", "dark"):
+        s.set("theme", value)
+    assert on_disk(s.path) == {}  # debounced: nothing written while the changes still come
+    qtbot.waitUntil(lambda: on_disk(s.path).get("theme") == "dark", timeout=5000)
+    assert not autosave.pending
+
+
+@pytest.mark.gui
+def test_a_failed_autosave_is_logged_and_the_next_change_retries(
+    qtbot, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from desktop.settings_autosave import SettingsAutosave
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("")  # a file where the settings folder should be: every save fails
+    s = Settings(blocked / "settings.json")
+    autosave = SettingsAutosave(s, delay_ms=10)
+    with caplog.at_level(logging.WARNING, logger="desktop.settings_autosave"):
+        s.set("theme", "dark")
+        qtbot.waitUntil(lambda: any("Settings not saved" in r.message for r in caplog.records), timeout=5000)
+    blocked.unlink()
+    s.set("enter_sends", False)
+    qtbot.waitUntil(lambda: on_disk(s.path).get("theme") == "dark", timeout=5000)
+    assert on_disk(s.path)["enter_sends"] is False
+    assert not autosave.pending

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 from ..background import Background
 from ..compare_controller import CompareController
 from ..controller import ChatController
+from ..logfile import open_log_folder
 from ..settings import Settings
 from .chat_view import ChatView
 from .checkpoint_picker import CheckpointPicker
@@ -166,6 +167,7 @@ class MainWindow(QMainWindow):
             checked=self.settings.get("enter_sends"),
         )
         action("&Help", "Keyboard shortcuts", "F1", lambda: ShortcutsDialog(self).exec())
+        action("&Help", "Open log folder", None, open_log_folder)
 
     def _set_theme(self, mode: str) -> None:
         self.settings.set("theme", mode)
