@@ -3,13 +3,15 @@
 It mirrors how upstream nanochat (master, E7 architecture) runs a decode step: separate q/k/v
 projections, an FA3-layout KV cache whose position is read with ``.item()`` in every layer,
 the SDPA fallback with its masks, logits over every prefill position, and a Python-level
-state machine per token. Only the structure matters here (it is the yardstick the issue's
-baseline table was measured with); correctness is checked elsewhere.
+state machine per token. It is the yardstick the issue's baseline table was measured with, and
+the reference exact mode is tested against bit for bit (``tests/test_exact_mode.py``); ``trace``
+hands named intermediates to ``benchmarks/check_exact.py``, which finds the first that differs.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -74,6 +76,12 @@ class NanochatE7:
         inv = 1.0 / (100000.0 ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
         freqs = torch.outer(torch.arange(10 * seq, dtype=torch.float32), inv)
         self.cos, self.sin = freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+        # Called with (name, tensor) at the points check_exact compares; None: no tracing.
+        self.trace: Callable[[str, torch.Tensor], None] | None = None
+
+    def _note(self, name: str, t: torch.Tensor) -> None:
+        if self.trace is not None:
+            self.trace(name, t)
 
     def new_cache(self, capacity: int) -> _Cache:
         return _Cache(self.L, 1, capacity, self.Hkv, self.hd)
@@ -103,6 +111,8 @@ class NanochatE7:
             q = self._lin(h, p + "attn.c_q.weight").view(B, T, self.H, self.hd)
             k = self._lin(h, p + "attn.c_k.weight").view(B, T, self.Hkv, self.hd)
             v = self._lin(h, p + "attn.c_v.weight").view(B, T, self.Hkv, self.hd)
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                self._note(f"layer {i} {name}", t)
             if f"value_embeds.{i}.weight" in w:
                 ve = F.embedding(idx, w[f"value_embeds.{i}.weight"]).view(B, T, self.Hkv, self.hd)
                 v = v + 3 * torch.sigmoid(self._lin(h[..., :12], p + "attn.ve_gate.weight"))[..., None] * ve
@@ -119,14 +129,26 @@ class NanochatE7:
             ).transpose(1, 2)
             if i == self.L - 1:
                 cache.seqlens += T
-            x = x + self._lin(y.contiguous().view(B, T, -1), p + "attn.c_proj.weight")
+            y = y.contiguous().view(B, T, -1)
+            self._note(f"layer {i} attention output", y)
+            proj = self._lin(y, p + "attn.c_proj.weight")
+            self._note(f"layer {i} attn.c_proj", proj)
+            x = x + proj
             hm = self._lin(_norm(x), p + "mlp.c_fc.weight")
-            x = x + self._lin(F.relu(hm).square(), p + "mlp.c_proj.weight")
+            self._note(f"layer {i} mlp.c_fc", hm)
+            mlp = self._lin(F.relu(hm).square(), p + "mlp.c_proj.weight")
+            self._note(f"layer {i} mlp.c_proj", mlp)
+            x = x + mlp
+            self._note(f"layer {i} output", x)
             if i == self.L // 2:
                 xb = x
         x = _norm(x - w["backout_lambda"] * xb)
-        logits = self._lin(x, "lm_head.weight")[..., : self.V].float()
-        return 15 * torch.tanh(logits / 15)
+        head = self._lin(x, "lm_head.weight")
+        self._note("lm_head", head)
+        logits = head[..., : self.V].float()
+        logits = 15 * torch.tanh(logits / 15)
+        self._note("logits", logits)
+        return logits
 
     @torch.inference_mode()
     def generate(self, tokens: list[int], max_tokens: int, temperature: float, top_k: int, seed: int = 42):

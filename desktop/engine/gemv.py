@@ -1,15 +1,18 @@
-"""The matrix products of a decode step: exact (fp32, bit-identical to ``F.linear``) or fast.
+"""The matrix products of a decode step: exact (fp32, bit-identical to the plain path) or fast.
 
 Decoding one token multiplies every weight matrix by one row, so a decode step is as fast as
 these matrix-vector products stream the weights. Besides :class:`PlainLinear` (torch's own
 ``F.linear``, the reference), three kinds replace ``nn.Linear.forward``:
 
-* :class:`ExactLinear` (fp32). With one input row, torch's CPU ``F.linear`` runs the BLAS GEMV on
-  one core, at about half the memory bandwidth two cores reach. Viewing the weight's rows as P
-  stacked blocks and calling ``bmm`` computes every output as the same dot product (same row,
-  same length, same BLAS kernel) on P OpenMP threads at once. That it really gives the same bits
-  is checked for each shape and block count on first use, against ``F.linear`` itself; a shape
-  that differs keeps ``F.linear`` for good, so exact mode never trusts the claim blindly.
+* :class:`ExactLinear` (fp32). With one input row, torch's CPU ``F.linear`` runs the BLAS GEMV,
+  often on one core, at about half the memory bandwidth two cores reach. Viewing the weight's
+  rows as P stacked blocks and calling ``bmm`` computes every output as a dot product over the
+  same row on P threads at once. Whether that gives the plain path's bits is not assumed: a BLAS
+  may sum some rows in another order depending on the shape, the thread count and the operands'
+  alignment (MKL's threaded SGEMV on AVX-512 computes the last rows of each thread's share with
+  another kernel), so every faster route is checked against the plain computation with random
+  rows, for each shape, thread count and alignment it meets, and a route that differs is never
+  used. A fused matrix (q|k|v) is checked against the separate products the plain path runs.
 * :class:`PackedFp16Linear` (fast mode on x86 CPUs): fp16 weights packed for fbgemm's
   half-precision GEMM, fp32 activations and accumulation. Half the bytes per step, and closer
   to fp32 than bf16 compute.
@@ -21,18 +24,35 @@ The fast kinds own their weights (packed), so the fp32 matrix can be freed after
 
 from __future__ import annotations
 
+import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
 
 # Below this size a split costs more (thread hand-off) than it saves.
 MIN_SPLIT_BYTES = 128 << 10
 # Blocks per thread: two balance better than one when a thread's block outlasts its cache.
 BLOCKS_PER_THREAD = 2
+# Address bits that may steer a BLAS kernel (MKL documents that, outside its conditional numerical
+# reproducibility mode, results may change with the operands' alignment; on an AMD CPU a weight
+# moved by 4 bytes does change them). Routes are chosen per input alignment modulo this.
+ALIGNMENT = 64
+# Random rows each route is checked with. A route that sums in another order usually does so for
+# a few rows only (MKL: the tail rows of each thread's share), and a reordered row still gives
+# the same bits for a random row about 1 time in 4, so one probe row can miss it; six miss a
+# single reordered row less than 1 time in 4000, and the usual 2-8 rows practically never.
+PROBE_ROWS = 6
 
-_verdicts: dict[tuple, bool] = {}  # (rows, cols, blocks, dtype) -> the split gives F.linear's bits
+Route = Callable[[torch.Tensor], torch.Tensor]
+
+# (device, dtype, shape, parts, weight alignment, route, threads, input alignment) -> the route
+# gives the plain path's bits. The summation order depends on these, not on the values.
+_verdicts: dict[tuple, bool] = {}
 
 
 def _blocks_for(rows: int, threads: int) -> int:
@@ -46,56 +66,115 @@ def _blocks_for(rows: int, threads: int) -> int:
     return 1
 
 
-def _split_matches(weight: torch.Tensor, blocks: int) -> bool:
-    """Whether the row split gives ``F.linear``'s bits for this shape on this machine's BLAS.
+def alignment(t: torch.Tensor) -> int:
+    """``t``'s address modulo :data:`ALIGNMENT`."""
+    return t.data_ptr() % ALIGNMENT
 
-    The summation order depends on the shapes, not on the values, so one random row decides it;
-    a real activation could be all zeros and prove nothing.
-    """
-    n, c = weight.shape
-    probe = torch.randn(1, 1, c, generator=torch.Generator().manual_seed(0), dtype=weight.dtype)
-    split = torch.bmm(probe.expand(blocks, 1, c), weight.view(blocks, n // blocks, c).transpose(1, 2))
-    return torch.equal(split.view(1, 1, n), F.linear(probe, weight))
+
+def _split(view: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """One row times the weight viewed as ``(blocks, C, N / blocks)``: one ``bmm``, a block a thread."""
+    blocks, c, _ = view.shape
+    # expand adds the block dimension to a (1, C) or (1, 1, C) row without copying it
+    return torch.bmm(x.expand(blocks, 1, c), view).view(*x.shape[:-1], -1)
+
+
+def _probe_row(weight: torch.Tensor, align: int, generator: torch.Generator) -> torch.Tensor:
+    """A random ``(1, 1, C)`` row on ``weight``'s device whose address is ``align`` modulo
+    :data:`ALIGNMENT`, like the input it stands for."""
+    c = weight.shape[1]
+    buf = torch.empty(c + ALIGNMENT, dtype=weight.dtype, device=weight.device)
+    start = (align - alignment(buf)) % ALIGNMENT // buf.element_size()
+    row = buf[start : start + c]
+    row.copy_(torch.randn(c, generator=generator))
+    return row.view(1, 1, c)
 
 
 class ExactLinear:
-    """``F.linear(x, weight)`` for a bias-free fp32 weight; one-row CPU inputs use every thread."""
+    """The plain path's ``F.linear(x, weight)`` bits for a bias-free weight, by the fastest route
+    checked to give them; one-row CPU inputs use every thread.
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    ``parts`` (row counts) marks a fused matrix such as q|k|v: the plain path multiplies its parts
+    one by one, so that is what every route is checked against, and what runs when none agrees.
+    """
+
+    def __init__(self, weight: torch.Tensor, parts: Sequence[int] = ()) -> None:
         self.weight = weight
         self.weight_nbytes = weight.numel() * weight.element_size()
         self.in_features = weight.shape[1]
-        self._split = (
+        self.part_rows = tuple(parts) if len(parts) > 1 else ()
+        self.parts = weight.split(list(self.part_rows)) if self.part_rows else ()
+        self._part_products = tuple(ExactLinear(p) for p in self.parts)
+        self._splittable = (
             weight.device.type == "cpu"
             and weight.dtype == torch.float32
             and self.weight_nbytes >= MIN_SPLIT_BYTES
         )
-        # threads -> (blocks, the weight as (blocks, C, N / blocks)), or None: F.linear
-        self._plans: dict[int, tuple[int, torch.Tensor] | None] = {}
+        self._routes: dict[tuple[int, int], Route] = {}  # (threads, input alignment) -> route
 
-    def _plan(self, threads: int) -> tuple[int, torch.Tensor] | None:
-        n, c = self.weight.shape
-        blocks = _blocks_for(n, threads) if self._split else 1
-        key = (n, c, blocks, self.weight.dtype)
-        if blocks > 1 and key not in _verdicts:
-            with torch.inference_mode():
-                _verdicts[key] = _split_matches(self.weight, blocks)
-        plan = (
-            (blocks, self.weight.view(blocks, n // blocks, c).transpose(1, 2)) if _verdicts.get(key) else None
-        )
-        self._plans[threads] = plan
-        return plan
+    def plain(self, x: torch.Tensor) -> torch.Tensor:
+        """What the plain path computes: ``F.linear``, once per part of a fused matrix."""
+        if not self.parts:
+            return F.linear(x, self.weight)
+        return torch.cat([F.linear(x, part) for part in self.parts], -1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() != self.in_features or x.dim() > 3:
-            return F.linear(x, self.weight)
-        threads = torch.get_num_threads()  # per thread in torch: Compare panes may differ
-        plan = self._plans[threads] if threads in self._plans else self._plan(threads)
-        if plan is None:
-            return F.linear(x, self.weight)
-        blocks, view = plan
-        # expand adds the block dimension to a (1, C) or (1, 1, C) row without copying it
-        return torch.bmm(x.expand(blocks, 1, self.in_features), view).view(*x.shape[:-1], -1)
+            return self.plain(x)  # several rows (prefill): BLAS GEMM, already on every thread
+        # Per call, not per model: torch's thread count is per thread, and may change between calls.
+        key = (torch.get_num_threads(), alignment(x))
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = self._choose(*key)
+        return route(x)
+
+    def _choose(self, threads: int, align: int) -> Route:
+        """The first candidate route that gives the plain bits here, else the plain route."""
+        n, c = self.weight.shape
+        candidates: list[tuple[str, Route]] = []
+        blocks = _blocks_for(n, threads) if self._splittable else 1
+        if blocks > 1:
+            view = self.weight.view(blocks, n // blocks, c).mT
+            candidates.append((f"split into {blocks}", partial(_split, view)))
+        if self.parts:
+            candidates.append(("one F.linear", self._linear))
+        for name, route in candidates:
+            if self._verdict(name, route, threads, align):
+                return route
+        if self.parts:  # each part by its own fastest route that gives F.linear's bits
+            return self._by_parts
+        return self._linear
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def _by_parts(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([product(x) for product in self._part_products], -1)
+
+    def _verdict(self, name: str, route: Route, threads: int, align: int) -> bool:
+        w = self.weight
+        key = (w.device.type, w.dtype, tuple(w.shape), self.part_rows, alignment(w), name, threads, align)
+        if key not in _verdicts:
+            _verdicts[key] = self._matches(route, align)
+            if not _verdicts[key]:
+                logger.info(
+                    "exact: %s x %s%s by %s at %d threads differs from the plain path; not used",
+                    *w.shape,
+                    f" (parts {self.part_rows})" if self.part_rows else "",
+                    name,
+                    threads,
+                )
+        return _verdicts[key]
+
+    def _matches(self, route: Route, align: int) -> bool:
+        """Whether ``route`` gives the plain bits for :data:`PROBE_ROWS` random rows (a real
+        activation could be all zeros and prove nothing)."""
+        generator = torch.Generator().manual_seed(0)
+        with torch.inference_mode():
+            for _ in range(PROBE_ROWS):
+                x = _probe_row(self.weight, align, generator)
+                if not torch.equal(route(x), self.plain(x)):
+                    return False
+        return True
 
 
 def fbgemm_available() -> bool:
@@ -156,12 +235,15 @@ def packs(weight: torch.Tensor, kind: str) -> bool:
     return kind in ("fp16", "int8") and weight.device.type == "cpu" and min(weight.shape) >= MIN_PACKED_SIDE
 
 
-def make_product(weight: torch.Tensor, kind: str) -> Product:
-    """The kernel computing ``x @ weight.T`` for ``kind`` (a bias-free weight)."""
+def make_product(weight: torch.Tensor, kind: str, parts: Sequence[int] = ()) -> Product:
+    """The kernel computing ``x @ weight.T`` for ``kind`` (a bias-free weight). ``parts``: the
+    row counts of the matrices fused into ``weight``, which exact mode must match one by one."""
     if kind not in GEMV_KINDS:
         raise ValueError(f"unknown matrix-vector kind {kind!r}")
     if kind in ("fp16", "int8") and not packs(weight, kind):
         kind = "exact"
+    if kind == "exact":
+        return ExactLinear(weight, parts)
     return _KERNELS[kind](weight)
 
 

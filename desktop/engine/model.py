@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .attention import flash_attn_kvcache_fn, sdpa_attention
 from .config import ModelConfig
-from .gemv import Release, install_gemv, make_product, packs, weight_bytes
+from .gemv import Release, alignment, install_gemv, make_product, packs, weight_bytes
 from .kvcache import KVCache
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
@@ -85,33 +85,44 @@ class Attention(nn.Module):
         self.proj: Product | None = None
 
     def bind(self, kind: str, release: Release | None) -> None:
-        """Install the kernels of ``kind``; q, k and v become one matrix.
+        """Install the kernels of ``kind``; q, k and v become one matrix where that is safe.
 
         One product instead of three per token, and q|k come out side by side, ready for RoPE and
-        the norm. Each output is the same dot product as before, so no bit changes. Fusing copies
-        the three matrices; the pages of the (memory-mapped) originals are then released, so
-        memory does not grow. "plain" keeps nanochat's three separate ``F.linear`` calls.
+        the norm. Fusing copies the three matrices; the pages of the (memory-mapped) originals are
+        then released, so memory does not grow. "plain" keeps nanochat's three separate
+        ``F.linear`` calls, and exact mode checks every route for the fused matrix against them
+        (see ``gemv.ExactLinear``): a BLAS may sum a 3C-row product in another order than three
+        C-row ones (MKL's threaded SGEMV splits the rows among threads by the row count).
         """
-        if kind != "plain":
-            parts = (self.c_q, self.c_k, self.c_v)
-            originals = [lin.weight for lin in parts]
-            fused = torch.cat(originals)
-            self.qkv = make_product(fused, kind)
-            views = fused.split([w.shape[0] for w in originals])
-            for lin, view in zip(parts, views, strict=True):
-                if packs(fused, kind):
-                    lin.register_parameter("weight", None)
-                else:  # state_dict and parameter counts still see q, k and v, now views of one matrix
-                    lin.weight = nn.Parameter(view, requires_grad=False)
-            for w in originals if release is not None else ():
-                release(w)
-        else:
+        self.qkv = self._fuse_qkv(kind, release) if kind != "plain" else None
+        if self.qkv is None:
             for lin in (self.c_q, self.c_k, self.c_v):
                 install_gemv(lin, kind, release)
         install_gemv(self.c_proj, kind, release)
         self.proj = self.c_proj.forward
         if self.ve_channels:
             install_gemv(self.ve_gate, kind, release)
+
+    def _fuse_qkv(self, kind: str, release: Release | None) -> Product | None:
+        """q|k|v as one product, or None where exact mode could not reproduce the separate ones."""
+        parts = (self.c_q, self.c_k, self.c_v)
+        originals = [lin.weight for lin in parts]
+        rows = [w.shape[0] for w in originals]
+        fused = torch.cat(originals)
+        views = fused.split(rows)
+        moved = any(alignment(v) != alignment(w) for v, w in zip(views, originals, strict=True))
+        if kind == "exact" and moved:
+            # The plain path multiplies the originals; a BLAS may sum otherwise at another alignment.
+            return None
+        product = make_product(fused, kind, rows)
+        for lin, view in zip(parts, views, strict=True):
+            if packs(fused, kind):
+                lin.register_parameter("weight", None)
+            else:  # state_dict and parameter counts still see q, k and v, now views of one matrix
+                lin.weight = nn.Parameter(view, requires_grad=False)
+        for w in originals if release is not None else ():
+            release(w)
+        return product
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k side by side as ``(B, T, H + Hkv, D)``, and v as ``(B, T, Hkv, D)``.
