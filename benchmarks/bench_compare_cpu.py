@@ -39,7 +39,7 @@ from desktop.compare_controller import cpu_cores, cpu_options
 from desktop.engine.bench import IdsOnlyTokenizer
 from desktop.engine.loader import load_model
 from desktop.engine.messages import Message
-from desktop.engine.session import ChatSession
+from desktop.engine.nanochat_backend import NanochatBackend
 from desktop.worker import WorkerHost
 
 MODES = ("parallel", "interleaved")
@@ -121,7 +121,7 @@ def bench_depth(base: Path, depth: int, panes: list[int], tokens: int, repeats: 
         # Loaded on this thread with the default thread count, as a worker thread would load it.
         loaded = load_model(directory, step, device="cpu", dtype="float32")
         host = WorkerHost()
-        host.worker.session = ChatSession(loaded, ByteTokenizer(loaded.config.vocab_size))
+        host.worker.session = NanochatBackend(loaded, ByteTokenizer(loaded.config.vocab_size))
         hosts.append(host)
     n_params = sum(p.numel() for p in hosts[0].worker.session.model.parameters())
     try:

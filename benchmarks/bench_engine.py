@@ -43,8 +43,8 @@ from desktop.engine.bench import IdsOnlyTokenizer, measure_bandwidth, turn_ttft 
 from desktop.engine.gemv import fbgemm_available  # noqa: E402
 from desktop.engine.generation import generate_columns  # noqa: E402
 from desktop.engine.loader import load_model  # noqa: E402
-from desktop.engine.sampling import SamplingParams  # noqa: E402
-from desktop.engine.session import ChatSession  # noqa: E402
+from desktop.engine.params import SamplingParams  # noqa: E402
+from desktop.engine.nanochat_backend import NanochatBackend  # noqa: E402
 
 STEP = 1000
 TEMPERATURE, TOP_K, SEED = 0.8, 50, 1
@@ -116,7 +116,7 @@ def bench_depth(base: Path, depth: int, repeats: int, new: int) -> dict:
             b.append(timed_tokens(theirs(baseline, p, 1))[0])
             e.append(timed_tokens(ours(models["exact"], p, 1))[0])
         ttft["baseline"][n], ttft["exact"][n] = statistics.median(b) * 1000, statistics.median(e) * 1000
-    session = ChatSession(exact, IdsOnlyTokenizer(exact.config.vocab_size))
+    session = NanochatBackend(exact, IdsOnlyTokenizer(exact.config.vocab_size))
     cached, full = turn_ttft(session, exact.config.vocab_size, history_len=1000)
     turn = {"full_ms": full, "cached_ms": cached}
     step_bytes = {name: m.decode_bytes() for name, m in models.items()}

@@ -66,7 +66,7 @@ def main() -> int:
 
     def on_loaded(_info: dict) -> None:
         heartbeat.start()
-        c.send("stream please", {"temperature": 1.0, "top_k": 0, "max_tokens": args.tokens, "seed": 3})
+        c.send("stream please", SamplingParams(temperature=1.0, max_tokens=args.tokens, seed=3))
 
     def on_finished(stats: dict) -> None:
         heartbeat.stop()

@@ -36,10 +36,11 @@ def long_stream(ckpt: Path, n_tokens: int) -> dict:
 
     from desktop.engine.generation import generate_columns
     from desktop.engine.kvcache import KVCache
-    from desktop.engine.sampling import SamplingParams
-    from desktop.engine.session import ChatSession, SessionOptions
+    from desktop.engine.params import SamplingParams
+    from desktop.engine.backend import LoadOptions
+from desktop.engine.nanochat_backend import NanochatBackend
 
-    session = ChatSession.open(ckpt, SessionOptions(device="cpu"))
+    session = NanochatBackend.open(ckpt, LoadOptions(device="cpu"))
     model = session.model
     cache = KVCache(model.config, 1, n_tokens + 16, model.device, torch.float32)  # allocated up front
     samples = []

@@ -13,7 +13,7 @@ from PySide6.QtCore import QObject, Signal
 
 from .engine.checkpoint import model_steps
 from .engine.discovery import CheckpointEntry, discover, summarize
-from .paths import demo_checkpoint
+from .paths import demo_checkpoint, nanochat_base_dir
 from .store import HistoryStore
 
 SEARCH_DEBOUNCE_S = 0.2
@@ -47,9 +47,11 @@ class Background(QObject):
         return loop.create_task(coro)
 
     def scan(self, base_dir: Path | None = None) -> None:
-        self._spawn(self._scan(base_dir))
+        """List the checkpoints under ``base_dir`` (default: nanochat's), the added folders and
+        the bundled demo; ``checkpoints_found`` reports them."""
+        self._spawn(self._scan(base_dir or nanochat_base_dir()))
 
-    async def _scan(self, base_dir: Path | None) -> None:
+    async def _scan(self, base_dir: Path) -> None:
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(None, discover, base_dir, list(self.extra_dirs))
         demo = demo_checkpoint()

@@ -10,16 +10,21 @@ import argparse
 import json
 import logging
 import sys
+import threading
 from pathlib import Path
 
-from . import __version__
+from . import __version__, paths
+from .engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
 from .engine.device import DEVICES, PRECISIONS
 from .engine.errors import NanoscopeError, is_out_of_memory
+from .engine.params import CHAT_DEFAULTS, KNOB, SamplingParams
 from .logfile import SHOWN, cli_logging
 
 logger = logging.getLogger(__name__)
 
 EXIT_ERROR = 2
+# More intra-op threads than this only slows torch down, and far more crashes its thread pool.
+MAX_THREADS = 1024
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -73,28 +78,30 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--chat", help="a single user turn in nanochat's chat format")
     src.add_argument("--tokens", help="exact prompt token ids, comma separated")
     p_gen.add_argument("--max-tokens", type=int, default=256)
-    p_gen.add_argument("--temperature", type=float, default=1.0)
-    p_gen.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p_gen.add_argument("--top-p", type=float, default=1.0)
-    p_gen.add_argument("--min-p", type=float, default=0.0)
-    p_gen.add_argument("--repetition-penalty", type=float, default=1.0)
-    p_gen.add_argument("--seed", type=int, default=42)
+    # The model's own distribution by default: nanochat's Engine.generate defaults (engine/params.py).
+    raw = SamplingParams()
+    p_gen.add_argument("--temperature", type=float, default=raw.temperature, help=KNOB["temperature"].tip)
+    p_gen.add_argument("--top-k", type=int, default=raw.top_k, help="0 = off")
+    p_gen.add_argument("--top-p", type=float, default=raw.top_p, help="1 = off")
+    p_gen.add_argument("--min-p", type=float, default=raw.min_p, help="0 = off")
+    p_gen.add_argument("--repetition-penalty", type=float, default=raw.repetition_penalty, help="1 = off")
+    p_gen.add_argument("--seed", type=int, default=raw.seed)
 
     p_bench = sub.add_parser("bench", help="measure load, prefill and decode speed")
     _add_model_args(p_bench)
     p_bench.add_argument("--prompt-tokens", type=int, default=256)
     p_bench.add_argument("--new-tokens", type=int, default=64)
-    p_bench.add_argument("--temperature", type=float, default=0.8)
-    p_bench.add_argument("--top-k", type=int, default=50)
+    p_bench.add_argument("--temperature", type=float, default=CHAT_DEFAULTS.temperature)
+    p_bench.add_argument("--top-k", type=int, default=CHAT_DEFAULTS.top_k)
     p_bench.add_argument("--threads", type=int, default=None)
     p_bench.add_argument("--repeats", type=int, default=3)
     return parser
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .engine.discovery import discover, nanochat_base_dir, summarize
+    from .engine.discovery import discover, summarize
 
-    base = args.base_dir or nanochat_base_dir()
+    base = args.base_dir or paths.nanochat_base_dir()
     entries = discover(base)
     if args.json:
         out = []
@@ -115,58 +122,43 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_session(args: argparse.Namespace):
+def open_model(args: argparse.Namespace) -> Backend:
+    """The backend for ``args.model`` (a directory or SOURCE[/TAG[/STEP]]) and the load flags."""
     from .engine.discovery import resolve_spec
-    from .engine.session import ChatSession, SessionOptions
+    from .engine.registry import open_backend
 
-    directory, step = resolve_spec(args.model)
-    opts = SessionOptions(
+    base = paths.nanochat_base_dir()
+    directory, step = resolve_spec(args.model, base)
+    options = LoadOptions(
         step=args.step if args.step is not None else step,
         device=args.device,
         dtype=args.dtype,
         tokenizer=args.tokenizer,
         softcap=args.softcap,
+        base_dir=base,
     )
-    return ChatSession.open(directory, opts)
+    return open_backend(directory, options)
 
 
-def _prompt_ids(args: argparse.Namespace, session) -> list[int]:
-    from .engine.chat_format import render_completion_prompt, render_for_completion
-    from .engine.errors import TokenizerError
+def _prompt(args: argparse.Namespace, backend: Backend) -> Prompt:
     from .engine.messages import Message
 
-    tok = session.tok
     if args.tokens is not None:
         try:
             ids = [int(t) for t in args.tokens.replace(" ", "").split(",") if t]
         except ValueError:
             raise NanoscopeError("--tokens must be comma-separated integers") from None
-        bad = [i for i in ids if not 0 <= i < session.loaded.config.vocab_size]
+        vocab = backend.info().vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
-            raise NanoscopeError(
-                f"--tokens: ids out of range for vocab {session.loaded.config.vocab_size}: {bad[:5]}"
-            )
-        return ids
+            raise NanoscopeError(f"--tokens: ids out of range for vocab {vocab}: {bad[:5]}")
+        return Prompt((), tuple(ids), len(ids), backend.info().context_length)
     if args.chat is not None:
-        if not tok.has_chat_tokens:
-            raise TokenizerError(f"{tok.path}: this tokenizer has no chat tokens; use --prompt")
-        return render_for_completion(tok, [Message.of_text("user", args.chat)], None).ids
-    return render_completion_prompt(tok, args.prompt, None).ids
+        return backend.render([Message.of_text("user", args.chat)], None, chat=True)
+    return backend.render(args.prompt, None)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine.generation import GenerationStats
-    from .engine.sampling import SamplingParams
-
-    session = _open_session(args)
-    ids = _prompt_ids(args, session)
-    seq = session.loaded.config.sequence_len
-    if len(ids) + args.max_tokens > seq:
-        print(
-            f"nanoscope: warning: context of {len(ids) + args.max_tokens} tokens exceeds the model's "
-            f"sequence_len {seq}; quality degrades and even L layers become windowed",
-            file=sys.stderr,
-        )
     try:
         params = SamplingParams(
             temperature=args.temperature,
@@ -179,32 +171,43 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise NanoscopeError(str(exc)) from None
-    for w in session.loaded.warnings:
+    backend = open_model(args)
+    info = backend.info()
+    prompt = _prompt(args, backend)
+    if prompt.tokens + args.max_tokens > info.context_length:
+        print(
+            f"nanoscope: warning: context of {prompt.tokens + args.max_tokens} tokens exceeds the model's "
+            f"sequence_len {info.context_length}; quality degrades and even L layers become windowed",
+            file=sys.stderr,
+        )
+    for w in info.warnings:
         print(f"nanoscope: warning: {w}", file=sys.stderr)
     stats = GenerationStats()
     produced: list[int] = []
-    for ev in session.generate(ids, params, stats=stats):
-        if ev.id >= 0:
-            produced.append(ev.id)
+    for ev in backend.stream(prompt, params, threading.Event(), StreamOptions(), stats):
+        if ev.continues:
+            if not args.json:
+                sys.stdout.write(ev.text)
+            continue
+        produced.append(ev.id)
         if args.json:
-            if ev.id >= 0:
-                print(json.dumps({"id": ev.id, "text": ev.text, "forced": ev.forced}), flush=True)
+            print(json.dumps({"id": ev.id, "text": ev.text, "forced": ev.forced}), flush=True)
         else:
             sys.stdout.write(ev.text if ev.special is None else _special_text(ev))
             sys.stdout.flush()
-    info = session.info()
     if args.json:
         print(
             json.dumps(
                 {
                     "done": True,
                     "ids": produced,
+                    "prompt_ids": list(prompt.ids or ()),
                     "prompt_tokens": stats.prompt_tokens,
                     "ttft_ms": round(stats.ttft_ms, 3),
                     "decode_tok_s": round(stats.decode_tok_s, 3),
-                    "device": info["device"],
-                    "dtype": info["dtype"],
-                    "era": info["era"],
+                    "device": info.device,
+                    "dtype": info.precision,
+                    "era": info.era,
                 }
             )
         )
@@ -224,9 +227,43 @@ def _special_text(ev) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .engine.bench import run_bench
+    """Measure one checkpoint; a table (unless --json) and, last, one JSON line."""
+    from .engine.bench import BenchRequest, run_bench
+    from .engine.discovery import resolve_spec
 
-    return run_bench(args)
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise NanoscopeError(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads}")
+    for flag, value in (("--new-tokens", args.new_tokens), ("--prompt-tokens", args.prompt_tokens)):
+        if value < 1:
+            raise NanoscopeError(f"{flag} must be at least 1, got {value}")
+    if args.repeats < 1:
+        raise NanoscopeError(f"--repeats must be at least 1, got {args.repeats}")
+    try:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k)
+    except ValueError as exc:
+        raise NanoscopeError(str(exc)) from None
+    base = paths.nanochat_base_dir()
+    directory, step = resolve_spec(args.model, base)
+    request = BenchRequest(
+        directory=directory,
+        step=args.step if args.step is not None else step,
+        device=args.device,
+        dtype=args.dtype,
+        softcap=args.softcap,
+        tokenizer=args.tokenizer,
+        base_dir=base,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        params=params,
+        threads=args.threads,
+        repeats=args.repeats,
+    )
+    result = run_bench(request, warn=lambda text: print(f"nanoscope: warning: {text}", file=sys.stderr))
+    if not args.json:
+        for k, v in result.items():
+            print(f"{k:22} {v}")
+    print(json.dumps(result))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

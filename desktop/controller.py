@@ -1,12 +1,13 @@
-"""Chat state between the widgets, the model worker and the history store (GUI thread only).
+"""Chat state between the widgets, the model slot and the history store (GUI thread only).
 
 MainWindow wires widgets to this object's slots and signals; this object holds the current
-conversation, turns worker tokens into the growing reply, and saves it while it streams.
+conversation and owns the streaming reply: each token event goes into the reply's
+:class:`~desktop.engine.messages.Message` (``add_event``), which the view renders and the store
+saves while it streams.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -14,40 +15,44 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from . import __version__
-from .engine.messages import TEXT, Message, TokenEvent
+from .engine.backend import ModelInfo, Prompt
+from .engine.messages import Message, TokenEvent
+from .engine.params import SamplingParams
+from .model_slot import ModelSlot
+from .paths import is_demo
 from .settings import Settings
 from .store import HistoryStore, StreamingWriter
 from .store.export import to_json, to_markdown
-from .worker import WorkerHost
 
 TITLE_CHARS = 48
 
 
 class ChatController(QObject):
-    """Owns the conversation being shown and the generation in flight.
+    """Owns the conversation being shown and the reply in flight.
 
     Signals:
         conversation_changed(list, list): messages on the active branch, and per message
             (index among siblings, sibling count).
         conversations_listed(list): ConversationRow list for the sidebar.
-        reply_started(dict): metadata of the reply about to stream.
-        reply_event(object): a TokenEvent of the streaming reply.
+        reply_started(object, object): the reply Message about to stream (the view renders this
+            very object as it grows) and its place among its siblings (index, count).
+        reply_event(object): a TokenEvent just added to that Message.
         reply_finished(dict): stats of the finished (or stopped) reply.
         busy_changed(bool): generation started or ended.
-        model_loading(int, str), model_loaded(dict), model_load_failed(str, str): load progress,
-            info, and (checkpoint, reason).
-        context_changed(int, int): prompt tokens used, sequence_len.
+        model_loading(int, str), model_loaded(object), model_load_failed(str, str): load progress,
+            the ModelInfo, and (what was loading, reason).
+        context_changed(int, int): prompt tokens used, context length.
         notice(str, str, str): level ("error" | "warning" | "info"), title, message.
     """
 
     conversation_changed = Signal(list, list)
     conversations_listed = Signal(list)
-    reply_started = Signal(dict)
+    reply_started = Signal(object, object)
     reply_event = Signal(object)
     reply_finished = Signal(dict)
     busy_changed = Signal(bool)
     model_loading = Signal(int, str)
-    model_loaded = Signal(dict)
+    model_loaded = Signal(object)
     model_load_failed = Signal(str, str)
     context_changed = Signal(int, int)
     notice = Signal(str, str, str)
@@ -56,34 +61,31 @@ class ChatController(QObject):
         self,
         store: HistoryStore,
         settings: Settings,
-        host: WorkerHost | None = None,
+        slot: ModelSlot | None = None,
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
         self.store = store
         self.settings = settings
-        self.host = host or WorkerHost(self)
+        self.slot = slot or ModelSlot(settings, self)
         self.conv_id: int | None = None
         self.path: list[tuple[int, Message]] = []
-        self.model_info: dict[str, Any] | None = None
-        self.loading_path: str | None = None
-        self._request = 0
         self._reply: Message | None = None
         self._reply_id: int | None = None
         self._writer: StreamingWriter | None = None
-        self._params: dict[str, Any] = {}
-        self._pending_send: tuple[list, dict] | None = None
+        self._last_stats: dict[str, Any] = {}
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000)  # a stalled stream still reaches disk within a second
         self._flush_timer.timeout.connect(self._flush)
-        w = self.host.worker
-        w.progress.connect(self.model_loading)
-        w.loaded.connect(self._on_loaded)
-        w.load_failed.connect(self._on_load_failed)
-        w.context.connect(self._on_context)
-        w.token.connect(self._on_token)
-        w.finished.connect(self._on_finished)
-        w.failed.connect(self._on_failed)
+        s = self.slot
+        s.loading.connect(self.model_loading)
+        s.loaded.connect(self._on_loaded)
+        s.load_failed.connect(self._on_load_failed)
+        s.notice.connect(self.notice)
+        s.context.connect(self._on_context)
+        s.token.connect(self._on_token)
+        s.finished.connect(self._on_finished)
+        s.failed.connect(self._on_failed)
 
     # ----- model -----------------------------------------------------------------------------
 
@@ -91,34 +93,23 @@ class ChatController(QObject):
     def busy(self) -> bool:
         return self._reply is not None
 
+    @property
+    def model_info(self) -> ModelInfo | None:
+        return self.slot.info
+
     @Slot(Path, int)
     def load_checkpoint(self, path: Path, step: int) -> None:
-        """Load a checkpoint; a generation in flight is stopped first (the worker finishes it, then loads)."""
-        if self.busy:
-            self.stop()
-        self.loading_path = str(path)
-        options = {"step": step, "device": self.settings.get("device"), "dtype": self.settings.get("dtype")}
-        self.model_loading.emit(0, f"loading {Path(path).name} step {step}")
-        self.host.load(str(path), options)
+        """Load a checkpoint; a reply in flight is stopped first (the worker ends it, then loads)."""
+        self.slot.load(path, step)
 
-    def _on_loaded(self, info: dict) -> None:
-        from .app import demo_checkpoint
-
-        demo = demo_checkpoint()
-        info["demo"] = demo is not None and Path(info["path"]) == demo
-        self.model_info = info
-        self.loading_path = None
-        if not info["demo"]:
-            self.settings.set("last_checkpoint", {"dir": info["path"], "step": info["step"]})
+    def _on_loaded(self, info: ModelInfo) -> None:
+        if not is_demo(Path(info.path)):
+            self.settings.set("last_checkpoint", {"dir": info.path, "step": info.step})
         self.model_loaded.emit(info)
-        for w in info.get("warnings", []):
-            self.notice.emit("warning", "Checkpoint warning", w)
 
-    def _on_load_failed(self, reason: str) -> None:
-        path = self.loading_path or "checkpoint"
-        self.loading_path = None
-        self.model_load_failed.emit(path, reason)
-        self.notice.emit("error", f"Could not load {path}", reason)
+    def _on_load_failed(self, target: str, reason: str) -> None:
+        self.model_load_failed.emit(target, reason)
+        self.notice.emit("error", f"Could not load {target}", reason)
 
     # ----- conversations ---------------------------------------------------------------------
 
@@ -127,16 +118,14 @@ class ChatController(QObject):
 
     @Slot()
     def new_chat(self) -> None:
-        if self.busy:
-            self.stop()
+        self._leave_reply()
         self.conv_id = None
         self.path = []
         self._emit_conversation()
 
     @Slot(int)
     def open_conversation(self, conv_id: int) -> None:
-        if self.busy:
-            self.stop()
+        self._leave_reply()
         self.conv_id = conv_id
         self.path = self.store.active_path(conv_id)
         self._emit_conversation()
@@ -179,12 +168,12 @@ class ChatController(QObject):
 
     # ----- sending ---------------------------------------------------------------------------
 
-    def send(self, text: str, params: dict) -> bool:
+    def send(self, text: str, params: SamplingParams, system_prompt: str = "") -> bool:
         """Append a user message and stream the model's reply; False (nothing changed) if refused."""
         text = text.strip()
         if not text or self.busy:
             return False
-        if self.model_info is None:
+        if self.slot.info is None:
             self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
             return False
         if self.conv_id is None:
@@ -193,35 +182,34 @@ class ChatController(QObject):
         user = Message.of_text("user", text)
         msg_id = self.store.add_message(self.conv_id, user, parent)
         self.path.append((msg_id, user))
-        self._start_reply(params)
+        self._start_reply(params, system_prompt)
         self.refresh_list()
         return True
 
-    def token_text(self, token_id: int) -> str:
-        """How a token reads in the raw view (special tokens by name)."""
-        session = self.host.worker.session
-        if session is None or token_id < 0:
-            return ""
-        return session.tok.special_name(token_id) or session.tok.decode([token_id])
-
-    @Slot(int, dict)
-    def regenerate(self, index: int, params: dict) -> None:
+    @Slot(int, object)
+    def regenerate(self, index: int, params: SamplingParams, system_prompt: str = "") -> None:
         """A new sibling for the assistant message at ``index`` (the old one stays reachable)."""
         if self.busy or not 0 <= index < len(self.path) or self.path[index][1].role != "assistant":
             return
+        if self.slot.info is None:
+            self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
+            return
         self.path = self.path[:index]
-        self._start_reply(params)
+        self._start_reply(params, system_prompt)
 
-    @Slot(int, str, dict)
-    def edit_and_resend(self, index: int, new_text: str, params: dict) -> None:
+    @Slot(int, str, object)
+    def edit_and_resend(self, index: int, new_text: str, params: SamplingParams, system_prompt: str = "") -> None:
         """Replace the user message at ``index`` by a new sibling and answer it."""
         if self.busy or not 0 <= index < len(self.path) or self.path[index][1].role != "user":
+            return
+        if self.slot.info is None:
+            self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
             return
         parent = self.path[index - 1][0] if index > 0 else None
         user = Message.of_text("user", new_text)
         msg_id = self.store.add_message(self.conv_id, user, parent)
         self.path = [*self.path[:index], (msg_id, user)]
-        self._start_reply(params)
+        self._start_reply(params, system_prompt)
 
     @Slot(int, int)
     def switch_branch(self, index: int, direction: int) -> None:
@@ -234,103 +222,90 @@ class ChatController(QObject):
             self.path = self.store.active_path(self.conv_id)
             self._emit_conversation()
 
-    def _start_reply(self, params: dict) -> None:
-        assert self.conv_id is not None
-        params = dict(params)
-        history = [copy.deepcopy(m) for _, m in self.path]
-        system = params.pop("system_prompt", "") or ""
-        if system.strip():
-            history.insert(0, Message.of_text("system", system))
-        info = self.model_info or {}
-        meta = {
-            "checkpoint": info.get("path"),
-            "step": info.get("step"),
-            "era": info.get("era"),
-            "tag": Path(info.get("path", "")).name,
-            "meta_hash": info.get("meta_hash"),
-            "device": info.get("device"),
-            "dtype": info.get("dtype"),
+    def _start_reply(self, params: SamplingParams, system_prompt: str) -> None:
+        assert self.conv_id is not None and self.slot.info is not None
+        history = [m for _, m in self.path]
+        if system_prompt.strip():
+            history.insert(0, Message.of_text("system", system_prompt))
+        meta: dict[str, Any] = {
+            **self.slot.info.reply_meta(),
             "app_version": __version__,
-            "sampling": {
-                k: params.get(k)
-                for k in (
-                    "temperature",
-                    "top_k",
-                    "top_p",
-                    "min_p",
-                    "repetition_penalty",
-                    "max_tokens",
-                    "seed",
-                )
-            },
+            "sampling": params.to_dict(),
             "started": time.time(),
         }
         self._reply = Message("assistant", [], meta)
         parent = self.path[-1][0] if self.path else None
         self._reply_id = self.store.add_message(self.conv_id, self._reply, parent, complete=False)
         self._writer = StreamingWriter(self.store, self._reply_id)
-        self._params = params
-        self._request += 1
         self._emit_conversation()
-        self.reply_started.emit(meta)
+        # A regeneration shows its place among the earlier replies (‹ 3/3 ›) at once.
+        siblings = self.store.siblings(self._reply_id)
+        self.reply_started.emit(self._reply, (siblings.index(self._reply_id), len(siblings)))
         self.busy_changed.emit(True)
         self._flush_timer.start()
-        self.host.generate(self._request, history, params)
+        self.slot.generate(history, params)
 
     @Slot()
     def stop(self) -> None:
-        self.host.stop()
+        self.slot.stop()
+
+    def _leave_reply(self) -> None:
+        """The user leaves the conversation a reply is streaming into: stop it and save it as it
+        stands, in its own conversation. Its last tokens, still on their way, are dropped."""
+        if self._reply is None:
+            return
+        self.slot.stop()
+        self._reply.meta["stats"] = {"stopped": "cancelled", "new_tokens": len(self._reply.tokens)}
+        self._finish_reply(into_path=False)
+        self.reply_finished.emit(self._last_stats)
 
     # ----- worker results --------------------------------------------------------------------
 
-    def _on_context(self, request_id: int, ctx: dict) -> None:
-        if request_id != self._request:
-            return
-        self.context_changed.emit(ctx["prompt_tokens"], ctx["sequence_len"])
-        if ctx.get("dropped_turns"):
+    def _on_context(self, prompt: Prompt) -> None:
+        self.context_changed.emit(prompt.tokens, prompt.context_length)
+        if prompt.dropped_turns:
             self.notice.emit(
                 "info",
                 "Context full",
-                f"the oldest {ctx['dropped_turns']} turn(s) were left out to fit the model's context",
+                f"the oldest {prompt.dropped_turns} turn(s) were left out to fit the model's context",
             )
-        if ctx.get("truncated"):
+        if prompt.truncated:
             self.notice.emit(
                 "warning",
                 "Message truncated",
                 "your message is longer than the model's context; only its end was used",
             )
 
-    def _on_token(self, request_id: int, ev: TokenEvent) -> None:
-        if request_id != self._request or self._reply is None:
+    def _on_token(self, ev: TokenEvent) -> None:
+        if self._reply is None:
             return
-        if ev.text and (ev.special is None or ev.kind != TEXT):
-            self._reply.append(ev.kind, ev.text)
-        raw = self._reply.meta.setdefault("raw", [])
-        raw.append([ev.id, ev.forced])
+        self._reply.add_event(ev)
         if self._writer is not None:
             self._writer.update(self._reply)
         self.reply_event.emit(ev)
 
-    def _on_finished(self, request_id: int, stats: dict) -> None:
-        if request_id != self._request or self._reply is None:
+    def _on_finished(self, stats: dict) -> None:
+        if self._reply is None:
             return
         self._reply.meta["stats"] = stats
         self._finish_reply()
         self.reply_finished.emit(stats)
 
-    def _on_failed(self, request_id: int, reason: str) -> None:
-        if request_id != self._request or self._reply is None:
+    def _on_failed(self, reason: str) -> None:
+        if self._reply is None:
             return
         self._reply.meta["error"] = reason
         self._finish_reply()
         self.reply_finished.emit({"error": reason})
         self.notice.emit("error", "Generation failed", reason)
 
-    def _finish_reply(self) -> None:
+    def _finish_reply(self, into_path: bool = True) -> None:
         assert self._reply is not None and self._reply_id is not None
+        self._last_stats = dict(self._reply.meta.get("stats") or {})
         if self._writer is not None:
             self._writer.finish(self._reply)
-        self.path.append((self._reply_id, self._reply))
+        if into_path:
+            self.path.append((self._reply_id, self._reply))
         self._reply, self._reply_id, self._writer = None, None, None
         self._flush_timer.stop()
         self.busy_changed.emit(False)
@@ -347,5 +322,4 @@ class ChatController(QObject):
         self._flush_timer.stop()
         if self._writer is not None and self._reply is not None:
             self._writer.flush()
-        self.host.shutdown()
-        self.settings.save()
+        self.slot.shutdown()

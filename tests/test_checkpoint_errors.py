@@ -1,4 +1,4 @@
-"""Every mismatch of spec §5.4 (and the formats of §5.1) ends in one clear line naming the file.
+"""Every mismatch of checkpoint-formats spec §5.4 (and the formats of §5.1) ends in one clear line naming the file.
 
 Nothing is silently patched, nothing hostile runs: pickled code in a model file or a tokenizer never
 executes (its marker file must never appear), and an absurd meta is refused before anything is allocated.
@@ -38,7 +38,8 @@ from desktop.engine.chat_format import render_for_completion
 from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError, UnsupportedFormatError
 from desktop.engine.loader import load_model
 from desktop.engine.messages import Message
-from desktop.engine.session import ChatSession, SessionOptions
+from desktop.engine.backend import LoadOptions
+from desktop.engine.nanochat_backend import NanochatBackend
 
 
 def failure(exc_type: type[NanoscopeError], call, *args, **kwargs) -> str:
@@ -55,8 +56,8 @@ def load(directory: Path, **kwargs):
     return load_model(directory, device="cpu", **kwargs)
 
 
-def open_session(directory: Path, **kwargs) -> ChatSession:
-    return ChatSession.open(directory, SessionOptions(device="cpu", **kwargs))
+def open_session(directory: Path, **kwargs) -> NanochatBackend:
+    return NanochatBackend.open(directory, LoadOptions(device="cpu", **kwargs))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_unexpected_key(tmp_path, era, key):
 
 
 def test_value_embedding_on_the_wrong_layer(tmp_path):
-    # E3: VE only on layers with the parity of the last one (n_layer=4: layers 1 and 3), spec §1.4.
+    # E3: VE only on layers with the parity of the last one (n_layer=4: layers 1 and 3), checkpoint-formats spec §1.4.
     ckpt = write_checkpoint(tmp_path, "E3", tokenizer=None)
     path = add_key(ckpt, "value_embeds.0.weight", torch.zeros(320, 32))
     message = failure(CheckpointError, load, ckpt)
@@ -130,7 +131,7 @@ def test_value_embedding_on_the_wrong_layer(tmp_path):
     [
         ("E7", "transformer.h.1.mlp.c_fc.weight", (7, 64)),
         ("E2", "transformer.h.0.attn.c_k.weight", (64, 64)),  # GQA: c_k rows must be Hkv*hd = 32
-        ("E4", "bigram_embed.embed.weight", (5 * 320, 64)),  # rows are 5 * unpadded V (spec §1.4)
+        ("E4", "bigram_embed.embed.weight", (5 * 320, 64)),  # rows are 5 * unpadded V (checkpoint-formats spec §1.4)
         ("E7", "smear_gate.weight", (1, 32)),
         ("fork_engram_mhc", "transformer.h.2.mhc.score_proj.weight", (9, 64)),
     ],
@@ -194,7 +195,7 @@ def test_branch_only_variants_are_unsupported(tmp_path, variant):
 
 
 def test_moe_meta_alone_is_unsupported(tmp_path):
-    # spec §5.2: num_experts in the meta identifies the MoE branch even before the keys are looked at
+    # checkpoint-formats spec §5.2: num_experts in the meta identifies the MoE branch even before the keys are looked at
     ckpt = write_checkpoint(
         tmp_path, "E5", meta_overrides={"model_config": {"num_experts": 4}}, tokenizer=None
     )
@@ -284,7 +285,7 @@ def test_bad_meta_fields(tmp_path, overrides, words):
 
 
 def test_engram_bottleneck_in_the_meta_must_match_the_weights(tmp_path):
-    # spec §5.4: "engram or mHC dims inconsistent with the meta". fork_engram_mhc's meta says
+    # checkpoint-formats spec §5.4: "engram or mHC dims inconsistent with the meta". fork_engram_mhc's meta says
     # engram_bottleneck_dim=8; here every engram tensor is consistently sized for 16 instead.
     ckpt = write_checkpoint(tmp_path, "fork_engram_mhc", tokenizer=None)
     add_key(ckpt, "transformer.h.1.engram.in_proj.weight", torch.zeros(16, 64))
@@ -355,7 +356,7 @@ def test_explicit_tokenizer_file_that_does_not_exist(tmp_path):
 
 
 def test_chat_needs_the_chat_tokens(tmp_path):
-    # spec §5.4: a chat request with a tokenizer lacking <|user_start|> etc. (the fork's C++ one)
+    # checkpoint-formats spec §5.4: a chat request with a tokenizer lacking <|user_start|> etc. (the fork's C++ one)
     ckpt = write_checkpoint(tmp_path, "fork", phase="sft", tokenizer="json")
     session = open_session(ckpt)
     assert not session.chat_mode
@@ -366,7 +367,7 @@ def test_chat_needs_the_chat_tokens(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
-# other formats (spec §5.1): recognised, refused with a clear "not supported"
+# other formats (checkpoint-formats spec §5.1): recognised, refused with a clear "not supported"
 
 
 def test_hugging_face_directory(tmp_path):

@@ -14,18 +14,15 @@ import pytest
 import torch
 from checkpoint_factory import write_checkpoint
 
-from desktop.compare_controller import (
-    CompareController,
-    cpu_options,
-    first_divergence,
-    sweep_steps,
-    token_diff,
-)
+import backend_helpers
+from desktop.compare.analysis import cpu_threads, first_divergence, sweep_steps, token_diff
+from desktop.compare.controller import CompareController
 from desktop.engine import memory
 from desktop.engine.discovery import CheckpointEntry, summarize
 from desktop.engine.messages import Message
-from desktop.engine.sampling import SamplingParams
-from desktop.engine.session import ChatSession, SessionOptions
+from desktop.engine.params import SamplingParams
+from desktop.engine.backend import LoadOptions
+from desktop.engine.nanochat_backend import NanochatBackend
 from desktop.settings import Settings
 from desktop.store import HistoryStore
 from desktop.store.export import from_json
@@ -61,7 +58,7 @@ def controller(qtbot, tmp_path):
     c = CompareController(store, Settings(tmp_path / "settings.json"))
     yield c
     c.shutdown()
-    assert all(p.host.thread.isFinished() for p in c.panes)
+    assert all(p.host.model_thread.isFinished() for p in c.panes)
     store.close()
 
 
@@ -82,13 +79,13 @@ def load(qtbot, c: CompareController, *keys: tuple[Path, int]) -> None:
 
 def run(qtbot, c: CompareController, shared: dict, text: str = PROMPT) -> None:
     with qtbot.waitSignal(c.busy_changed, timeout=LOAD_MS, check_params_cb=lambda busy: not busy):
-        assert c.send(text, shared)
+        assert c.send(text, SamplingParams(**shared))
 
 
 def direct_logprobs(key: tuple[Path, int], reply: list[int], max_tokens: int) -> tuple[torch.Tensor, int]:
     """log_softmax of one plain forward pass over prompt + reply, and the prompt length."""
-    session = ChatSession.open(key[0], SessionOptions(step=key[1], device="cpu"))
-    prompt = session.render([Message.of_text("user", PROMPT)], max_tokens).ids
+    session = NanochatBackend.open(key[0], LoadOptions(step=key[1], device="cpu"))
+    prompt = list(session.render([Message.of_text("user", PROMPT)], max_tokens).ids)
     with torch.inference_mode():
         logits = session.model(torch.tensor([prompt + reply]))[0]
     return torch.log_softmax(logits.float(), dim=-1), len(prompt)
@@ -129,12 +126,11 @@ def test_token_diff_spans_turn_one_reply_into_the_other():
     assert token_diff(a, a) == []
 
 
-def test_cpu_options_share_the_cores_or_one_turn_lock():
-    assert cpu_options("parallel", 1, 8) == [{}]
-    assert cpu_options("parallel", 3, 8) == [{"threads": 2}] * 3
-    interleaved = cpu_options("interleaved", 2, 8)
-    assert [o["threads"] for o in interleaved] == [8, 8]
-    assert interleaved[0]["step_lock"] is interleaved[1]["step_lock"]
+def test_cpu_threads_share_the_cores_or_give_each_all_of_them():
+    assert cpu_threads("parallel", 1, 8) == [None]
+    assert cpu_threads("parallel", 3, 8) == [2, 2, 2]
+    assert cpu_threads("parallel", 4, 2) == [1, 1, 1, 1]
+    assert cpu_threads("interleaved", 2, 8) == [8, 8]
 
 
 def test_turn_lock_serves_waiters_in_arrival_order():
@@ -162,7 +158,7 @@ def test_same_checkpoint_and_seed_give_identical_replies(qtbot, controller, view
     run(qtbot, controller, {"temperature": 1.0, "top_k": 0, "max_tokens": 24, "seed": 7})
     a, b = (p.run for p in controller.panes)
     assert a.tokens and a.tokens == b.tokens
-    assert a.message.parts == b.message.parts
+    assert a.reply.parts == b.reply.parts
     assert controller.divergence is None
     assert view.panes[0].view.toPlainText() == view.panes[1].view.toPlainText() != ""
     assert view.panes[0].view.marker_token() is None
@@ -178,10 +174,10 @@ def test_both_cpu_schedules_give_the_chat_sessions_tokens(qtbot, tmp_path, ckpts
         shared = {"temperature": 0.9, "top_k": 20, "max_tokens": 16, "seed": 11}
         run(qtbot, c, shared)
         for pane, key in zip(c.panes, (ckpts["a10"], ckpts["b10"]), strict=True):
-            session = ChatSession.open(key[0], SessionOptions(step=key[1], device="cpu"))
-            prompt = session.render([Message.of_text("user", PROMPT)], 16).ids
+            session = NanochatBackend.open(key[0], LoadOptions(step=key[1], device="cpu"))
+            prompt = list(session.render([Message.of_text("user", PROMPT)], 16).ids)
             params = SamplingParams(temperature=0.9, top_k=20, max_tokens=16, seed=11)
-            assert pane.run.tokens == [ev.id for ev in session.generate(prompt, params) if ev.id >= 0]
+            assert pane.run.tokens == backend_helpers.reply_ids(session, prompt, params)
     finally:
         c.shutdown()
         store.close()
@@ -209,7 +205,7 @@ def test_stop_stops_every_pane(qtbot, controller, view, ckpts):
     load(qtbot, controller, ckpts["a10"], ckpts["b10"])
     stopped = []
 
-    def on_token(_pane, _index, _ev, _lp) -> None:
+    def on_token(_pane, _index, _ev) -> None:
         if not stopped and all(len(p.run.tokens) >= 3 for p in controller.panes):
             stopped.append(True)
             view.input.stop_requested.emit()  # what the Stop button and Esc do
@@ -227,11 +223,11 @@ def test_overlay_probabilities_equal_a_direct_log_softmax(qtbot, controller, vie
     load(qtbot, controller, ckpts["a10"], ckpts["b10"])
     emitted = []
     for pane in controller.panes:
-        pane.host.worker.logprobs.connect(lambda *args: emitted.append(args))
+        pane.token.connect(lambda ev: emitted.append(ev))
     shared = {"temperature": 0.0, "max_tokens": 12, "seed": 1}
     run(qtbot, controller, shared)
-    assert emitted == []  # overlay off: the worker computed no probabilities at all
-    assert all(lp is None for p in controller.panes for lp in p.run.logprobs)
+    assert emitted and all(ev.logprob is None and ev.top is None for ev in emitted)  # overlay off: none computed
+    assert all(lp is None for p in controller.panes for lp in p.run.trace.logprobs)
 
     view.overlay_box.setChecked(True)
     run(qtbot, controller, shared)
@@ -240,7 +236,7 @@ def test_overlay_probabilities_equal_a_direct_log_softmax(qtbot, controller, vie
         lp, start = direct_logprobs(key, run_.tokens, 12)
         for i, token in enumerate(run_.tokens):
             row = lp[start - 1 + i]
-            chosen, top = run_.logprobs[i]
+            chosen, top = run_.trace.logprobs[i]
             assert chosen == pytest.approx(row[token].item(), abs=1e-4)
             assert [t for t, _, _ in top] == row.topk(5).indices.tolist()
             assert [v for _, _, v in top] == pytest.approx(row.topk(5).values.tolist(), abs=1e-4)
@@ -258,7 +254,7 @@ def test_overlay_switched_on_afterwards_fills_probabilities_in(qtbot, controller
         view.overlay_box.setChecked(True)
     run_ = controller.panes[0].run
     lp, start = direct_logprobs(ckpts["a10"], run_.tokens, 10)
-    got = [entry[0] for entry in run_.logprobs]
+    got = [entry[0] for entry in run_.trace.logprobs]
     want = [lp[start - 1 + i, t].item() for i, t in enumerate(run_.tokens)]
     assert got == pytest.approx(want, abs=1e-4)
     assert view.panes[0].view.background(0) is not None
@@ -273,13 +269,13 @@ def test_cross_scores_match_teacher_forcing_under_each_checkpoint(qtbot, control
     assert controller.cross_score(0)
     qtbot.waitUntil(lambda: len(results) == 2, timeout=LOAD_MS)
     reply = controller.panes[0].run.tokens
-    session = ChatSession.open(keys[0][0], SessionOptions(step=keys[0][1], device="cpu"))
+    session = NanochatBackend.open(keys[0][0], LoadOptions(step=keys[0][1], device="cpu"))
     for scorer, key in enumerate(keys):
         src, res = results[scorer]
         assert src == 0 and "error" not in res
         lp, start = direct_logprobs(key, reply, 16)
         per_token = [lp[start - 1 + i, t].item() for i, t in enumerate(reply)]
-        forced = controller.panes[0].run.forced
+        forced = controller.panes[0].run.trace.forced
         scored = [(t, x) for t, x, f in zip(reply, per_token, forced, strict=True) if not f]
         assert res["mean_logprob"] == pytest.approx(sum(x for _, x in scored) / len(scored), abs=1e-4)
         text = [(t, x) for t, x in scored if session.tok.special_name(t) is None]
@@ -320,8 +316,8 @@ def test_save_to_history_and_json_export_round_trip(qtbot, controller, view, ckp
     for message, pane, key in zip(stored[1:], controller.panes, (ckpts["a10"], ckpts["b10"]), strict=True):
         meta = message.meta
         assert (meta["checkpoint"], meta["step"], meta["era"]) == (str(key[0]), key[1], "E7")
-        assert meta["token_ids"] == pane.run.tokens and meta["stats"] == pane.run.stats
-        assert meta["device"] == "cpu" and meta["dtype"] == "float32" and meta["seed"] == 9
+        assert message.tokens.ids == pane.run.tokens and meta["stats"] == pane.run.stats
+        assert meta["device"] == "cpu" and meta["dtype"] == "float32" and meta["sampling"]["seed"] == 9
     assert [m.meta["sampling"]["temperature"] for m in stored[1:]] == [1.0, 0.5]
 
     target = tmp_path / "comparison.json"
@@ -339,6 +335,8 @@ def test_save_to_history_and_json_export_round_trip(qtbot, controller, view, ckp
         assert again.open_comparison(conv_id)
         assert [p.run.tokens for p in again.panes] == [p.run.tokens for p in controller.panes]
         assert again.prompt == PROMPT and again.divergence == controller.divergence
+        # Each pane's own settings come back with it.
+        assert [p.overrides for p in again.panes] == [{}, {"temperature": 0.5}]
     finally:
         again.shutdown()
 

@@ -1,5 +1,5 @@
 """Finding checkpoints under a nanochat base dir, summarising them without building a model, and
-resolving ``SOURCE[/TAG[/STEP]]`` specs (spec §1.1, §2.2)."""
+resolving ``SOURCE[/TAG[/STEP]]`` specs (checkpoint-formats spec §1.1, §2.2)."""
 
 from __future__ import annotations
 
@@ -71,11 +71,6 @@ def test_discover_adds_extra_folders_once(base, tmp_path):
     assert [(e.tag, e.path, e.steps) for e in folders] == [("mine", extra, [3])]
     assert sum(e.path == already for e in entries) == 1
     assert entries[-1].source == "folder"
-
-
-def test_discover_defaults_to_nanochat_base_dir(base, monkeypatch):
-    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(base))
-    assert [e.path for e in discover()] == [e.path for e in discover(base)]
 
 
 def test_discover_on_a_missing_base_dir(tmp_path):
@@ -171,11 +166,6 @@ def test_summary_of_an_unsupported_variant(tmp_path, no_model_building):
 )
 def test_resolve_spec(base, spec, path, step):
     assert resolve_spec(spec, base) == (base / path, step)
-
-
-def test_resolve_spec_uses_nanochat_base_dir(base, monkeypatch):
-    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(base))
-    assert resolve_spec("sft/d4") == (base / "chatsft_checkpoints" / "d4", None)
 
 
 def test_resolve_spec_accepts_a_directory(base):

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from checkpoint_factory import default_config, write_checkpoint
 
+import backend_helpers
 from desktop.engine.generation import GenerationStats
 from desktop.engine.messages import Message
-from desktop.engine.sampling import SamplingParams
-from desktop.engine.session import ChatSession, SessionOptions
+from desktop.engine.params import SamplingParams
+from desktop.engine.backend import LoadOptions
+from desktop.engine.nanochat_backend import NanochatBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,11 +49,11 @@ def test_out_of_memory_while_loading_is_one_clear_line(tmp_path):
 
 def test_model_deleted_from_disk_while_loaded_keeps_generating(tmp_path):
     ckpt = write_checkpoint(tmp_path, "E7", phase="chatsft", tokenizer="pkl")
-    session = ChatSession.open(ckpt, SessionOptions(device="cpu"))
+    session = NanochatBackend.open(ckpt, LoadOptions(device="cpu"))
     shutil.rmtree(tmp_path / "chatsft_checkpoints")
     stats = GenerationStats()
-    ids = session.render([Message.of_text("user", "hello")], 8).ids
-    list(session.generate(ids, SamplingParams(temperature=0.0, max_tokens=8), stats=stats))
+    ids = list(session.render([Message.of_text("user", "hello")], 8).ids)
+    list(backend_helpers.stream(session, ids, SamplingParams(temperature=0.0, max_tokens=8), stats=stats))
     assert stats.new_tokens > 0  # the weights are memory-mapped: the open file outlives the directory
 
 
@@ -77,14 +79,14 @@ def test_worker_raising_mid_generation_shows_the_error_and_keeps_working(qtbot, 
 
     monkeypatch.setattr(engine.generation, "sample_next", flaky)
     with qtbot.waitSignal(window.controller.reply_finished, timeout=60000) as done:
-        assert window.controller.send("first", {"temperature": 0.0, "max_tokens": 20})
+        assert window.controller.send("first", SamplingParams(temperature=0.0, max_tokens=20))
     assert done.args[0]["error"] == "RuntimeError: simulated kernel failure"
     assert not window.banner.isHidden() and "simulated kernel failure" in window.banner.message.text()
     reply_id, reply = window.controller.path[-1]
     stored = dict(window.controller.store.active_path(window.controller.conv_id))[reply_id]
     assert stored.meta["error"] and stored.parts == reply.parts  # the partial reply is kept
     with qtbot.waitSignal(window.controller.reply_finished, timeout=60000) as done:
-        assert window.controller.send("second", {"temperature": 0.0, "max_tokens": 5})
+        assert window.controller.send("second", SamplingParams(temperature=0.0, max_tokens=5))
     assert "error" not in done.args[0] and done.args[0]["new_tokens"] > 0
     window.close()
 
@@ -106,8 +108,9 @@ def test_kill_9_while_streaming_leaves_the_history_intact(tmp_path):
         from desktop.app import build
         window = build()
         c = window.controller
+        from desktop.engine.params import SamplingParams
         def on_loaded(info):
-            c.send("tell me everything", {{"temperature": 1.0, "max_tokens": 100000, "seed": 5}})
+            c.send("tell me everything", SamplingParams(temperature=1.0, max_tokens=100000, seed=5))
         def poll():
             if c.conv_id is None:
                 return

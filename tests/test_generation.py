@@ -1,6 +1,6 @@
 """Generation against an independent copy of nanochat's Engine loop, plus sampling, streaming and caching.
 
-``nanochat_engine_mimic.mimic_generate`` re-implements ``Engine.generate`` (spec §1.9) on top of the
+``nanochat_engine_mimic.mimic_generate`` re-implements ``Engine.generate`` (checkpoint-formats spec §1.9) on top of the
 reference forward; ``generate_columns`` must give the same token ids for greedy and seeded sampling. A
 "calculator trap" checkpoint (its greedy chain spells ``<|python_start|>7*6<|python_end|>``) makes the
 forced ``<|output_start|>42<|output_end|>`` path run for real.
@@ -26,13 +26,16 @@ from nanochat_engine_mimic import (
 from reference_model import reference_greedy, reference_logits
 from tokenizer_factory import make_tiktoken_encoding
 
+import backend_helpers
 from desktop.engine.errors import ContextError
 from desktop.engine.generation import GenerationStats, generate_columns, stream_reply
 from desktop.engine.kvcache import KVCache
 from desktop.engine.loader import load_model
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message
-from desktop.engine.sampling import SamplingParams, sample_next
-from desktop.engine.session import ChatSession, SessionOptions
+from desktop.engine.params import SamplingParams
+from desktop.engine.sampling import sample_next
+from desktop.engine.backend import LoadOptions
+from desktop.engine.nanochat_backend import NanochatBackend
 from desktop.engine.tokenizer import load_tokenizer
 
 EQUIVALENCE_ERAS = ("E2", "E4", "E7", "fork_engram")
@@ -287,7 +290,7 @@ def test_greedy_matches_reference_greedy(models, era):
 
 def test_prompt_must_fit_the_rotary_table(models):
     fx = models["E2"]
-    limit = 10 * fx.mc["sequence_len"]  # nanochat's rotary table (spec §1.3)
+    limit = 10 * fx.mc["sequence_len"]  # nanochat's rotary table (checkpoint-formats spec §1.3)
     params = SamplingParams(temperature=0.0, max_tokens=2)
     with pytest.raises(ContextError):
         list(generate_columns(fx.model, fx.tok, [1] * limit, params))
@@ -460,22 +463,22 @@ def test_fork_stream_text_continues_the_prompt_text(models, seed):
 
 
 @pytest.fixture(scope="module")
-def session(models) -> ChatSession:
-    return ChatSession.open(models["E7"].ckpt, SessionOptions(device="cpu"))
+def session(models) -> NanochatBackend:
+    return NanochatBackend.open(models["E7"].ckpt, LoadOptions(device="cpu"))
 
 
-def _reply(session: ChatSession, prompt, stats=None, reuse=True) -> list[int]:
+def _reply(session: NanochatBackend, prompt, stats=None, reuse=True) -> list[int]:
     params = SamplingParams(temperature=0.0, max_tokens=10)
-    return [ev.id for ev in session.generate(prompt, params, stats=stats, reuse_cache=reuse) if ev.id >= 0]
+    return backend_helpers.reply_ids(session, prompt, params, stats=stats, reuse_cache=reuse)
 
 
 def test_second_turn_prefills_only_the_new_tokens(session, models):
     fx = models["E7"]
-    first = session.render([Message.of_text("user", "Hello there!")], 10).ids
+    first = list(session.render([Message.of_text("user", "Hello there!")], 10).ids)
     reply = _reply(session, first)
     text = fx.tok.decode([t for t in reply if fx.tok.special_name(t) is None])
     convo = [Message.of_text("user", "Hello there!"), Message.of_text("assistant", text)]
-    second = session.render([*convo, Message.of_text("user", "And then?")], 10).ids
+    second = list(session.render([*convo, Message.of_text("user", "And then?")], 10).ids)
     assert second[: len(first)] == first
 
     cached, fresh = GenerationStats(), GenerationStats()
@@ -492,12 +495,12 @@ def test_second_turn_prefills_only_the_new_tokens(session, models):
 
 
 def test_regenerate_and_edit_reuse_the_shared_prefix(session):
-    prompt = session.render([Message.of_text("user", "Tell me a story.")], 10).ids
+    prompt = list(session.render([Message.of_text("user", "Tell me a story.")], 10).ids)
     baseline = _reply(session, prompt, reuse=False)
     again = GenerationStats()
     assert _reply(session, prompt, again) == baseline
     assert again.prefilled_tokens == 1  # everything cached; the last prompt token gives the logits
-    edited = session.render([Message.of_text("user", "Tell me a joke.")], 10).ids
+    edited = list(session.render([Message.of_text("user", "Tell me a joke.")], 10).ids)
     shared = next(i for i, (a, b) in enumerate(zip(prompt, edited, strict=False)) if a != b)
     stats = GenerationStats()
     edited_ids = _reply(session, edited, stats)
@@ -574,15 +577,15 @@ def test_repetition_penalty_covers_prompt_and_reply(models, penalty):
 def test_abandoned_reply_leaves_a_usable_prefix_cache(models):
     # A consumer that stops reading mid-reply (the UI's stop button) must not poison the next turn.
     fx = models["E7"]
-    session = ChatSession.open(fx.ckpt, SessionOptions(device="cpu"))
-    first = session.render([Message.of_text("user", "Count to ten.")], 12).ids
+    session = NanochatBackend.open(fx.ckpt, LoadOptions(device="cpu"))
+    first = list(session.render([Message.of_text("user", "Count to ten.")], 12).ids)
     params = SamplingParams(temperature=0.0, max_tokens=12)
-    stream = session.generate(first, params)
+    stream = backend_helpers.stream(session, first, params)
     partial = [next(stream).id for _ in range(4)]
     stream.close()
     text = fx.tok.decode([t for t in partial if fx.tok.special_name(t) is None])
     convo = [Message.of_text("user", "Count to ten."), Message.of_text("assistant", text)]
-    second = session.render([*convo, Message.of_text("user", "Go on.")], 12).ids
+    second = list(session.render([*convo, Message.of_text("user", "Go on.")], 12).ids)
     stats = GenerationStats()
     reused = _reply(session, second, stats)
     assert stats.prefilled_tokens < len(second)

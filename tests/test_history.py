@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -526,3 +527,72 @@ def test_killed_while_streaming_keeps_everything_up_to_the_last_flush(tmp_path: 
     assert question.plain_text() == "stream forever"
     assert text.startswith(flushed)  # nothing written before the report was lost
     assert text == "".join(f"t{i} " for i in range(text.count(" ")))  # and no torn write
+
+
+# ----- schema migrations ----------------------------------------------------------------------
+
+
+def test_a_version_1_database_moves_its_tokens_to_the_one_encoding(tmp_path: Path) -> None:
+    """Chats of schema 1 kept [id, forced] pairs under "raw"; comparisons one list per field."""
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    for statement in schema.MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO conversations (id, title, created, updated) VALUES (1, 'chat', 1, 1)")
+    conn.execute("INSERT INTO conversations (id, title, kind, created, updated) VALUES (2, 'cmp', 'compare', 1, 1)")
+    text = '[{"kind": "text", "text": "hi"}]'
+    rows = [
+        (1, 1, None, "user", "{}"),
+        (2, 1, 1, "assistant", '{"raw": [[5, false], [7, true]], "step": 3}'),
+        (3, 2, None, "user", "{}"),
+        (
+            4,
+            2,
+            3,
+            "assistant",
+            '{"pane": "A", "seed": 9, "sampling": {"temperature": 1.0}, "token_ids": [5, 6],'
+            ' "token_texts": ["h", "i"], "token_kinds": ["text", "text"], "token_specials": [null, null],'
+            ' "token_forced": [false, false], "token_logprobs": [-0.5, -1.5],'
+            ' "top_logprobs": [[[5, "h", -0.5]], [[6, "i", -1.5]]]}',
+        ),
+        (5, 2, 3, "assistant", '{"pane": "B", "not json'),
+    ]
+    for msg_id, conv, parent, role, meta in rows:
+        conn.execute(
+            "INSERT INTO messages (id, conversation_id, parent_id, role, parts, meta, created, rank)"
+            " VALUES (?, ?, ?, ?, ?, ?, 1, ?)",
+            (msg_id, conv, parent, role, text, meta, msg_id),
+        )
+    conn.commit()
+    conn.close()
+
+    with HistoryStore(path) as store:
+        chat = store.active_path(1)[1][1]
+        assert chat.tokens.ids == [5, 7] and chat.tokens.forced == [False, True]
+        assert "raw" not in chat.meta and chat.meta["step"] == 3
+        conn = sqlite3.connect(path)
+        metas = dict(conn.execute("SELECT id, meta FROM messages").fetchall())
+        conn.close()
+        assert metas[5] == '{"pane": "B", "not json'  # unreadable rows are left as they were
+        compare = Message.restore("assistant", [], json.loads(metas[4]))
+    assert compare.tokens.ids == [5, 6] and compare.tokens.texts == ["h", "i"]
+    assert compare.tokens.logprobs == [(-0.5, [(5, "h", -0.5)]), (-1.5, [(6, "i", -1.5)])]
+    assert compare.meta["sampling"] == {"temperature": 1.0, "seed": 9} and "token_ids" not in compare.meta
+
+
+def test_a_reply_round_trips_its_token_trace(store: HistoryStore) -> None:
+    from desktop.engine.messages import TokenEvent
+
+    conv = store.create_conversation("t")
+    reply = Message("assistant")
+    for ev in (
+        TokenEvent(3, "Hel", False, TEXT, logprob=-0.1, top=((3, "Hel", -0.1),)),
+        TokenEvent(4, "", False, PYTHON, "<|python_start|>"),
+        TokenEvent(-1, "lo", False, PYTHON, continues=True),
+    ):
+        reply.add_event(ev)
+    msg = store.add_message(conv, reply)
+    (_, again), = [(i, m) for i, m in store.active_path(conv) if i == msg]
+    assert again.tokens == reply.tokens and again.parts == reply.parts
+    assert again.tokens.texts == ["Hel", "lo"] and again.tokens.logprobs[1] is None

@@ -14,31 +14,33 @@ import pytest
 import torch
 from checkpoint_factory import write_checkpoint
 
+import backend_helpers
 from desktop.engine import memory
 from desktop.engine.discovery import CheckpointSummary, summarize
 from desktop.engine.errors import ContextError
 from desktop.engine.kvcache import KVCache
 from desktop.engine.messages import Message
-from desktop.engine.sampling import SamplingParams
+from desktop.engine.params import SamplingParams
 from desktop.engine.scoring import score_reply
-from desktop.engine.session import ChatSession, SessionOptions
+from desktop.engine.backend import LoadOptions
+from desktop.engine.nanochat_backend import NanochatBackend
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> ChatSession:
+def session(tmp_path_factory: pytest.TempPathFactory) -> NanochatBackend:
     base = tmp_path_factory.mktemp("nanochat")
     directory = write_checkpoint(base, "E7", phase="chatsft", tokenizer="pkl")
-    return ChatSession.open(directory, SessionOptions(step=10, device="cpu"))
+    return NanochatBackend.open(directory, LoadOptions(step=10, device="cpu"))
 
 
-def _reply(session: ChatSession, text: str, n: int = 20) -> tuple[list[int], list[int]]:
-    prompt = session.render([Message.of_text("user", text)], n).ids
+def _reply(session: NanochatBackend, text: str, n: int = 20) -> tuple[list[int], list[int]]:
+    prompt = list(session.render([Message.of_text("user", text)], n).ids)
     params = SamplingParams(temperature=1.0, max_tokens=n, seed=3)
-    reply = [ev.id for ev in session.generate(prompt, params, reuse_cache=False) if ev.id >= 0]
+    reply = backend_helpers.reply_ids(session, prompt, params, reuse_cache=False)
     return prompt, reply
 
 
-def _cached_logprobs(session: ChatSession, prompt: list[int], reply: list[int]) -> list[float]:
+def _cached_logprobs(session: NanochatBackend, prompt: list[int], reply: list[int]) -> list[float]:
     """Each reply token's log-probability through the incremental (KV-cached) path."""
     model = session.model
     cache = KVCache(model.config, 1, len(prompt) + len(reply), model.device, model.compute_dtype)

@@ -228,9 +228,11 @@ def test_streamed_calculator_call_renders_as_a_tool_block(qtbot):
     qtbot.addWidget(view)
     view.show()
     view.set_messages([Message.of_text("user", "What is 12 times 7?")])
-    view.begin_assistant({"sampling": {"temperature": 0.0}})
+    reply = Message("assistant", [], {"sampling": {"temperature": 0.0}})
+    view.begin_assistant(reply)
     events = calculator_events("12*7", "84")
     for ev in events:
+        reply.add_event(ev)  # what the controller does; the view re-renders the same message
         view.append_event(ev)
     widget = view.streaming
     assert widget.segment_widgets() == []  # nothing rendered per token: the timer coalesces
@@ -338,16 +340,22 @@ def test_auto_scroll_follows_until_the_user_scrolls_up(qtbot):
     view.resize(500, 300)
     view.show()
     view.set_messages([Message.of_text("user", f"line {i}\n" * 3) for i in range(12)])
-    view.begin_assistant({})
+    reply = Message("assistant")
+    view.begin_assistant(reply)
     bar = view.scroll.verticalScrollBar()
+
+    def stream(ev: TokenEvent) -> None:
+        reply.add_event(ev)
+        view.append_event(ev)
+
     for i in range(20):
-        view.append_event(TokenEvent(i, f"token {i}\n\n", False, TEXT))
+        stream(TokenEvent(i, f"token {i}\n\n", False, TEXT))
     view.streaming.flush()
     qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
     bar.setValue(0)  # the user scrolls up to read
     assert not view.is_following() and view.jump_btn.isVisibleTo(view)
     for i in range(20, 40):
-        view.append_event(TokenEvent(i, f"token {i}\n\n", False, TEXT))
+        stream(TokenEvent(i, f"token {i}\n\n", False, TEXT))
     view.streaming.flush()
     qtbot.waitUntil(lambda: bar.maximum() > 0)
     assert bar.value() == 0
@@ -527,8 +535,9 @@ def test_context_bar_turns_amber_over_80_percent(qtbot):
     status.set_speed(42.26, 180.4)
     assert status.speed.text() == "42.3 tok/s"
     assert status.ttft.text() == "TTFT 180 ms"
-    status.set_device_info({"device": "cpu", "threads": 8, "dtype": "float32"})
+    status.set_device_info("CPU · 8 threads", "float32")
     assert status.device.text() == "CPU · 8 threads" and status.dtype.text() == "float32"
+    assert status.attention.isHidden()
 
 
 def test_banner_levels_details_and_dismiss(qtbot):

@@ -1,4 +1,5 @@
-"""The model worker on its own QThread: load, stream, stop, fail, shut down (pytest-qt, no sleeps)."""
+"""The model worker: its slots called synchronously (no thread), then on its own QThread
+(load, stream, stop, fail, shut down), with pytest-qt and no sleeps."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ from pathlib import Path
 import pytest
 from checkpoint_factory import truncate_file, write_checkpoint
 
+from desktop.engine.backend import LoadOptions, ModelInfo, Prompt, StreamOptions
 from desktop.engine.messages import Message, TokenEvent
-from desktop.worker import WorkerHost
+from desktop.engine.params import SamplingParams
+from desktop.worker import ModelWorker, WorkerHost
 
 pytestmark = pytest.mark.gui
+
+CPU = LoadOptions(device="cpu")
+HI = [Message.of_text("user", "hi")]
 
 
 @pytest.fixture(scope="module")
@@ -19,30 +25,87 @@ def sft_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(base, "E7", phase="chatsft", tokenizer="pkl")
 
 
+class Recorder:
+    """Every signal a worker emits, in order, as (name, args)."""
+
+    NAMES = ("progress", "loaded", "load_failed", "context", "token", "finished", "failed", "scored")
+
+    def __init__(self, worker: ModelWorker) -> None:
+        self.events: list[tuple[str, tuple]] = []
+        for name in self.NAMES:
+            getattr(worker, name).connect(lambda *args, name=name: self.events.append((name, args)))
+
+    def named(self, name: str) -> list[tuple]:
+        return [args for n, args in self.events if n == name]
+
+
+# ----- the slots, synchronously (the worker stays on this thread) --------------------------------
+
+
+def test_slots_load_generate_score_in_order(qtbot, sft_dir):
+    worker = ModelWorker()
+    rec = Recorder(worker)
+    worker._on_load(str(sft_dir), CPU)
+    (info,) = rec.named("loaded")[0]
+    assert isinstance(info, ModelInfo) and info.era == "E7" and info.capabilities.chat
+    assert rec.named("progress"), "a load reports progress"
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    worker._on_generate(5, HI, params, StreamOptions(), None)
+    kinds = [n for n, _ in rec.events if n in ("context", "token", "finished")]
+    assert kinds[0] == "context" and kinds[-1] == "finished" and set(kinds[1:-1]) == {"token"}
+    (request, prompt) = rec.named("context")[0]
+    assert request == 5 and isinstance(prompt, Prompt) and prompt.tokens == len(prompt.ids)
+    ids = [ev.id for _r, ev in rec.named("token") if not ev.continues]
+    stats = rec.named("finished")[0][1]
+    assert stats["new_tokens"] == len(ids) > 0
+    # Teacher-forcing the greedy reply: every token was the argmax, so none scores below the top.
+    worker._on_score(6, HI, ids, {"top": 1})
+    request, result = rec.named("scored")[0]
+    assert request == 6 and len(result["token_logprobs"]) == len(ids)
+    assert [row[0][0] for row in result["top"]] == ids
+    worker._on_unload()
+    assert worker.backend is None
+
+
+def test_slots_report_failures_as_one_line(qtbot, tmp_path):
+    worker = ModelWorker()
+    rec = Recorder(worker)
+    worker._on_generate(2, HI, SamplingParams(), StreamOptions(), None)
+    assert rec.named("failed") == [(2, "no model is loaded")]
+    worker._on_score(3, HI, [1, 2], {})
+    assert rec.named("failed")[-1] == (3, "no model is loaded")
+    worker._on_load(str(tmp_path / "missing"), CPU)
+    (reason,) = rec.named("load_failed")[0]
+    assert "missing" in reason and "\n" not in reason
+
+
+# ----- on its own thread ------------------------------------------------------------------------
+
+
 @pytest.fixture
 def host(qtbot):
     host = WorkerHost()
     yield host
     host.shutdown()
-    assert host.thread.isFinished()
+    assert host.model_thread.isFinished()
 
 
-def _load(qtbot, host: WorkerHost, path: Path) -> dict:
+def _load(qtbot, host: WorkerHost, path: Path) -> ModelInfo:
     with qtbot.waitSignal(host.worker.loaded, timeout=30000) as blocker:
-        host.load(str(path), {"device": "cpu"})
+        host.load(str(path), CPU)
     return blocker.args[0]
 
 
 def test_load_then_stream_tokens_and_finish(qtbot, host, sft_dir):
     info = _load(qtbot, host, sft_dir)
-    assert info["era"] == "E7" and info["chat_mode"] is True
+    assert info.era == "E7" and info.capabilities.chat is True
     tokens: list[TokenEvent] = []
     host.worker.token.connect(lambda _rid, ev: tokens.append(ev))
     with qtbot.waitSignal(host.worker.finished, timeout=30000) as done:
-        host.generate(1, [Message.of_text("user", "hi")], {"temperature": 0.0, "max_tokens": 12})
+        host.generate(1, HI, SamplingParams(temperature=0.0, max_tokens=12))
     request_id, stats = done.args
     assert request_id == 1
-    assert stats["new_tokens"] == len([t for t in tokens if t.id >= 0]) > 0
+    assert stats["new_tokens"] == len([t for t in tokens if not t.continues]) > 0
     assert stats["prompt_tokens"] > 0 and stats["ttft_ms"] > 0
 
 
@@ -57,7 +120,7 @@ def test_stop_ends_generation_within_a_token_and_keeps_partial(qtbot, host, sft_
 
     host.worker.token.connect(on_token)
     with qtbot.waitSignal(host.worker.finished, timeout=30000) as done:
-        host.generate(7, [Message.of_text("user", "hi")], {"temperature": 1.0, "max_tokens": 400, "seed": 3})
+        host.generate(7, HI, SamplingParams(temperature=1.0, max_tokens=400, seed=3))
     stats = done.args[1]
     assert stats["stopped"] == "cancelled"
     # Queued token signals may still be in flight when stop is set, but the worker saw the
@@ -69,25 +132,19 @@ def test_corrupt_checkpoint_reports_and_worker_stays_usable(qtbot, host, sft_dir
     bad = write_checkpoint(tmp_path, "E7", phase="chatsft", tokenizer="pkl")
     truncate_file(next(bad.glob("model_*.pt")), 0.5)
     with qtbot.waitSignal(host.worker.load_failed, timeout=30000) as failed:
-        host.load(str(bad), {"device": "cpu"})
+        host.load(str(bad), CPU)
     message = failed.args[0]
     assert "model_000010.pt" in message and "truncated or corrupt" in message
     assert "\n" not in message
     info = _load(qtbot, host, sft_dir)  # the same worker loads a good one afterwards
-    assert info["path"] == str(sft_dir)
-
-
-def test_generate_without_model_fails_cleanly(qtbot, host):
-    with qtbot.waitSignal(host.worker.failed, timeout=10000) as failed:
-        host.generate(2, [Message.of_text("user", "hi")], {"temperature": 0.0, "max_tokens": 4})
-    assert failed.args == [2, "no checkpoint is loaded"]
+    assert info.path == str(sft_dir)
 
 
 def test_shutdown_stops_a_running_generation(qtbot, sft_dir):
     host = WorkerHost()
     with qtbot.waitSignal(host.worker.loaded, timeout=30000):
-        host.load(str(sft_dir), {"device": "cpu"})
+        host.load(str(sft_dir), CPU)
     with qtbot.waitSignal(host.worker.token, timeout=30000):
-        host.generate(1, [Message.of_text("user", "hi")], {"temperature": 1.0, "max_tokens": 100000})
+        host.generate(1, HI, SamplingParams(temperature=1.0, max_tokens=100000))
     assert host.shutdown(timeout_ms=30000)
-    assert host.thread.isFinished()
+    assert host.model_thread.isFinished()

@@ -2,7 +2,7 @@
 
 The SDPA path mirrors nanochat's fallback branch for branch (same calls, same masks), so on CPU
 float32 it computes the same numbers nanochat does. flash-attn's KV-cache kernel is used on
-Hopper when installed (spec §1.6).
+Hopper when installed (docs/ARCHITECTURE.md, Eras).
 """
 
 from __future__ import annotations

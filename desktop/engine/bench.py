@@ -1,25 +1,26 @@
 """``nanoscope bench``: load time, prefill, decode, bandwidth utilisation, memory, prefix-cache gain.
 
 Every speed is set against bandwidths measured in the same run on the same device, because
-absolute numbers on a shared machine mean little. The last line printed is one JSON object.
+absolute numbers on a shared machine mean little. :func:`run_bench` returns the figures; the
+CLI prints them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .backend import Backend, GenerationStats, Prompt, StreamOptions
 from .gemv import ExactLinear
-from .generation import GenerationStats
-from .sampling import SamplingParams
+from .params import SamplingParams
 
 
 class IdsOnlyTokenizer:
@@ -109,14 +110,15 @@ def _prompt(vocab_size: int, n: int, seed: int = 0) -> list[int]:
     return torch.randint(0, top, (n,), generator=g).tolist()
 
 
-def _run(session, prompt: list[int], params: SamplingParams, reuse: bool) -> GenerationStats:
+def _run(backend: Backend, prompt: list[int], params: SamplingParams, reuse: bool) -> GenerationStats:
     stats = GenerationStats()
-    for _ in session.generate(prompt, params, stats=stats, reuse_cache=reuse):
+    ids = Prompt((), tuple(prompt), len(prompt), backend.info().context_length)
+    for _ in backend.stream(ids, params, threading.Event(), StreamOptions(reuse_cache=reuse), stats):
         pass
     return stats
 
 
-def turn_ttft(session, vocab_size: int, history_len: int, repeats: int = 3) -> tuple[float, float]:
+def turn_ttft(backend: Backend, vocab_size: int, history_len: int, repeats: int = 3) -> tuple[float, float]:
     """Median ms to the first token of a 20-token follow-up after ``history_len`` tokens of
     conversation: (with the prefix cache, re-prefilling everything)."""
     history = _prompt(vocab_size, history_len, seed=1)
@@ -126,52 +128,65 @@ def turn_ttft(session, vocab_size: int, history_len: int, repeats: int = 3) -> t
     reply = SamplingParams(temperature=0.0, max_tokens=21)
     cached, full = [], []
     for _ in range(repeats):
-        _run(session, history, reply, reuse=False)
-        cached.append(_run(session, follow, one, reuse=True).ttft_ms)
-        full.append(_run(session, follow, one, reuse=False).ttft_ms)
+        _run(backend, history, reply, reuse=False)
+        cached.append(_run(backend, follow, one, reuse=True).ttft_ms)
+        full.append(_run(backend, follow, one, reuse=False).ttft_ms)
     return statistics.median(cached), statistics.median(full)
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    from .discovery import resolve_spec
+@dataclass(frozen=True)
+class BenchRequest:
+    directory: Path
+    step: int | None
+    device: str = "auto"
+    dtype: str = "auto"
+    softcap: float | None = None
+    tokenizer: Path | None = None
+    base_dir: Path | None = None
+    prompt_tokens: int = 256
+    new_tokens: int = 64
+    params: SamplingParams = SamplingParams(temperature=0.8, top_k=50)
+    threads: int | None = None
+    repeats: int = 3
+
+
+def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
+    """Load, measure, and return every figure (``warn`` gets what the caller should be told)."""
     from .errors import TokenizerError
     from .loader import load_model
-    from .session import ChatSession, tokenizer_dirs
+    from .nanochat_backend import NanochatBackend, tokenizer_dirs
     from .tokenizer import select_tokenizer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    directory, step = resolve_spec(args.model)
-    step = args.step if args.step is not None else step
+    if req.threads:
+        torch.set_num_threads(req.threads)
+    directory, step = req.directory, req.step
     t0 = time.perf_counter()
-    loaded = load_model(directory, step, args.device, args.dtype, args.softcap)
+    loaded = load_model(directory, step, req.device, req.dtype, req.softcap)
     load_s = time.perf_counter() - t0
     rss_after_load = peak_rss_bytes()
     cfg = loaded.config
     try:
         tok = select_tokenizer(
-            tokenizer_dirs(directory, None), cfg.vocab_size, cfg.is_fork, explicit=args.tokenizer
+            tokenizer_dirs(directory, req.base_dir), cfg.vocab_size, cfg.is_fork, explicit=req.tokenizer
         )
     except TokenizerError as exc:  # speed needs no text: measure with token ids alone
-        print(f"nanoscope: warning: {exc}; benchmarking with token ids only", file=sys.stderr)
+        warn(f"{exc}; benchmarking with token ids only")
         tok = IdsOnlyTokenizer(cfg.vocab_size)
-    session = ChatSession(loaded, tok)
+    backend = NanochatBackend(loaded, tok)
     dev = loaded.device
-    n_prompt = max(1, min(args.prompt_tokens, cfg.sequence_len - args.new_tokens - 1))
+    n_prompt = max(1, min(req.prompt_tokens, cfg.sequence_len - req.new_tokens - 1))
     prompt = _prompt(cfg.vocab_size, n_prompt)
-    params = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, max_tokens=args.new_tokens, seed=1
-    )
+    params = req.params.with_values(max_tokens=req.new_tokens, seed=1)
 
-    _run(session, prompt, params, reuse=False)  # warm-up
-    runs = [_run(session, prompt, params, reuse=False) for _ in range(max(1, args.repeats))]
+    _run(backend, prompt, params, reuse=False)  # warm-up
+    runs = [_run(backend, prompt, params, reuse=False) for _ in range(max(1, req.repeats))]
     ttft_ms = statistics.median(r.ttft_ms for r in runs)
     decode = statistics.median(r.decode_tok_s for r in runs)
     hist_len = max(2, min(1000, cfg.sequence_len - 64))
-    cached, full = turn_ttft(session, cfg.vocab_size, hist_len)
+    cached, full = turn_ttft(backend, cfg.vocab_size, hist_len)
 
     bw = measure_bandwidth(dev)
-    step_bytes = session.model.decode_bytes()
+    step_bytes = loaded.model.decode_bytes()
     streamed_gbs = step_bytes * decode / 1e9
     file_bytes = loaded.model_file.stat().st_size
     result = {
@@ -184,9 +199,9 @@ def run_bench(args: argparse.Namespace) -> int:
         "params": loaded.n_params,
         "load_s": round(load_s, 3),
         "prompt_tokens": n_prompt,
-        "new_tokens": args.new_tokens,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
+        "new_tokens": req.new_tokens,
+        "temperature": params.temperature,
+        "top_k": params.top_k,
         "ttft_ms": round(ttft_ms, 2),
         "prefill_tok_s": round(n_prompt / (ttft_ms / 1000), 1),
         "decode_tok_s": round(decode, 2),
@@ -208,8 +223,4 @@ def run_bench(args: argparse.Namespace) -> int:
     }
     if dev.type == "cuda":  # pragma: no cover - GPU only
         result["peak_vram_mb"] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)
-    if not args.json:
-        for k, v in result.items():
-            print(f"{k:22} {v}")
-    print(json.dumps(result))
-    return 0
+    return result

@@ -1,6 +1,6 @@
 """Conversation → token ids, exactly as nanochat's ``render_conversation`` / ``render_for_completion``.
 
-Layout (spec §1.9)::
+Layout (docs/ARCHITECTURE.md, Eras: Chat format)::
 
     <|bos|> <|user_start|> text <|user_end|> <|assistant_start|> parts <|assistant_end|> ...
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .errors import TokenizerError
 from .messages import PYTHON, PYTHON_OUTPUT, TEXT, Message
-from .tokenizer import (
+from .special_tokens import (
     ASSISTANT_END,
     ASSISTANT_START,
     CHAT_TOKENS,
@@ -30,8 +30,8 @@ from .tokenizer import (
     PYTHON_START,
     USER_END,
     USER_START,
-    Tokenizer,
 )
+from .tokenizer import Tokenizer
 
 _FRAME_TOKENS = 4  # <|bos|> <|user_start|> <|user_end|> <|assistant_start|>
 

@@ -1,4 +1,4 @@
-"""Find and read nanochat-family checkpoint files safely (spec §1.1, §5.1, §5.4).
+"""Find and read nanochat-family checkpoint files safely (docs/ARCHITECTURE.md, Where data lives; Eras: Loading).
 
 Weights are read with ``torch.load(weights_only=True, mmap=True)``: no pickled code can run and
 the tensors stay file-backed until they are used.
@@ -45,7 +45,7 @@ def meta_file(directory: Path, step: int) -> Path:
 
 
 def detect_unsupported(path: Path) -> None:
-    """Raise a clear error for formats we recognise but do not load yet (spec §5.1)."""
+    """Raise a clear error for formats we recognise but do not load yet (docs/ARCHITECTURE.md, Eras: Loading)."""
     if path.is_file() and path.suffix == ".gguf":
         raise UnsupportedFormatError(f"{path}: GGUF files are not supported yet")
     if not path.is_dir():

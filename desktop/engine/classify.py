@@ -1,7 +1,7 @@
 """Tell which nanochat era or fork variant a checkpoint is, and verify its keys and shapes.
 
 Works on the meta json and the state_dict's key -> shape map only, so it can run before any
-weights are read (spec §5.2, §5.4). Every mismatch raises with the offending keys listed;
+weights are read (docs/ARCHITECTURE.md, Eras; Eras: Loading). Every mismatch raises with the offending keys listed;
 nothing is silently patched.
 """
 

@@ -2,7 +2,7 @@
 
 The meta json never records the architecture switches (softcap, rope base, value embeddings,
 smear...), so ``classify.py`` infers them from the state_dict and fills this dataclass; the model
-is then built from it alone (spec §5.2).
+is then built from it alone (docs/ARCHITECTURE.md, Eras).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class ModelConfig:
         """Per-layer left window (FA3 ``(left, 0)`` semantics: a query sees ``left + 1`` keys).
 
         The pattern is tiled over layers and the last layer is always "L". "L" is
-        ``(sequence_len, 0)``, not unlimited (spec §1.6).
+        ``(sequence_len, 0)``, not unlimited (docs/ARCHITECTURE.md, Eras).
         """
         long_w = self.long_window or self.sequence_len
         short_w = self.short_window or long_w // 2

@@ -1,4 +1,4 @@
-"""The fork's C++ tokenizer (``tokenizer.json``, spec §2.4): HF encode, rebuilt spacing on decode.
+"""The fork's C++ tokenizer (``tokenizer.json``, docs/ARCHITECTURE.md, Eras: Tokenizers): HF encode, rebuilt spacing on decode.
 
 Its pre-tokenizer throws whitespace away, so the fork decodes by re-inserting spaces with
 BERT-like heuristics for C++ (``CppTokenizer.decode`` in apstenku123/nanochat). Models trained
@@ -23,7 +23,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import TokenizerError
-from .tokenizer import CHAT_TOKENS
+from .special_tokens import CHAT_TOKENS
 
 # Angle-bracket names of control tokens (<BOS>, <RESERVED_19>, nanochat-style <|bos|>). Operators
 # such as <=> are added tokens too but are ordinary text.

@@ -1,5 +1,5 @@
 """Device and precision choice: CUDA -> MPS -> CPU; "auto" precision is bf16 on CUDA SM80+ and fp32
-elsewhere, as nanochat runs (spec §5.3).
+elsewhere, as nanochat runs (docs/ARCHITECTURE.md, Eras: Loading).
 
 Precisions the user can ask for:
 

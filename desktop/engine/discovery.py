@@ -1,11 +1,14 @@
-"""Find checkpoints under the nanochat base dir and summarise them without loading weights."""
+"""Find checkpoints under a nanochat base dir and summarise them without loading weights.
+
+The base dir is always passed in: which one to use (``$NANOCHAT_BASE_DIR`` or its default) is
+the app's ``paths`` module's decision, and the engine imports nothing from the app.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..paths import nanochat_base_dir
 from . import checkpoint as ckpt
 from .classify import classify
 from .errors import NanoscopeError
@@ -63,9 +66,8 @@ class CheckpointSummary:
         return d
 
 
-def discover(base_dir: Path | None = None, extra_dirs: list[Path] | None = None) -> list[CheckpointEntry]:
-    """Every ``<phase>_checkpoints/<tag>/`` under the base dir, plus any extra checkpoint folders."""
-    base = base_dir or nanochat_base_dir()
+def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[CheckpointEntry]:
+    """Every ``<phase>_checkpoints/<tag>/`` under ``base``, plus any extra checkpoint folders."""
     entries: list[CheckpointEntry] = []
     for phase, source in PHASES.items():
         root = base / phase
@@ -83,7 +85,7 @@ def discover(base_dir: Path | None = None, extra_dirs: list[Path] | None = None)
     return entries
 
 
-def resolve_spec(spec: str, base_dir: Path | None = None) -> tuple[Path, int | None]:
+def resolve_spec(spec: str, base_dir: Path) -> tuple[Path, int | None]:
     """``SOURCE[/TAG[/STEP]]`` or a directory -> (checkpoint dir, step or None)."""
     p = Path(spec).expanduser()
     if p.exists():
@@ -98,7 +100,7 @@ def resolve_spec(spec: str, base_dir: Path | None = None) -> tuple[Path, int | N
     if len(parts) > 1:
         candidates = [e for e in candidates if e.tag == parts[1]]
     if not candidates:
-        raise NanoscopeError(f"{spec}: no such checkpoint under {base_dir or nanochat_base_dir()}")
+        raise NanoscopeError(f"{spec}: no such checkpoint under {base_dir}")
     entry = max(candidates, key=_tag_rank) if len(parts) == 1 else candidates[0]
     step = None
     if len(parts) > 2:

@@ -12,17 +12,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from .backend import GenerationStats
 from .calculator import calculate
 from .detokenize import StreamDecoder
 from .errors import ContextError
 from .kvcache import KVCache
 from .messages import PYTHON, PYTHON_OUTPUT, TEXT, THOUGHT, TOOL_QUERY, TOOL_RESULT, TokenEvent
 from .model import GPT
-from .sampling import SamplingParams, sample_next
+from .params import SamplingParams
+from .sampling import sample_next
+from .scoring import token_label
 from .tokenizer import Tokenizer
 
 
@@ -72,19 +75,6 @@ class Column:
     forced: list[bool]
     # Per row: (logprob of the chosen token, [(token id, logprob) x top-n]) when requested.
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    prefilled_tokens: int = 0  # prompt tokens actually computed (fewer with the prefix cache)
-    new_tokens: int = 0
-    ttft_ms: float = 0.0
-    decode_tok_s: float = 0.0
-    stopped: str = ""  # "stop_token" | "max_tokens" | "cancelled" | "context"
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 Calculator = Callable[[str], object]
@@ -251,9 +241,9 @@ def stream_reply(
     cancel: threading.Event | None = None,
     stats: GenerationStats | None = None,
     logprobs: int = 0,
-    on_logprobs: Callable[[tuple[float, list[tuple[int, float]]]], None] | None = None,
 ) -> Iterator[TokenEvent]:
-    """Stream one reply as :class:`TokenEvent`; ``stats`` is filled in as it goes."""
+    """Stream one reply as :class:`TokenEvent`; ``stats`` is filled in as it goes. With
+    ``logprobs`` > 0 each event carries its token's log-probability and that many alternatives."""
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt)
     stats.prefilled_tokens = len(prompt) if cache is None else reuse_prefix(cache, prompt)
@@ -269,9 +259,11 @@ def stream_reply(
         stats.new_tokens += 1
         if stats.new_tokens > 1:
             stats.decode_tok_s = (stats.new_tokens - 1) / max(now - t_first, 1e-9)
-        if on_logprobs is not None and col.logprobs:
-            on_logprobs(col.logprobs[0])
         ev = tracker.event(col.tokens[0], col.forced[0])
+        if col.logprobs:
+            chosen, alternatives = col.logprobs[0]
+            top = tuple((i, token_label(tok, i), lp) for i, lp in alternatives)
+            ev = replace(ev, logprob=chosen, top=top)
         if col.tokens[0] in tracker.sp.stop:
             stats.stopped = "stop_token"
         yield ev
@@ -279,4 +271,4 @@ def stream_reply(
         stats.stopped = "cancelled"
     tail = tracker.decoder.flush()
     if tail:
-        yield TokenEvent(-1, tail, False, tracker.kind)
+        yield TokenEvent(-1, tail, False, tracker.kind, continues=True)

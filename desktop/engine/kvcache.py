@@ -2,7 +2,7 @@
 
 Besides keys and values (nanochat's ``(B, T, H, D)`` layout, so the SDPA path sees the same
 tensors nanochat's does), the cache keeps per-position histories that make chunk appends and
-rollbacks exact (spec §1.7, §2.3):
+rollbacks exact (docs/ARCHITECTURE.md, Eras):
 
 * E7 smear needs the *pre-smear* embedding of the previous token;
 * E4 bigram needs the previous token id;

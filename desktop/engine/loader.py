@@ -1,24 +1,21 @@
-"""Load a nanochat-family checkpoint into a ready-to-run :class:`GPT` (spec §5)."""
+"""Load a nanochat-family checkpoint into a ready-to-run :class:`GPT` (docs/ARCHITECTURE.md, Eras: Loading)."""
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from . import checkpoint as ckpt
+from .backend import Progress
 from .classify import classify, is_ignorable
 from .config import ModelConfig
 from .device import Precision, describe_device, pick_device, pick_precision
 from .errors import CheckpointError, OutOfMemoryError, is_out_of_memory
 from .model import GPT
-
-Progress = Callable[[int, str], None]
-
 
 @dataclass
 class LoadedModel:
@@ -36,25 +33,9 @@ class LoadedModel:
     load_seconds: float
     warnings: list[str] = field(default_factory=list)
 
-    def info(self) -> dict:
-        cfg = self.config
-        return {
-            "path": str(self.directory),
-            "step": self.step,
-            "era": cfg.era,
-            "params": self.n_params,
-            "sequence_len": cfg.sequence_len,
-            "vocab_size": cfg.vocab_size,
-            "n_layer": cfg.n_layer,
-            "n_embd": cfg.n_embd,
-            "device": str(self.device),
-            "device_name": describe_device(self.device),
-            "dtype": self.precision.name,
-            "attention": self.attention,
-            "meta_hash": self.meta_hash,
-            "warnings": list(self.warnings),
-            "load_seconds": round(self.load_seconds, 3),
-        }
+    @property
+    def device_name(self) -> str:
+        return describe_device(self.device)
 
 
 def resolve_step(directory: Path, step: int | None) -> int:
@@ -72,7 +53,7 @@ def resolve_step(directory: Path, step: int | None) -> int:
 
 
 def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> bool:
-    """mid/SFT metas of Jan 2026 lost ``window_pattern``; the base meta of the same tag has it (spec §1.6).
+    """mid/SFT metas of Jan 2026 lost ``window_pattern``; the base meta of the same tag has it (docs/ARCHITECTURE.md, Eras).
 
     Returns True when the pattern is missing and no base meta could supply it.
     """

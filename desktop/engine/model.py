@@ -1,4 +1,4 @@
-"""One configurable GPT that computes every nanochat era and the seed fork (spec §1.3-1.7, §2.1).
+"""One configurable GPT that computes every nanochat era and the seed fork (docs/ARCHITECTURE.md, Eras; Eras, the fork).
 
 Parameter names equal the checkpoint's state_dict keys, so weights are attached with
 ``load_state_dict(assign=True)`` straight from the memory-mapped file without a second copy.
@@ -217,7 +217,7 @@ class MLP(nn.Module):
 
 
 class Engram(nn.Module):
-    """The fork's n-gram branch: causal averages of a bottleneck projection (spec §2.1)."""
+    """The fork's n-gram branch: causal averages of a bottleneck projection (docs/ARCHITECTURE.md, Eras, the fork)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -245,7 +245,7 @@ class Engram(nn.Module):
 
 
 class BranchMixer(nn.Module):
-    """The fork's mHC mixer: Sinkhorn-normalised weights over residual branches (spec §2.1)."""
+    """The fork's mHC mixer: Sinkhorn-normalised weights over residual branches (docs/ARCHITECTURE.md, Eras, the fork)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

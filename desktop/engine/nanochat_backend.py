@@ -1,36 +1,45 @@
-"""A loaded model with its tokenizer and a prefix cache: what the worker and the CLI talk to.
+"""The nanochat engine behind the :class:`~desktop.engine.backend.Backend` seam.
 
-The prefix cache keeps the KV cache of the last conversation. When the next prompt extends (or
-shares a prefix with) the cached tokens, only the new tokens are prefilled; the cache's
-per-position histories make this exact for every era (E7 smear, E4 bigram, Engram).
+A loaded nanochat-family checkpoint (every upstream era and the C++ fork) with its tokenizer and
+a prefix cache. The prefix cache keeps the KV cache of the last request: when the next prompt
+extends (or shares a prefix with) the cached tokens, only the new tokens are prefilled; the
+cache's per-position histories make this exact for every era (E7 smear, E4 bigram, Engram).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .chat_format import Rendered, render_completion_prompt, render_for_completion
-from .generation import GenerationStats, stream_reply
+from .backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
+from .chat_format import render_completion_prompt, render_for_completion
+from .discovery import PHASES
+from .errors import ContextError, NanoscopeError, TokenizerError
+from .generation import stream_reply
 from .kvcache import KVCache
-from .loader import LoadedModel, Progress, load_model
+from .loader import LoadedModel, load_model
 from .messages import Message, TokenEvent
-from .sampling import SamplingParams
+from .params import SamplingParams
+from .scoring import score_reply, token_label
 from .tokenizer import Tokenizer, select_tokenizer
+
+# A reply may take up to this share of the context when old turns must make room for it; longer
+# replies may run past sequence_len, as they can in nanochat.
+REPLY_SHARE = 4
 
 
 def tokenizer_dirs(directory: Path, base_dir: Path | None) -> list[Path]:
-    """Where to look for a tokenizer: the checkpoint dir, ``<base>/tokenizer``, then $NANOCHAT_BASE_DIR."""
-    from .discovery import PHASES, nanochat_base_dir
-
+    """Where to look for a tokenizer: the checkpoint dir, ``<phase dir>/../tokenizer``, then
+    ``<base_dir>/tokenizer``."""
     dirs = [directory]
     if directory.parent.name in PHASES:
         dirs.append(directory.parent.parent / "tokenizer")
-    dirs.append((base_dir or nanochat_base_dir()) / "tokenizer")
+    if base_dir is not None:
+        dirs.append(base_dir / "tokenizer")
     out: list[Path] = []
     for d in dirs:
         if d not in out:
@@ -38,17 +47,16 @@ def tokenizer_dirs(directory: Path, base_dir: Path | None) -> list[Path]:
     return out
 
 
-@dataclass
-class SessionOptions:
-    step: int | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    tokenizer: Path | None = None
-    softcap: float | None = None
-    base_dir: Path | None = None
+def display_name(directory: Path, step: int | None) -> str:
+    """ "sft/d20 · step 1,500" (a folder outside the phase layout goes by its own name)."""
+    source = PHASES.get(directory.parent.name)
+    where = f"{source}/{directory.name}" if source else directory.name
+    return f"{where} · step {step:,}" if step is not None else where
 
 
-class ChatSession:
+class NanochatBackend:
+    """A nanochat checkpoint, ready to stream replies. Every method runs on one thread."""
+
     def __init__(self, loaded: LoadedModel, tok: Tokenizer) -> None:
         self.loaded = loaded
         self.tok = tok
@@ -56,12 +64,13 @@ class ChatSession:
         # Base checkpoints and tokenizers without chat tokens (the fork's C++ one) complete text.
         self.chat_mode = tok.has_chat_tokens and loaded.directory.parent.name != "base_checkpoints"
         self._cache: KVCache | None = None
+        self._info = self._describe()
 
     @classmethod
     def open(
-        cls, directory: Path, options: SessionOptions | None = None, progress: Progress | None = None
-    ) -> ChatSession:
-        opts = options or SessionOptions()
+        cls, directory: Path, options: LoadOptions | None = None, progress: Progress | None = None
+    ) -> NanochatBackend:
+        opts = options or LoadOptions()
         directory = Path(directory).expanduser()
         loaded = load_model(directory, opts.step, opts.device, opts.dtype, opts.softcap, progress)
         tok = select_tokenizer(
@@ -72,9 +81,9 @@ class ChatSession:
         )
         tok.special_id("<TOOL_RESULT>")  # resolves (and warns about) the fork's id-19 fallback now
         loaded.warnings.extend(tok.warnings)
-        session = cls(loaded, tok)
-        session.warm_up()
-        return session
+        backend = cls(loaded, tok)
+        backend.warm_up()
+        return backend
 
     def warm_up(self) -> None:
         """One tiny forward so the first reply does not pay for kernel selection and allocations."""
@@ -84,39 +93,105 @@ class ChatSession:
             self.model(ids, cache, last_only=True)
             self.model(ids[:, :1], cache, last_only=True)
 
-    def info(self) -> dict:
-        d = self.loaded.info()
-        d.update(chat_mode=self.chat_mode, tokenizer=str(self.tok.path), tokenizer_kind=self.tok.kind)
-        return d
-
-    def render(self, messages: Sequence[Message], max_new: int) -> Rendered:
-        """Prompt ids for a conversation, oldest turns dropped to leave room for ``max_new`` tokens."""
-        # Keep room for a reply of up to a quarter of the context; longer replies may run past
-        # sequence_len, as they can in nanochat.
-        seq = self.loaded.config.sequence_len
-        budget = max(1, seq - min(max_new, seq // 4))
-        if self.chat_mode:
-            return render_for_completion(self.tok, list(messages), budget)
-        text = "".join(m.plain_text() for m in messages if m.role != "system")
-        return render_completion_prompt(self.tok, text, budget)
-
-    def generate(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        cancel: threading.Event | None = None,
-        stats: GenerationStats | None = None,
-        reuse_cache: bool = True,
-    ) -> Iterator[TokenEvent]:
-        """Stream a reply to ``prompt`` ids. With ``reuse_cache`` the KV cache of the previous call
-        is kept: generation prefills only what follows the longest prefix it shares with ``prompt``."""
-        if not reuse_cache or self._cache is None:
-            cfg = self.model.config
-            cap = min(cfg.rope_len, len(prompt) + (params.max_tokens or cfg.sequence_len))
-            self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
-        yield from stream_reply(
-            self.model, self.tok, prompt, params, cache=self._cache, cancel=cancel, stats=stats
+    def _describe(self) -> ModelInfo:
+        loaded, cfg = self.loaded, self.loaded.config
+        return ModelInfo(
+            family="nanochat-fork" if cfg.is_fork else "nanochat",
+            path=str(loaded.directory),
+            name=display_name(loaded.directory, loaded.step),
+            source=PHASES.get(loaded.directory.parent.name, "folder"),
+            tag=loaded.directory.name,
+            step=loaded.step,
+            parameters=loaded.n_params,
+            context_length=cfg.sequence_len,
+            device=str(loaded.device),
+            device_name=loaded.device_name,
+            precision=loaded.precision.name,
+            capabilities=Capabilities(chat=self.chat_mode),
+            era=cfg.era,
+            attention=loaded.attention,
+            tokenizer=str(self.tok.path),
+            tokenizer_kind=self.tok.kind,
+            vocab_size=cfg.vocab_size,
+            meta_hash=loaded.meta_hash,
+            warnings=tuple(loaded.warnings),
+            load_seconds=round(loaded.load_seconds, 3),
         )
+
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def render(
+        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+    ) -> Prompt:
+        """Prompt ids; with ``max_tokens``, the oldest turns make room for a reply of up to a
+        quarter of the context (None: nothing is dropped)."""
+        seq = self.loaded.config.sequence_len
+        budget = None if max_tokens is None else max(1, seq - min(max_tokens, seq // REPLY_SHARE))
+        if chat and not self.tok.has_chat_tokens:
+            raise TokenizerError(f"{self.tok.path}: this tokenizer has no chat tokens")
+        if isinstance(conversation, str):
+            messages: tuple[Message, ...] = ()
+            rendered = render_completion_prompt(self.tok, conversation, budget)
+        elif chat or (chat is None and self.chat_mode):
+            messages = tuple(conversation)
+            rendered = render_for_completion(self.tok, list(messages), budget)
+            messages = messages[rendered.dropped_turns :] if rendered.dropped_turns else messages
+        else:
+            messages = tuple(conversation)
+            text = "".join(m.plain_text() for m in messages if m.role != "system")
+            rendered = render_completion_prompt(self.tok, text, budget)
+        return Prompt(
+            messages=messages,
+            ids=tuple(rendered.ids),
+            tokens=len(rendered.ids),
+            context_length=seq,
+            dropped_turns=rendered.dropped_turns,
+            truncated=rendered.truncated,
+        )
+
+    def prompt_of_ids(self, ids: Sequence[int]) -> Prompt:
+        """A prompt given as token ids (checked against the vocabulary)."""
+        vocab = self.loaded.config.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise NanoscopeError(f"token ids out of range for vocab {vocab}: {bad[:5]}")
+        return Prompt((), tuple(ids), len(ids), self.loaded.config.sequence_len)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        cancel: threading.Event,
+        options: StreamOptions = StreamOptions(),
+        stats: GenerationStats | None = None,
+    ) -> Iterator[TokenEvent]:
+        """Stream a reply to ``prompt``. With ``options.reuse_cache`` the KV cache of the previous
+        request is kept: generation prefills only what follows the longest prefix it shares."""
+        ids = _ids_of(prompt)
+        if not options.reuse_cache or self._cache is None:
+            cfg = self.model.config
+            cap = min(cfg.rope_len, len(ids) + (params.max_tokens or cfg.sequence_len))
+            self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
+        with _torch_threads(options.threads):
+            yield from stream_reply(
+                self.model,
+                self.tok,
+                ids,
+                params,
+                cache=self._cache,
+                cancel=cancel,
+                stats=stats,
+                logprobs=options.logprobs,
+            )
+
+    def score(
+        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+    ) -> dict[str, Any]:
+        return score_reply(self.model, self.tok, _ids_of(prompt), reply_ids, top=top, skip=skip)
+
+    def token_label(self, token_id: int) -> str:
+        return token_label(self.tok, token_id) if token_id >= 0 else ""
 
     def reset_cache(self) -> None:
         self._cache = None
@@ -124,5 +199,34 @@ class ChatSession:
     def close(self) -> None:
         self.reset_cache()
         self.model = None  # type: ignore[assignment]
+        self.loaded.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _ids_of(prompt: Prompt) -> list[int]:
+    if prompt.ids is None:
+        raise ContextError("this prompt has no token ids")
+    return list(prompt.ids)
+
+
+class _torch_threads:
+    """Run with ``count`` intra-op threads on this thread, then restore the previous count.
+
+    torch keeps the count per thread once a thread has run an op (and hands the last value set
+    to threads that start later), so parallel Compare panes each set their share on their own
+    thread. A generator holds it across its yields, which all run on the worker's thread.
+    """
+
+    def __init__(self, count: int | None) -> None:
+        self.count = count
+        self.before = 0
+
+    def __enter__(self) -> None:
+        if self.count:
+            self.before = torch.get_num_threads()
+            torch.set_num_threads(self.count)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.count:
+            torch.set_num_threads(self.before)

@@ -7,43 +7,10 @@ tokens exactly. The extra filters are applied only when they are switched on.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    min_p: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # 1 = off
-    max_tokens: int | None = None
-    seed: int = 42
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if not 0 <= self.min_p < 1:
-            raise ValueError("min_p must be in [0, 1)")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-
-    @property
-    def plain(self) -> bool:
-        """True when only nanochat's own knobs (temperature, top-k) are in use."""
-        return self.top_p >= 1.0 and self.min_p <= 0.0 and self.repetition_penalty == 1.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from .params import SamplingParams
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:

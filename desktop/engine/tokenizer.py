@@ -1,6 +1,6 @@
 """The tokenizer interface generation and the UI use, plus finding the right file for a checkpoint.
 
-Two kinds exist in the nanochat family (spec §1.8, §2.4):
+Two kinds exist in the nanochat family (docs/ARCHITECTURE.md, Eras: Tokenizers):
 
 * ``"tiktoken"``: upstream's ``tokenizer.pkl``, a pickled ``tiktoken.Encoding`` whose last nine ids
   are the chat special tokens. It is loaded through :mod:`.safe_pickle`, never plain ``pickle``.
@@ -18,33 +18,11 @@ from typing import Protocol
 
 import tiktoken
 
+from .cpp_tokenizer import CppTokenizer
 from .errors import TokenizerError
 from .safe_pickle import load_tiktoken_pickle
 
-# nanochat's SPECIAL_TOKENS, in order; their ids are the last nine of the vocabulary (spec §1.8).
-BOS = "<|bos|>"
-USER_START = "<|user_start|>"
-USER_END = "<|user_end|>"
-ASSISTANT_START = "<|assistant_start|>"
-ASSISTANT_END = "<|assistant_end|>"
-PYTHON_START = "<|python_start|>"
-PYTHON_END = "<|python_end|>"
-OUTPUT_START = "<|output_start|>"
-OUTPUT_END = "<|output_end|>"
-# What chat rendering cannot do without (spec §5.4).
-CHAT_TOKENS = (USER_START, ASSISTANT_START, ASSISTANT_END)
-# nanochat's SPECIAL_TOKENS in their (never changed) order: they take the last nine ids.
-SPECIAL_TOKENS = (
-    BOS,
-    USER_START,
-    USER_END,
-    ASSISTANT_START,
-    ASSISTANT_END,
-    PYTHON_START,
-    PYTHON_END,
-    OUTPUT_START,
-    OUTPUT_END,
-)
+from .special_tokens import ASSISTANT_END, BOS, CHAT_TOKENS, SPECIAL_TOKENS
 
 PKL_NAME = "tokenizer.pkl"
 JSON_NAME = "tokenizer.json"
@@ -118,8 +96,6 @@ def load_tokenizer(path: Path) -> Tokenizer:
     if path.suffix == ".pkl":
         return TiktokenTokenizer(load_tiktoken_pickle(path), path)
     if path.suffix == ".json":
-        # Imported here because cpp_tokenizer uses this module's token-name constants.
-        from .cpp_tokenizer import CppTokenizer
 
         return CppTokenizer(path)
     raise TokenizerError(f"{path}: not a tokenizer file (expected tokenizer.pkl or tokenizer.json)")
@@ -134,7 +110,7 @@ def _files_in(directory: Path, is_fork: bool) -> list[Path]:
 def select_tokenizer(
     candidate_dirs: Sequence[Path], vocab_size: int, is_fork: bool, explicit: Path | None = None
 ) -> Tokenizer:
-    """Pick the checkpoint's tokenizer as spec §5.3 says.
+    """Pick the checkpoint's tokenizer as docs/ARCHITECTURE.md, Eras: Loading says.
 
     An explicit file is used as is (its vocab must still match). Otherwise directories are
     searched in order (``explicit`` first when it is a directory); in the first one holding a file

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from desktop import __version__
+from desktop.compare.analysis import checkpoint_label, describe_sampling
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.messages import (
     PYTHON,
@@ -87,6 +88,42 @@ def to_markdown(title: str, messages: Iterable[Message]) -> str:
         blocks.append(f"## {_ROLE_HEADINGS.get(message.role, message.role.title())}")
         blocks.extend(md for p in message.parts if (md := _part_markdown(p.kind, p.text)))
     return "\n\n".join(blocks) + "\n"
+
+
+def comparison_markdown(title: str, messages: list[Message], meta: dict[str, Any]) -> str:
+    """A readable report of a comparison: the prompt, a table of panes, the divergence, each
+    reply, and the cross-scores."""
+    replies = [m for m in messages if m.role == "assistant"]
+    lines = [f"# {title}", "", "**Prompt**", ""]
+    lines += ["> " + line if line else ">" for line in str(meta.get("prompt", "")).split("\n")]
+    lines += ["", "| pane | model | sampling | tokens | tok/s | TTFT |", "|---|---|---|--:|--:|--:|"]
+    for m in replies:
+        stats = m.meta.get("stats") or {}
+        tok_s = f"{stats['decode_tok_s']:.1f}" if stats.get("decode_tok_s") else "–"
+        ttft = f"{stats['ttft_ms']:.0f} ms" if stats.get("ttft_ms") else "–"
+        lines.append(
+            f"| {m.meta.get('pane', '?')} | {checkpoint_label(m.meta)} | "
+            f"{describe_sampling(m.meta.get('sampling') or {})} | {len(m.tokens)} | {tok_s} | {ttft} |"
+        )
+    divergence = meta.get("divergence")
+    lines.append("")
+    if divergence is not None:
+        lines.append(f"The replies first differ at token {divergence}.")
+    for m in replies:
+        lines += ["", f"## {m.meta.get('pane', '?')} · {checkpoint_label(m.meta)}", ""]
+        lines += [md for p in m.parts if (md := _part_markdown(p.kind, p.text))] or ["*(empty reply)*"]
+        if m.meta.get("error"):
+            lines += ["", f"*Failed: {m.meta['error']}*"]
+    scored = [m for m in replies if m.meta.get("cross_scores")]
+    if scored:
+        lines += ["", "## Cross-scores", "", "| reply | scored by | bits/byte | mean log p |", "|---|---|--:|--:|"]
+        for m in scored:
+            for letter, score in m.meta["cross_scores"].items():
+                bpb = f"{score['bits_per_byte']:.3f}" if score.get("bits_per_byte") is not None else "–"
+                mean = score.get("mean_logprob")
+                mean_text = f"{mean:.3f}" if mean is not None else score.get("error", "–")
+                lines.append(f"| {m.meta.get('pane')} | {letter} | {bpb} | {mean_text} |")
+    return "\n".join(lines) + "\n"
 
 
 def to_json(title: str, messages: Iterable[Message], meta: dict[str, Any] | None = None) -> str:

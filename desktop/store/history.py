@@ -85,7 +85,7 @@ def _search_text(message: Message) -> str:
 def _message_columns(message: Message) -> tuple[str, str, str, str]:
     """Serialised now, so a message that keeps growing cannot change a write still pending."""
     parts = _dumps([p.to_dict() for p in message.parts])
-    return message.role, parts, _dumps(message.meta), _search_text(message)
+    return message.role, parts, _dumps(message.stored_meta()), _search_text(message)
 
 
 class HistoryStore:
@@ -328,8 +328,8 @@ class HistoryStore:
         node: int | None = None
         while node in children:
             _, node, role, parts, meta = max(children[node])
-            message = Message(
-                role=role, parts=[Part.from_dict(p) for p in json.loads(parts)], meta=json.loads(meta)
+            message = Message.restore(
+                role, [Part.from_dict(p) for p in json.loads(parts)], json.loads(meta)
             )
             path.append((node, message))
         return path

@@ -13,9 +13,11 @@ when FTS5 is back the index is rebuilt from the content tables before the trigge
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
 from desktop.engine.errors import NanoscopeError
 
@@ -24,7 +26,51 @@ class HistoryError(NanoscopeError):
     """The history database cannot be opened or used (one readable line naming the file)."""
 
 
-MIGRATIONS: list[tuple[str, ...]] = [
+# Compare replies of schema 1 kept their tokens as parallel meta lists under these names.
+_V1_TOKEN_COLUMNS = {
+    "token_ids": "ids",
+    "token_texts": "texts",
+    "token_kinds": "kinds",
+    "token_specials": "specials",
+    "token_forced": "forced",
+    "token_logprobs": "logprobs",
+    "top_logprobs": "top",
+}
+
+
+def _v1_tokens(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """A schema-1 message meta with its tokens in the one encoding (``tokens``), or None when
+    it has no tokens to convert. Chats kept ``raw`` ([id, forced] pairs); comparisons kept one
+    list per field."""
+    if isinstance(meta.get("raw"), list):
+        pairs = [p for p in meta.pop("raw") if isinstance(p, list) and len(p) == 2]
+        meta["tokens"] = {"ids": [p[0] for p in pairs], "forced": [p[1] for p in pairs]}
+        return meta
+    if "token_ids" in meta:
+        meta["tokens"] = {new: meta.pop(old) for old, new in _V1_TOKEN_COLUMNS.items() if old in meta}
+        if "seed" in meta and isinstance(meta.get("sampling"), dict):
+            meta["sampling"].setdefault("seed", meta.pop("seed"))
+        return meta
+    return None
+
+
+def _one_token_encoding(conn: sqlite3.Connection) -> None:
+    """v1 -> v2: chats and comparisons store their tokens the same way (see ``_v1_tokens``)."""
+    rows = conn.execute(
+        "SELECT id, meta FROM messages WHERE meta LIKE '%\"raw\"%' OR meta LIKE '%\"token_ids\"%'"
+    ).fetchall()
+    for msg_id, text in rows:
+        try:
+            meta = json.loads(text)
+        except (ValueError, RecursionError):
+            continue  # unreadable meta stays as it is; the reader shows what it can
+        if isinstance(meta, dict) and (new := _v1_tokens(meta)) is not None:
+            conn.execute("UPDATE messages SET meta = ? WHERE id = ?", (json.dumps(new, default=str), msg_id))
+
+
+Migration = tuple[str, ...] | Callable[[sqlite3.Connection], None]
+
+MIGRATIONS: list[Migration] = [
     (
         # message_count is kept here, not counted, so the conversation list costs no scan of messages.
         """
@@ -64,6 +110,7 @@ MIGRATIONS: list[tuple[str, ...]] = [
         # Needed by the parent_id foreign key: without it every cascaded delete scans the table.
         "CREATE INDEX messages_by_parent ON messages (parent_id)",
     ),
+    _one_token_encoding,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -119,8 +166,12 @@ def migrate(conn: sqlite3.Connection, name: str) -> None:
             # Another instance may have migrated between our read and our lock.
             if conn.execute("PRAGMA user_version").fetchone()[0] != version:
                 continue
-            for statement in MIGRATIONS[version]:
-                conn.execute(statement)
+            step = MIGRATIONS[version]
+            if callable(step):
+                step(conn)
+            else:
+                for statement in step:
+                    conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {version + 1}")
 
 

@@ -11,7 +11,6 @@ a "jump to bottom" button, and scrolling back down (or the button) resumes it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
@@ -78,7 +77,6 @@ class ChatView(QWidget):
         self.widgets: list[MessageWidget] = []
         self.streaming: MessageWidget | None = None
         self.raw_mode = False
-        self._detokenize: Callable[[int], str] | None = None
         self._first = 0  # index of the oldest message that has a widget
         self._follow = True
         self._anchor: tuple[MessageWidget, int] | None = None  # keeps the view still while prepending
@@ -196,11 +194,14 @@ class ChatView(QWidget):
         if not same_chat or self._follow:
             self.scroll_to_bottom()
 
-    def begin_assistant(self, meta: dict) -> None:
-        """Add the reply that is about to stream (shown as "Generating…" until tokens arrive)."""
-        message = Message("assistant", [], dict(meta))
+    def begin_assistant(self, message: Message, siblings: tuple[int, int] = (0, 1)) -> None:
+        """Add the reply that is about to stream (shown as "Generating…" until tokens arrive).
+
+        ``message`` is the controller's own reply object: it grows as tokens arrive, and the
+        view only re-renders it. ``siblings`` is its (index, count) among regenerated replies.
+        """
         self.messages.append(message)
-        self.siblings.append((0, 1))
+        self.siblings.append(tuple(siblings))
         w = self._create(len(self.messages) - 1, streaming=True)
         self.column.box.insertWidget(len(self.widgets), w)
         self.widgets.append(w)
@@ -253,10 +254,9 @@ class ChatView(QWidget):
 
     # ----- raw tokens ------------------------------------------------------------------------
 
-    def set_raw_mode(self, on: bool, detokenize: Callable[[int], str] | None = None) -> None:
-        """Show every message as its raw tokens; ``detokenize(id)`` names a token id."""
+    def set_raw_mode(self, on: bool) -> None:
+        """Show every message as its raw tokens (what each token read as, special ones by name)."""
         self.raw_mode = on
-        self._detokenize = detokenize
         for w in self.widgets:
             if w is self.streaming:
                 w.set_raw_tokens([] if on else None)
@@ -264,10 +264,12 @@ class ChatView(QWidget):
                 w.set_raw_tokens(self._raw_of(w.message) if on else None)
 
     def _raw_of(self, message: Message) -> list[tuple[str, bool]] | None:
-        raw = message.meta.get("raw")
-        if not raw or self._detokenize is None:
+        trace = message.tokens
+        if not trace.ids:
             return None
-        return [(self._detokenize(tok_id), bool(forced)) for tok_id, forced in raw]
+        # Replies saved before per-token text was kept show their ids instead.
+        labels = [label or f"#{i}" for label, i in zip(trace.labels(), trace.ids, strict=True)]
+        return list(zip(labels, trace.forced, strict=True))
 
     # ----- scrolling -------------------------------------------------------------------------
 

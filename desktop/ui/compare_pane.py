@@ -25,6 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..compare.run import PaneRun
+from ..engine.backend import ModelInfo
 from ..engine.messages import TokenEvent
 from . import theme, widgets
 from .checkpoint_picker import SOURCE_NAMES, human_params
@@ -265,18 +267,13 @@ class ComparePane(QFrame):
         self.load_btn.setEnabled(False)
         self.load_btn.setText("Loading…")
 
-    def set_loaded(self, info: dict) -> None:
+    def set_loaded(self, info: ModelInfo) -> None:
         self.loaded = True
-        self._loaded_key = (Path(info["path"]), int(info["step"]))
+        self._loaded_key = (Path(info.path), int(info.step or 0))
         self.progress.hide()
-        parts = [
-            str(info.get("era", "?")),
-            f"{human_params(int(info.get('params', 0)))} params",
-            str(info.get("device", "")),
-            str(info.get("dtype", "")),
-        ]
+        parts = [info.era, f"{human_params(info.parameters)} params", info.device, info.precision]
         self.summary.setText("  ·  ".join(p for p in parts if p))
-        self.summary.setToolTip(f"{info.get('path')} · step {info.get('step')}")
+        self.summary.setToolTip(f"{info.path} · step {info.step}")
         self._update_enabled()
 
     def set_load_failed(self, reason: str) -> None:
@@ -345,22 +342,22 @@ class ComparePane(QFrame):
         self.stats.setText("…")
         self.score.hide()
 
-    def append(self, index: int, ev: TokenEvent, logprobs: tuple | None) -> None:
-        if ev.id < 0:
+    def append(self, index: int, ev: TokenEvent) -> None:
+        if ev.continues:
             self.view.append_text(ev.text)
         elif index == len(self.view.tokens):
+            logprobs = (ev.logprob, list(ev.top or ())) if ev.logprob is not None else None
             self.view.append_token(TokenRecord(ev.text, ev.special, ev.kind, ev.forced, logprobs))
 
     def finish(self, stats: dict) -> None:
         self.stats.setText(format_pane_stats(stats))
 
-    def show_run(self, run) -> None:
+    def show_run(self, run: PaneRun) -> None:
         """Redraw from a PaneRun (reopened comparison, probabilities filled in afterwards)."""
+        t = run.trace
         records = [
             TokenRecord(text, special, kind, forced, lp)
-            for text, special, kind, forced, lp in zip(
-                run.texts, run.specials, run.kinds, run.forced, run.logprobs, strict=True
-            )
+            for text, special, kind, forced, lp in zip(t.texts, t.specials, t.kinds, t.forced, t.logprobs, strict=True)
         ]
         if records:
             self.view.set_tokens(records)

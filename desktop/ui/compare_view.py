@@ -32,7 +32,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..compare_controller import LETTERS, MAX_PANES, MIN_PANES, CompareController, DiffSpan
+from ..compare.analysis import LETTERS, MAX_PANES, MIN_PANES, DiffSpan
+from ..compare.controller import CompareController
+from ..engine.backend import ModelInfo
+from ..engine.messages import TokenEvent
+from ..engine.params import CHAT_DEFAULTS, SamplingParams
 from . import theme, widgets
 from .checkpoint_picker import SOURCE_NAMES
 from .compare_pane import SEED_MAX, ComparePane
@@ -212,7 +216,7 @@ class CompareView(QWidget):
             lay.addSpacing(6)
         lay.addWidget(self.dice)
         lay.addStretch(1)
-        self.set_sampling({"temperature": 0.8, "top_k": 50, "max_tokens": 256, "seed": 42})
+        self.set_sampling(CHAT_DEFAULTS.with_values(max_tokens=256).to_dict())
         return row
 
     def _connect_signals(self) -> None:
@@ -276,15 +280,14 @@ class CompareView(QWidget):
         if "system_prompt" in values:
             self._system_prompt = str(values["system_prompt"] or "")
 
-    def shared_values(self) -> dict:
+    def shared_params(self) -> SamplingParams:
         """The shared sampling values every pane starts from."""
-        return {
-            "temperature": round(self.temperature.value(), 2),
-            "top_k": self.top_k.value(),
-            "max_tokens": self.max_tokens.value(),
-            "seed": self.seed.value(),
-            "system_prompt": self._system_prompt,
-        }
+        return SamplingParams(
+            temperature=round(self.temperature.value(), 2),
+            top_k=self.top_k.value(),
+            max_tokens=self.max_tokens.value(),
+            seed=self.seed.value(),
+        )
 
     # ----- panes -----------------------------------------------------------------------------
 
@@ -358,11 +361,11 @@ class CompareView(QWidget):
     def _on_pane_unloaded(self, index: int) -> None:
         self.panes[index].set_unloaded()
 
-    def _on_pane_started(self, index: int, _params: dict) -> None:
+    def _on_pane_started(self, index: int, _params: SamplingParams) -> None:
         self.panes[index].begin()
 
-    def _on_pane_token(self, index: int, token_index: int, ev: object, logprobs: object) -> None:
-        self.panes[index].append(token_index, ev, logprobs)  # type: ignore[arg-type]
+    def _on_pane_token(self, index: int, token_index: int, ev: TokenEvent) -> None:
+        self.panes[index].append(token_index, ev)
 
     def _on_pane_finished(self, index: int, stats: dict) -> None:
         self.panes[index].finish(stats)
@@ -370,7 +373,7 @@ class CompareView(QWidget):
     def _on_cross_scored(self, source: int, index: int, result: dict) -> None:
         self.panes[index].set_score(LETTERS[source], result)
 
-    def _on_pane_loaded(self, index: int, info: dict) -> None:
+    def _on_pane_loaded(self, index: int, info: ModelInfo) -> None:
         self.panes[index].set_loaded(info)
         self._update_actions()
 
@@ -387,7 +390,7 @@ class CompareView(QWidget):
 
     def _send(self, text: str) -> None:
         self.banner.hide()
-        self.controller.send(text, self.shared_values())
+        self.controller.send(text, self.shared_params(), self._system_prompt)
 
     def _on_busy(self, busy: bool) -> None:
         self.input.set_generating(busy)
@@ -477,9 +480,9 @@ class CompareView(QWidget):
         else:
             self.memory_banner.show_warning("Not enough memory", message)
 
-    def _on_opened(self, prompt: str, shared: dict) -> None:
+    def _on_opened(self, prompt: str, shared: SamplingParams) -> None:
         self.input.set_text(prompt)
-        self.set_sampling(shared)
+        self.set_sampling(shared.to_dict())
         self._update_actions()
         self._show_divergence_status()
 

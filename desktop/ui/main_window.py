@@ -22,9 +22,12 @@ from PySide6.QtWidgets import (
 )
 
 from ..background import Background
-from ..compare_controller import CompareController
+from ..compare.controller import CompareController
 from ..controller import ChatController
+from ..engine.backend import ModelInfo
+from ..engine.params import SamplingParams
 from ..logfile import open_log_folder
+from ..paths import is_demo
 from ..settings import Settings
 from .chat_view import ChatView
 from .checkpoint_picker import CheckpointPicker
@@ -197,8 +200,8 @@ class MainWindow(QMainWindow):
         # chat
         self.input.send_requested.connect(self._send)
         self.input.stop_requested.connect(c.stop)
-        self.chat.regenerate_requested.connect(lambda i: c.regenerate(i, self._params()))
-        self.chat.edit_requested.connect(lambda i, text: c.edit_and_resend(i, text, self._params()))
+        self.chat.regenerate_requested.connect(lambda i: c.regenerate(i, *self._request()))
+        self.chat.edit_requested.connect(lambda i, text: c.edit_and_resend(i, text, *self._request()))
         self.chat.branch_requested.connect(c.switch_branch)
         self.chat.copy_requested.connect(lambda text: QApplication.clipboard().setText(text))
         c.conversation_changed.connect(self.chat.set_messages)
@@ -291,20 +294,20 @@ class MainWindow(QMainWindow):
 
     def _on_precision(self, dtype: str) -> None:
         """A new precision applies at once: reload the loaded checkpoint with it."""
-        if self.settings.set("dtype", dtype) and self.controller.model_info:
-            info = self.controller.model_info
-            self.controller.load_checkpoint(Path(info["path"]), info["step"])
+        info = self.controller.model_info
+        if self.settings.set("dtype", dtype) and info is not None:
+            self.controller.load_checkpoint(Path(info.path), info.step)
 
-    def _on_model_loaded(self, info: dict) -> None:
+    def _on_model_loaded(self, info: ModelInfo) -> None:
         self.picker.set_progress(100, "loaded")
-        self.status.set_device_info(info)
-        self.status.set_context(0, info["sequence_len"])
+        self.status.set_device_info(info.device_name, info.precision, info.attention)
+        self.status.set_context(0, info.context_length)
         self.chat.set_mode_notice(
             None
-            if info.get("chat_mode")
+            if info.capabilities.chat
             else "Completion mode: this checkpoint has no chat format, so your text is continued."
         )
-        if info.get("demo"):
+        if is_demo(Path(info.path)):
             self.banner.show_info(
                 "Demo model",
                 "This is a tiny demo model bundled with Nanoscope. "
@@ -332,25 +335,24 @@ class MainWindow(QMainWindow):
         if target:
             self.controller.export(conv_id, fmt, Path(target))
 
-    def _params(self) -> dict:
-        """The sampling values for the next reply (a fresh seed when the seed is unlocked)."""
+    def _request(self) -> tuple[SamplingParams, str]:
+        """The sampling values for the next reply (a fresh seed when the seed is unlocked) and the
+        system prompt."""
         values = self.sampling.values()
         values["seed"] = self.sampling.next_seed()
-        return values
+        return SamplingParams.from_dict(values), str(values.get("system_prompt") or "")
 
     def _send(self, text: str) -> None:
-        if self.controller.send(text, self._params()):
+        if self.controller.send(text, *self._request()):
             self.input.clear()
 
     def _toggle_raw(self) -> None:
-        on = not self.chat.raw_mode
-        self.settings.set("show_raw_tokens", on)
-        self.chat.set_raw_mode(on, self.controller.token_text)
+        self.chat.set_raw_mode(not self.chat.raw_mode)
 
     def _regenerate_last(self) -> None:
         last = len(self.controller.path) - 1
         if last >= 0:
-            self.controller.regenerate(last, self._params())
+            self.controller.regenerate(last, *self._request())
 
     def _copy_last(self) -> None:
         for _, message in reversed(self.controller.path):

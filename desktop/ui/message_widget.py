@@ -549,13 +549,9 @@ class MessageWidget(QFrame):
         self.set_stats(message.meta.get("stats") or {})
 
     def append_event(self, ev: TokenEvent) -> None:
-        """Add one streamed token; the display catches up within RENDER_INTERVAL_MS."""
-        if ev.text and (ev.special is None or ev.kind != TEXT):
-            self.message.append(ev.kind, ev.text)
-        elif ev.special is not None and ev.kind in (PYTHON, PYTHON_OUTPUT, TOOL_QUERY, TOOL_RESULT, THOUGHT):
-            self.message.append(ev.kind, "")  # show the block as soon as it opens
-        self.message.meta.setdefault("raw", []).append([ev.id, ev.forced])
-        if self._raw_tokens is not None:
+        """The shown reply grew by ``ev`` (already added to ``self.message`` by its owner); the
+        display catches up within RENDER_INTERVAL_MS."""
+        if self._raw_tokens is not None and not ev.continues:
             self._raw_tokens.append((ev.special or ev.text, ev.forced))
         if not self._timer.isActive():
             self._timer.start()

@@ -9,21 +9,6 @@ from . import theme
 WARN_ABOVE = 0.8  # the context bar turns amber past this fraction, red when full
 
 
-def format_device(info: dict) -> str:
-    """ "CUDA: NVIDIA H100", "MPS (Apple GPU)", "CPU · 8 threads" (the engine's ``device_name``
-    when given, else built from ``device``, ``name`` and ``threads``)."""
-    if info.get("device_name"):
-        return str(info["device_name"])
-    kind = str(info.get("device", "")).split(":")[0]
-    if kind == "cuda":
-        return f"CUDA: {info['name']}" if info.get("name") else "CUDA"
-    if kind == "mps":
-        return "MPS"
-    if kind == "cpu":
-        return f"CPU · {info['threads']} threads" if info.get("threads") else "CPU"
-    return kind
-
-
 def context_level(used: int, total: int) -> str:
     """ "ok", "warn" (more than 80 % used) or "full"."""
     if total <= 0:
@@ -73,12 +58,12 @@ class StatusBar(QStatusBar):
         self.dtype.hide()
         self.attention.hide()
 
-    def set_device_info(self, info: dict) -> None:
-        """Keys: device_name (or device, name, threads), dtype, attention."""
-        self.device.setText(format_device(info) or "No model loaded")
-        for label, key in ((self.dtype, "dtype"), (self.attention, "attention")):
-            label.setText(str(info.get(key) or ""))
-            label.setVisible(bool(info.get(key)))
+    def set_device_info(self, device: str, precision: str = "", attention: str = "") -> None:
+        """What runs the model: "CPU · 8 threads", "float32", "sdpa" (empty ones are hidden)."""
+        self.device.setText(device or "No model loaded")
+        for label, text in ((self.dtype, precision), (self.attention, attention)):
+            label.setText(text)
+            label.setVisible(bool(text))
 
     def set_speed(self, tok_s: float | None, ttft_ms: float | None) -> None:
         self.speed.setText(f"{tok_s:.1f} tok/s" if tok_s else "— tok/s")

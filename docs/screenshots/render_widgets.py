@@ -149,7 +149,8 @@ def shoot(widget: QWidget, path: Path, app: QApplication, size: tuple[int, int |
 
 
 def stream_into(view: ChatView, app: QApplication) -> None:
-    view.begin_assistant(dict(META, stats={}))
+    reply = Message("assistant", [], dict(META, stats={}))
+    view.begin_assistant(reply)
     events = [
         TokenEvent(1, "Sure", False, TEXT),
         TokenEvent(2, ", computing", False, TEXT),
@@ -164,6 +165,7 @@ def stream_into(view: ChatView, app: QApplication) -> None:
         TokenEvent(11, "\n```py\nprint(3 * 14", False, TEXT),
     ]
     for ev in events:
+        reply.add_event(ev)
         view.append_event(ev)
     view.streaming.flush()
     settle(app)
@@ -212,9 +214,7 @@ def main_window(app: QApplication, dark: bool) -> QMainWindow:
     entry.set_hint("412 / 2048 tokens")
     sampling = SamplingPanel()
     status = StatusBar()
-    status.set_device_info(
-        {"device_name": "CUDA: NVIDIA H100 80GB HBM3", "dtype": "bfloat16", "attention": "flash (SDPA)"}
-    )
+    status.set_device_info("CUDA: NVIDIA H100 80GB HBM3", "bfloat16", "flash (SDPA)")
     status.set_speed(142.7, 38)
     status.set_context(1720, 2048)
     centre = QWidget()
@@ -313,7 +313,7 @@ def render(app: QApplication, out: Path, mode: str) -> None:
         shoot(banner, out / f"banner-{level}-{mode}.png", app, (760, None))
 
     bar = StatusBar()
-    bar.set_device_info({"device_name": "CPU · 8 threads", "dtype": "float32", "attention": "sdpa"})
+    bar.set_device_info("CPU · 8 threads", "float32", "sdpa")
     bar.set_speed(21.4, 310)
     bar.set_context(1900, 2048)
     shoot(bar, out / f"status-{mode}.png", app, (900, 30))

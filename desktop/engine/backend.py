@@ -1,0 +1,180 @@
+"""The seam between the app and a model: what the worker, the controllers, Compare and the CLI
+know of any model, local or served (torch-free, Qt-free).
+
+A :class:`Backend` describes itself with a frozen :class:`ModelInfo`, turns a conversation into
+a :class:`Prompt` (reporting how much context it uses), streams a reply as
+:class:`~desktop.engine.messages.TokenEvent` s, and, where it can, scores a given reply. The
+nanochat engine (``nanochat_backend.py``) is the first implementation; other formats and served
+models add theirs without touching the UI.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .messages import Message, TokenEvent
+from .params import SAMPLING_KEYS, SamplingParams
+
+
+# Load progress: (percent, what is happening).
+Progress = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; the UI greys out or explains what is missing."""
+
+    token_ids: bool = True  # events carry real token ids (divergence and diffs by id)
+    logprobs: bool = True  # per-token log-probabilities and alternatives
+    seed: bool = True  # a seed reproduces a reply
+    sampling: frozenset[str] = frozenset(SAMPLING_KEYS)  # the knobs it honours
+    scoring: bool = True  # teacher-forced scoring of a given reply
+    chat: bool = True  # renders conversations; False: completion of plain text
+
+
+# Reply meta key -> the ModelInfo field it records.
+REPLY_META = {
+    "family": "family",
+    "checkpoint": "path",
+    "name": "name",
+    "source": "source",
+    "tag": "tag",
+    "step": "step",
+    "era": "era",
+    "device": "device",
+    "dtype": "precision",
+    "meta_hash": "meta_hash",
+    "tokenizer": "tokenizer",
+    "vocab_size": "vocab_size",
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A loaded model as the app shows and records it."""
+
+    family: str  # "nanochat", "nanochat-fork", ...
+    path: str  # the checkpoint directory (or a server's model URL)
+    name: str  # "sft/d20 · step 1,500"
+    source: str  # where it came from: base / mid / sft / rl / folder / ...
+    tag: str  # the run's tag (the directory name)
+    step: int | None
+    parameters: int
+    context_length: int
+    device: str  # "cpu", "cuda:0", "mps", ...
+    device_name: str  # "CPU · 8 threads", "CUDA: NVIDIA H100"
+    precision: str  # "float32", "fast", "int8", "bfloat16", ...
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    era: str = ""  # the family's own generation label (nanochat: E0-E7, fork)
+    attention: str = ""
+    tokenizer: str = ""  # identity of the tokenizer: equal ones give ids the same meaning
+    tokenizer_kind: str = ""
+    vocab_size: int = 0
+    meta_hash: str = ""
+    warnings: tuple[str, ...] = ()
+    load_seconds: float = 0.0
+
+    def reply_meta(self) -> dict[str, Any]:
+        """What a reply records about the model that wrote it (the keys of REPLY_META)."""
+        return {key: getattr(self, attr) for key, attr in REPLY_META.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["capabilities"]["sampling"] = sorted(self.capabilities.sampling)
+        d["warnings"] = list(self.warnings)
+        return d
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a backend will feed the model for one request, and the context it uses."""
+
+    messages: tuple[Message, ...]  # the conversation after any oldest turns were dropped
+    ids: tuple[int, ...] | None  # the exact ids, where the backend tokenizes locally
+    tokens: int  # prompt length in tokens
+    context_length: int
+    dropped_turns: int = 0
+    truncated: bool = False  # the last message alone was too long; only its end was kept
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.tokens,
+            "context_length": self.context_length,
+            "dropped_turns": self.dropped_turns,
+            "truncated": self.truncated,
+        }
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to open a model; each backend uses the fields that apply to it."""
+
+    step: int | None = None  # None: the latest
+    device: str = "auto"
+    dtype: str = "auto"
+    tokenizer: Path | None = None  # an explicit tokenizer file or directory
+    softcap: float | None = None  # override a logit softcap the checkpoint does not record
+    base_dir: Path | None = None  # the nanochat base dir, for its shared tokenizer
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How to run one request (beyond the sampling values)."""
+
+    logprobs: int = 0  # alternatives per token to report; 0 computes none
+    threads: int | None = None  # intra-op threads for this run (CPU panes side by side)
+    reuse_cache: bool = True  # keep the previous request's cache and prefill only what is new
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0  # prompt tokens actually computed (fewer with the prefix cache)
+    new_tokens: int = 0
+    ttft_ms: float = 0.0
+    decode_tok_s: float = 0.0
+    stopped: str = ""  # "stop_token" | "max_tokens" | "cancelled" | "context"
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Backend(Protocol):
+    """A loaded model. Every method runs on the model's worker thread."""
+
+    def info(self) -> ModelInfo: ...
+
+    def render(
+        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+    ) -> Prompt:
+        """The prompt for a conversation or a text (completion), oldest turns dropped to leave
+        room for ``max_tokens`` (None: nothing is dropped). ``chat`` None lets the backend choose
+        (a base checkpoint continues text); True asks for the chat format, an error without one."""
+        ...
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        cancel: threading.Event,
+        options: StreamOptions = StreamOptions(),
+        stats: GenerationStats | None = None,
+    ) -> Iterator[TokenEvent]:
+        """Stream the reply; stops after the current token once ``cancel`` is set."""
+        ...
+
+    def score(
+        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+    ) -> dict[str, Any]:
+        """Teacher-forced log-probabilities of ``reply_ids`` after ``prompt`` (see engine.scoring)."""
+        ...
+
+    def token_label(self, token_id: int) -> str:
+        """How one token reads on its own (special tokens by name)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,197 @@
+"""The sampling knobs: their keys, defaults, ranges and validation, in one place (torch-free).
+
+The sampling panel, settings, presets, the Compare view, the CLI and every backend derive from
+:data:`KNOBS` and :class:`SamplingParams`; nothing else lists the keys or their limits.
+
+Defaults. ``SamplingParams()`` is the model's own distribution (temperature 1.0, no filters):
+the defaults of nanochat's ``Engine.generate``, so ``nanoscope generate`` without flags gives the
+tokens nanochat gives. A chat window starts on :data:`CHAT_DEFAULTS` instead, the "Balanced"
+preset (temperature 0.8, top-k 50): what nanochat's own chat web UI starts with, and the 0.7-0.8
+that LM Studio and GPT4All users are used to. A person chatting wants fluent replies; a person
+checking a checkpoint against nanochat wants the raw distribution. Both come from this module.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed takes a signed 64-bit seed
+MAX_TOKENS_MAX = 1 << 20
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One sampling knob. ``lo``/``hi`` bound what is valid; ``ui_hi`` is where a slider stops
+    (a typed value may go beyond it up to ``hi``). ``off`` is the value that switches it off."""
+
+    key: str
+    label: str
+    lo: float
+    hi: float
+    ui_hi: float
+    step: float
+    decimals: int
+    off: float | None
+    tip: str
+    lo_open: bool = False  # lo itself is not valid (top-p 0 would keep no token)
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        "temperature",
+        "Temperature",
+        0.0,
+        100.0,
+        2.0,
+        0.05,
+        2,
+        0.0,
+        "Randomness. 0 always takes the most likely token (greedy, repeatable);\n"
+        "higher values flatten the distribution for more varied text.",
+    ),
+    Knob("top_k", "Top-k", 0, 2**31 - 1, 200, 1, 0, 0, "Sample only among the k most likely tokens. 0 turns it off."),
+    Knob(
+        "top_p",
+        "Top-p",
+        0.0,
+        1.0,
+        1.0,
+        0.01,
+        2,
+        1.0,
+        "Nucleus sampling: keep the smallest set of tokens whose probabilities add up to p.\n1 turns it off.",
+        lo_open=True,
+    ),
+    Knob(
+        "min_p",
+        "Min-p",
+        0.0,
+        0.99,
+        0.99,
+        0.01,
+        2,
+        0.0,
+        "Drop tokens less likely than min-p × the most likely token's probability. 0 turns it off.",
+    ),
+    Knob(
+        "repetition_penalty",
+        "Repetition penalty",
+        0.0,
+        100.0,
+        2.0,
+        0.01,
+        2,
+        1.0,
+        "Make tokens that already appeared less likely. 1 turns it off.",
+        lo_open=True,
+    ),
+    Knob(
+        "max_tokens",
+        "Max tokens",
+        1,
+        MAX_TOKENS_MAX,
+        4096,
+        1,
+        0,
+        None,
+        "The longest reply, in tokens. Generation also stops at the end-of-turn token.",
+    ),
+    Knob("seed", "Seed", 0, SEED_MAX, SEED_MAX, 1, 0, None, "The random seed: the same seed gives the same reply."),
+)
+KNOB = {k.key: k for k in KNOBS}
+SAMPLING_KEYS: tuple[str, ...] = tuple(k.key for k in KNOBS)
+# The knobs that shape the distribution (what a preset sets and a backend may ignore).
+FILTER_KEYS: tuple[str, ...] = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+INT_KEYS = frozenset(k.key for k in KNOBS if k.decimals == 0)
+
+
+def _check(knob: Knob, value: Any) -> float | int:
+    """``value`` as the knob's type, or ValueError with one readable line."""
+    name = knob.key
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if knob.key in INT_KEYS:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError(f"{name} must be a whole number, got {value!r}")
+            value = int(value)
+    else:
+        value = float(value)
+        if math.isnan(value):
+            raise ValueError(f"{name} must be a number, got nan")
+    low_ok = value > knob.lo if knob.lo_open else value >= knob.lo
+    if not low_ok or value > knob.hi:
+        lo = f"({knob.lo:g}" if knob.lo_open else f"[{knob.lo:g}"
+        raise ValueError(f"{name} must be in {lo}, {knob.hi:g}], got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Validated sampling values. Construction fails with a ValueError naming the bad value."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    max_tokens: int | None = None  # None = up to the model's context
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name == "max_tokens":
+                continue
+            object.__setattr__(self, f.name, _check(KNOB[f.name], value))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SamplingParams:
+        """The sampling keys of ``values`` (other keys, such as ``system_prompt``, are ignored)."""
+        return cls(**{k: values[k] for k in SAMPLING_KEYS if k in values})
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def plain(self) -> bool:
+        """True when only nanochat's own knobs (temperature, top-k) are in use."""
+        return self.top_p >= 1.0 and self.min_p <= 0.0 and self.repetition_penalty == 1.0
+
+    def active(self) -> tuple[str, ...]:
+        """The filter knobs set to something other than "off"."""
+        return tuple(k for k in FILTER_KEYS if getattr(self, k) != KNOB[k].off)
+
+    def with_values(self, **changes: Any) -> SamplingParams:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """ "greedy" or "T 0.8 · top-k 50 · seed 42" (what a footer or a report shows)."""
+        if self.greedy:
+            return "greedy"
+        bits = [f"T {self.temperature:g}"]
+        if self.top_k:
+            bits.append(f"top-k {self.top_k}")
+        if self.top_p < 1:
+            bits.append(f"top-p {self.top_p:g}")
+        if self.min_p > 0:
+            bits.append(f"min-p {self.min_p:g}")
+        if self.repetition_penalty != 1:
+            bits.append(f"rep {self.repetition_penalty:g}")
+        bits.append(f"seed {self.seed}")
+        return " · ".join(bits)
+
+
+PRESETS: dict[str, SamplingParams] = {
+    "Greedy": SamplingParams(temperature=0.0),
+    "Balanced": SamplingParams(temperature=0.8, top_k=50),
+    "Creative": SamplingParams(temperature=1.2, top_p=0.95, min_p=0.05, repetition_penalty=1.1),
+}
+CHAT_DEFAULTS = PRESETS["Balanced"].with_values(max_tokens=512)

@@ -1,0 +1,88 @@
+"""The shape of the code: no import cycles in desktop/, and a Qt-free core that imports nothing
+from the rest of the app. Every import counts, including those inside functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+DESKTOP = Path(__file__).resolve().parents[1] / "desktop"
+QT = ("PySide6", "shiboken6", "qasync", "superqt")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(DESKTOP.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names), wherever the import statement stands."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            found.add(prefix)
+            # "from . import x" may name a submodule
+            found.update(f"{prefix}.{alias.name}" for alias in node.names)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in DESKTOP.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges[name] = {m for m in imports_of(path) if m in modules and m != name}
+    return edges
+
+
+def test_desktop_has_no_import_cycles():
+    edges = graph()
+    # A package importing its own submodules from __init__ is how packages work, not a cycle.
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    assert cycles == []
+
+
+def test_the_engine_imports_nothing_from_the_app_and_nothing_from_qt():
+    offenders = []
+    for path in (DESKTOP / "engine").rglob("*.py"):
+        for name in imports_of(path):
+            top = name.split(".")[0]
+            outside_engine = name.startswith("desktop.") and not name.startswith("desktop.engine")
+            if outside_engine or name == "desktop" or top in QT:
+                offenders.append((module_name(path), name))
+    assert offenders == []
+
+
+def test_the_compare_analysis_and_run_record_are_qt_free():
+    for module in ("analysis.py", "run.py"):
+        names = imports_of(DESKTOP / "compare" / module)
+        assert not [n for n in names if n.split(".")[0] in QT], module
