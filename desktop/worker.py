@@ -203,7 +203,7 @@ class WorkerHost(QObject):
         self.model_thread = QThread()
         self.model_thread.setObjectName(name)
         self.worker = ModelWorker(opener)
-        self.worker.moveToThread(self.thread)
+        self.worker.moveToThread(self.model_thread)
         self.model_thread.start()
 
     def generate(
