@@ -206,11 +206,12 @@ def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
         "prefill_tok_s": round(n_prompt / (ttft_ms / 1000), 1),
         "decode_tok_s": round(decode, 2),
         "bytes_per_step": step_bytes,
-        "streamed_gbs": round(streamed_gbs, 2),
+        "streamed_gbs": float(f"{streamed_gbs:.3g}"),
         **{k: round(v, 2) for k, v in bw.items()},
-        "mbu_matvec": round(streamed_gbs / bw["matvec_gbs"], 3),
-        "mbu_read": round(streamed_gbs / bw["read_gbs"], 3),
-        "mbu_copy": round(streamed_gbs / bw["copy_gbs"], 3),
+        # Three significant figures: a tiny model on a busy machine is still not reported as 0.
+        "mbu_matvec": float(f"{streamed_gbs / bw['matvec_gbs']:.3g}"),
+        "mbu_read": float(f"{streamed_gbs / bw['read_gbs']:.3g}"),
+        "mbu_copy": float(f"{streamed_gbs / bw['copy_gbs']:.3g}"),
         "checkpoint_mb": round(file_bytes / 2**20, 1),
         "rss_after_load_mb": round(rss_after_load / 2**20, 1),
         # The load budget: the checkpoint's bytes + 15% + 300 MB (interpreter, torch, Qt-free).
