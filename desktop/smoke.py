@@ -12,6 +12,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from .engine.messages import PYTHON, PYTHON_OUTPUT
+from .engine.params import SamplingParams
 
 QUESTION = "What is 12 times 7?"
 EXPECTED = "84"
@@ -29,8 +30,8 @@ def attach(window) -> None:
         window.exit_code = 0 if ok else 1
         QApplication.instance().quit()
 
-    def on_loaded(info: dict) -> None:
-        controller.send(QUESTION, {"temperature": 0.0, "top_k": 0, "max_tokens": 64, "seed": 42})
+    def on_loaded(_info: object) -> None:
+        controller.send(QUESTION, SamplingParams(temperature=0.0, top_k=0, max_tokens=64, seed=42))
 
     def on_finished(stats: dict) -> None:
         if "error" in stats:

@@ -136,8 +136,8 @@ def test_history_survives_closing_and_reopening(qtbot, sft_dir):
     send(qtbot, first, "remember me")
     conv_id = first.controller.conv_id
     before = [m for _, m in first.controller.path]
-    first.close()
-    assert not first.controller.host.thread.isRunning()
+    shutdown(first)
+    assert not first.controller.slot.host.model_thread.isRunning()
 
     second = build()
     qtbot.addWidget(second)
@@ -147,7 +147,7 @@ def test_history_survives_closing_and_reopening(qtbot, sft_dir):
     assert second.sidebar.list.count() == 1
     second.controller.open_conversation(conv_id)
     assert [m.parts for m in (w.message for w in second.chat.widgets)] == [m.parts for m in before]
-    second.close()
+    shutdown(second)
 
 
 @pytest.mark.skipif(demo_checkpoint() is None, reason="the bundled demo model is not built")
@@ -174,9 +174,9 @@ def test_worker_thread_is_gone_after_quit(qtbot, sft_dir):
     win = build()
     qtbot.addWidget(win)
     load(qtbot, win, sft_dir)
-    thread = win.controller.host.thread
+    thread = win.controller.slot.host.model_thread
     assert thread.isRunning()
-    win.close()
+    shutdown(win)
     assert thread.isFinished()
 
 
