@@ -20,21 +20,14 @@ from typing import Any
 
 from desktop import paths
 from desktop.engine.device import DEVICES, PRECISIONS
+from desktop.engine.params import CHAT_DEFAULTS, SamplingParams
 
 SCHEMA_VERSION = 2
 
 THEMES = ("system", "light", "dark")
 
-DEFAULT_SAMPLING: dict[str, Any] = {
-    "temperature": 0.8,
-    "top_k": 50,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "max_tokens": 512,
-    "seed": 42,
-    "seed_locked": True,
-}
+# The chat window's sampling values (engine/params.py decides them), plus whether the seed is kept.
+DEFAULT_SAMPLING: dict[str, Any] = {**CHAT_DEFAULTS.to_dict(), "seed_locked": True}
 
 DEFAULTS: dict[str, Any] = {
     "window_geometry": None,  # base64 of QMainWindow.saveGeometry(), or None before the first close
@@ -46,7 +39,6 @@ DEFAULTS: dict[str, Any] = {
     "system_prompt": "",
     "device": "auto",
     "dtype": "auto",
-    "show_raw_tokens": False,
     "sampling_panel_visible": True,
 }
 
@@ -88,7 +80,9 @@ def _sampling(key: str, value: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"setting {key!r} has unknown sampling values {sorted(unknown)}")
     # Missing entries take the defaults, so presets saved by older versions stay usable.
-    return {k: _check_type(f"{key}.{k}", value.get(k, d), d) for k, d in DEFAULT_SAMPLING.items()}
+    values = {k: _check_type(f"{key}.{k}", value.get(k, d), d) for k, d in DEFAULT_SAMPLING.items()}
+    SamplingParams.from_dict(values)  # the same ranges as everywhere else; raises ValueError
+    return values
 
 
 def _optional(key: str, value: Any, kind: type) -> Any:

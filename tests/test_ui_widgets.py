@@ -20,7 +20,8 @@ from desktop.ui.history_sidebar import HistorySidebar, relative_time
 from desktop.ui.input_box import MAX_VISIBLE_LINES, InputBox
 from desktop.ui.markdown_render import COPY_CODE_SCHEME
 from desktop.ui.message_widget import FoldBlock, MessageWidget, RichText, ToolCallBlock
-from desktop.ui.sampling_panel import BUILTIN_PRESETS, KNOBS, SamplingPanel
+from desktop.engine.params import KNOB
+from desktop.ui.sampling_panel import BUILTIN_PRESETS, SamplingPanel
 from desktop.ui.shortcuts_dialog import SHORTCUTS, ShortcutsDialog
 from desktop.ui.status_bar import StatusBar
 from desktop.ui.widgets import ElidedLabel
@@ -64,9 +65,11 @@ def test_sampling_slider_and_spin_box_stay_in_sync(qtbot):
     panel = SamplingPanel()
     qtbot.addWidget(panel)
     row = panel.rows["temperature"]
-    knob = next(k for k in KNOBS if k.key == "temperature")
+    knob = KNOB["temperature"]
     row.slider.setValue(row.slider.maximum())
-    assert row.box.value() == pytest.approx(knob.hi)
+    assert row.box.value() == pytest.approx(knob.ui_hi)  # the slider's end; typing may go beyond
+    row.box.setValue(knob.ui_hi + 1)
+    assert panel.values()["temperature"] == knob.ui_hi + 1
     row.box.setValue(0.35)
     assert row.slider.value() == round(0.35 / knob.step)
     row.box.setValue(0.73)  # between two slider steps: the typed value is kept

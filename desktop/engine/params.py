@@ -99,7 +99,8 @@ KNOBS: tuple[Knob, ...] = (
         None,
         "The longest reply, in tokens. Generation also stops at the end-of-turn token.",
     ),
-    Knob("seed", "Seed", 0, SEED_MAX, SEED_MAX, 1, 0, None, "The random seed: the same seed gives the same reply."),
+    # A slider or spin box holds 32-bit values; the CLI takes any 63-bit seed.
+    Knob("seed", "Seed", 0, SEED_MAX, 2**31 - 1, 1, 0, None, "The random seed: the same seed gives the same reply."),
 )
 KNOB = {k.key: k for k in KNOBS}
 SAMPLING_KEYS: tuple[str, ...] = tuple(k.key for k in KNOBS)

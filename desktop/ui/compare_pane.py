@@ -27,12 +27,12 @@ from PySide6.QtWidgets import (
 
 from ..compare.run import PaneRun
 from ..engine.backend import ModelInfo
+from ..engine.params import KNOB
 from ..engine.messages import TokenEvent
 from . import theme, widgets
 from .checkpoint_picker import SOURCE_NAMES, human_params
 from .token_view import TokenRecord, TokenView
 
-SEED_MAX = 2**31 - 1
 SHARED = "shared"
 
 
@@ -127,7 +127,7 @@ class ComparePane(QFrame):
         self.top_k.setRange(-1, 1000)
         _override_box(self.top_k, "Top-k for this pane (0 = off; shared: the sampling row's)", 64)
         self.seed = QSpinBox()
-        self.seed.setRange(-1, SEED_MAX)
+        self.seed.setRange(-1, int(KNOB["seed"].ui_hi))
         _override_box(self.seed, "Seed for this pane (shared: the sampling row's)", 96)
         for box in (self.temperature, self.top_k, self.seed):
             box.setValue(box.minimum())

@@ -39,7 +39,8 @@ from ..engine.messages import TokenEvent
 from ..engine.params import CHAT_DEFAULTS, SamplingParams
 from . import theme, widgets
 from .checkpoint_picker import SOURCE_NAMES
-from .compare_pane import SEED_MAX, ComparePane
+from .compare_pane import ComparePane
+from .sampling_panel import SEED_MAX
 from .error_banner import ErrorBanner
 from .input_box import InputBox
 from .token_view import ProbabilityLegend

@@ -9,7 +9,6 @@ thin strip with its header button.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
@@ -30,102 +29,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..engine.params import FILTER_KEYS, KNOB, PRESETS, Knob
+from ..settings import DEFAULT_SAMPLING
 from . import icons, theme, widgets
 
-SEED_MAX = 2**31 - 1
+# The knobs, their ranges, the presets and the defaults all come from engine/params.py.
+PANEL_KNOBS = tuple(KNOB[k] for k in (*FILTER_KEYS, "max_tokens"))
+SEED_MAX = int(KNOB["seed"].ui_hi)  # a spin box holds 32-bit values
+BUILTIN_PRESETS: dict[str, dict] = {
+    name: {k: getattr(preset, k) for k in FILTER_KEYS} for name, preset in PRESETS.items()
+}
+DEFAULTS = {**DEFAULT_SAMPLING, "system_prompt": ""}
 EXPANDED_MIN_WIDTH = 270
 COLLAPSED_WIDTH = 44
-
-
-@dataclass(frozen=True)
-class Knob:
-    key: str
-    label: str
-    lo: float
-    hi: float
-    step: float
-    decimals: int
-    off_at: float | None  # the value that turns the knob off (shown as "off"/"greedy")
-    tip: str
-
-
-KNOBS = (
-    Knob(
-        "temperature",
-        "Temperature",
-        0.0,
-        2.0,
-        0.05,
-        2,
-        0.0,
-        "Randomness. 0 always takes the most likely token (greedy, repeatable);\n"
-        "higher values flatten the distribution for more varied text.",
-    ),
-    Knob(
-        "top_k",
-        "Top-k",
-        0,
-        200,
-        1,
-        0,
-        0,
-        "Sample only among the k most likely tokens. 0 turns it off.",
-    ),
-    Knob(
-        "top_p",
-        "Top-p",
-        0.01,
-        1.0,
-        0.01,
-        2,
-        1.0,
-        "Nucleus sampling: keep the smallest set of tokens whose probabilities add up to p.\n1 turns it off.",
-    ),
-    Knob(
-        "min_p",
-        "Min-p",
-        0.0,
-        0.99,
-        0.01,
-        2,
-        0.0,
-        "Drop tokens less likely than min-p × the most likely token's probability. 0 turns it off.",
-    ),
-    Knob(
-        "repetition_penalty",
-        "Repetition penalty",
-        1.0,
-        2.0,
-        0.01,
-        2,
-        1.0,
-        "Make tokens that already appeared less likely. 1 turns it off.",
-    ),
-    Knob(
-        "max_tokens",
-        "Max tokens",
-        1,
-        4096,
-        1,
-        0,
-        None,
-        "The longest reply, in tokens. Generation also stops at the end-of-turn token.",
-    ),
-)
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
-
-BUILTIN_PRESETS: dict[str, dict] = {
-    "Greedy": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0},
-    "Balanced": {"temperature": 0.8, "top_k": 50, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0},
-    "Creative": {"temperature": 1.2, "top_k": 0, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1},
-}
-DEFAULTS = {
-    **BUILTIN_PRESETS["Balanced"],  # nanochat's own defaults
-    "max_tokens": 512,
-    "seed": 42,
-    "seed_locked": True,
-    "system_prompt": "",
-}
 
 
 class _KnobRow(QWidget):
@@ -146,13 +62,14 @@ class _KnobRow(QWidget):
             self.box.setSingleStep(knob.step)
         else:
             self.box = QSpinBox()
-        self.box.setRange(knob.lo, knob.hi)
+        # An open lower bound (top-p 0 keeps no token) starts one step above it.
+        self.box.setRange(knob.lo + (knob.step if knob.lo_open else 0), knob.hi)
         self.box.setFixedWidth(78)
         self.box.setAlignment(Qt.AlignmentFlag.AlignRight)
         self.box.setButtonSymbols(QAbstractSpinBox.ButtonSymbols.NoButtons)
         self.box.setKeyboardTracking(False)  # typing "0.7" does not pass through 0 on the way
         self.slider = QSlider(Qt.Orientation.Horizontal)
-        self.slider.setRange(round(knob.lo * self.scale), round(knob.hi * self.scale))
+        self.slider.setRange(round(knob.lo * self.scale), round(knob.ui_hi * self.scale))
         self.slider.setPageStep(max(1, (self.slider.maximum() - self.slider.minimum()) // 10))
         for w in (self.label, self.box, self.slider):
             w.setToolTip(knob.tip)
@@ -188,7 +105,7 @@ class _KnobRow(QWidget):
         self._update_note()
 
     def _update_note(self) -> None:
-        off = self.knob.off_at is not None and abs(self.value() - self.knob.off_at) < 1e-9
+        off = self.knob.off is not None and abs(self.value() - self.knob.off) < 1e-9
         self.note.setText(("greedy" if self.knob.key == "temperature" else "off") if off else "")
 
     def value(self) -> float | int:
@@ -255,7 +172,7 @@ class SamplingPanel(QFrame):
         col.addSpacing(8)
         col.addWidget(self._section("SAMPLING"))
         self.rows: dict[str, _KnobRow] = {}
-        for knob in KNOBS:
+        for knob in PANEL_KNOBS:
             if knob.key == "max_tokens":
                 col.addSpacing(8)
                 col.addWidget(self._section("LENGTH"))
@@ -457,7 +374,7 @@ class SamplingPanel(QFrame):
             name = self.preset_box.itemData(i)
             values = BUILTIN_PRESETS.get(name) or self._user_presets.get(name)
             if values and all(
-                abs(float(values[k]) - float(current[k])) < 1e-9 for k in SAMPLING_KEYS if k in values
+                abs(float(values[k]) - float(current[k])) < 1e-9 for k in FILTER_KEYS if k in values
             ):
                 match = i
                 break
@@ -508,4 +425,4 @@ class SamplingPanel(QFrame):
 def _describe(values: dict) -> str:
     if values.get("temperature") == 0:
         return "Greedy: always the most likely token"
-    return ", ".join(f"{k.replace('_', ' ')} {values[k]:g}" for k in SAMPLING_KEYS if k in values)
+    return ", ".join(f"{k.replace('_', ' ')} {values[k]:g}" for k in FILTER_KEYS if k in values)
