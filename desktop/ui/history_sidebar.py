@@ -123,7 +123,13 @@ class _RowDelegate(QStyledItemDelegate):
 class HistorySidebar(QFrame):
     """Signals: conversation_selected(int), new_requested(), rename_requested(int, str),
     delete_requested(int), undo_delete_requested(int), export_requested(int, str "md"|"json"),
-    search_changed(str) (every keystroke: the receiver debounces)."""
+    search_changed(str) (every keystroke: the receiver debounces).
+
+    The highlighted row is the conversation on screen, which the window sets with ``select``
+    (None for a new chat). A click, a double-click, Enter or an arrow key on a row asks for that
+    conversation (conversation_selected), also when it is the highlighted one: the window may be
+    showing another tab, and opening the conversation shown does nothing anyway.
+    """
 
     conversation_selected = Signal(int)
     new_requested = Signal()
@@ -141,6 +147,7 @@ class HistorySidebar(QFrame):
         self._rows: list = []
         self._deleted: int | None = None
         self._filling = False
+        self._shown: int | None = None  # the conversation on screen, highlighted when listed
 
         self.new_btn = QPushButton("New chat")
         self.new_btn.setObjectName("Primary")
@@ -196,6 +203,8 @@ class HistorySidebar(QFrame):
         self.new_btn.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.search_changed)
         self.list.currentItemChanged.connect(self._on_current_changed)
+        self.list.itemClicked.connect(self._on_item_chosen)
+        self.list.itemActivated.connect(self._on_item_chosen)  # double-click, Enter
         self.list.itemChanged.connect(self._on_item_edited)
         self.list.customContextMenuRequested.connect(self._menu)
         self.undo_btn.clicked.connect(self._undo)
@@ -238,7 +247,6 @@ class HistorySidebar(QFrame):
         self._fill([(r.id, r.title, _subtitle(r)) for r in self._rows])
 
     def _fill(self, rows: list[tuple[int, str, str]]) -> None:
-        current = self.current_id()
         self._filling = True
         self.list.clear()
         for conv_id, title, subtitle in rows:
@@ -249,7 +257,7 @@ class HistorySidebar(QFrame):
             item.setToolTip(title)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
-            if conv_id == current:
+            if conv_id == self._shown:
                 self.list.setCurrentItem(item)
         self._filling = False
         self._update_empty()
@@ -263,13 +271,17 @@ class HistorySidebar(QFrame):
         item = self.list.currentItem()
         return item.data(ID_ROLE) if item is not None else None
 
-    def select(self, conv_id: int) -> None:
-        """Highlight a conversation without emitting conversation_selected."""
+    def select(self, conv_id: int | None) -> None:
+        """Highlight the conversation on screen (None: none is, e.g. a new chat) without emitting
+        conversation_selected; it stays highlighted when the list is refilled."""
+        self._shown = conv_id
         self._filling = True
-        for i in range(self.list.count()):
-            if self.list.item(i).data(ID_ROLE) == conv_id:
-                self.list.setCurrentRow(i)
-                break
+        item = self._item(conv_id) if conv_id is not None else None
+        if item is not None:
+            self.list.setCurrentItem(item)
+        else:
+            self.list.setCurrentRow(-1)
+            self.list.clearSelection()
         self._filling = False
 
     def _item(self, conv_id: int) -> QListWidgetItem | None:
@@ -282,6 +294,10 @@ class HistorySidebar(QFrame):
 
     def _on_current_changed(self, item: QListWidgetItem | None, _previous) -> None:
         if item is not None and not self._filling:
+            self.conversation_selected.emit(item.data(ID_ROLE))
+
+    def _on_item_chosen(self, item: QListWidgetItem) -> None:
+        if not self._filling:
             self.conversation_selected.emit(item.data(ID_ROLE))
 
     def rename(self, conv_id: int) -> None:

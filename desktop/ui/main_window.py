@@ -188,6 +188,9 @@ class MainWindow(QMainWindow):
             bg.checkpoints_found.connect(self.compare_view.set_entries)
             self.tabs.currentChanged.connect(self._on_tab)
             self.compare.saved.connect(lambda _id: c.refresh_list())
+            self.compare.saved.connect(self._sync_sidebar)
+            self.compare.comparison_opened.connect(self._sync_sidebar)
+            self.compare.busy_changed.connect(self._sync_sidebar)  # a new run is not the saved one
         bg.checkpoints_found.connect(self._autoload_once)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
@@ -205,6 +208,7 @@ class MainWindow(QMainWindow):
         self.chat.branch_requested.connect(c.switch_branch)
         self.chat.copy_requested.connect(lambda text: QApplication.clipboard().setText(text))
         c.conversation_changed.connect(self.chat.set_messages)
+        c.conversation_changed.connect(self._sync_sidebar)
         c.reply_started.connect(self.chat.begin_assistant)
         c.reply_event.connect(self.chat.append_event)
         c.reply_finished.connect(self._on_reply_finished)
@@ -264,18 +268,30 @@ class MainWindow(QMainWindow):
         self.controller.load_checkpoint(path, step)
 
     def _open_conversation(self, conv_id: int) -> None:
-        """Chats open in the chat view; saved comparisons reopen in the Compare tab."""
+        """Chats open in the chat view; saved comparisons reopen in the Compare tab. The one on
+        screen is only brought to the front (a reply streaming into it goes on)."""
         if self.compare_view is not None and self.sidebar.kind_of(conv_id) == "compare":
+            shown = self.compare.conv_id == conv_id and self.tabs.currentWidget() is self.compare_view
             self.tabs.setCurrentWidget(self.compare_view)
-            self.compare.open_comparison(conv_id)
+            if not shown:
+                self.compare.open_comparison(conv_id)
         else:
+            shown = self.controller.conv_id == conv_id and self.tabs.currentIndex() == 0
             self.tabs.setCurrentIndex(0)
-            self.controller.open_conversation(conv_id)
+            if not shown:
+                self.controller.open_conversation(conv_id)
+        self._sync_sidebar()
+
+    def _sync_sidebar(self, *_args) -> None:
+        """Highlight what the current tab shows: the chat, or the saved comparison (if any)."""
+        compare_tab = self.compare_view is not None and self.tabs.currentWidget() is self.compare_view
+        self.sidebar.select(self.compare.conv_id if compare_tab else self.controller.conv_id)
 
     def _on_tab(self, index: int) -> None:
         """Entering Compare starts from the chat's sampling values (each pane can override them)."""
         if self.tabs.widget(index) is self.compare_view:
             self.compare_view.set_sampling(self.sampling.values())
+        self._sync_sidebar()
 
     def _on_summary(self, summary) -> None:
         info = {

@@ -1,0 +1,216 @@
+"""What a new user does in the window, as sequences of actions (send, regenerate, switch chat,
+delete, reopen, restart), and what the window must show after each step (issue 11).
+
+Each test drives the real window: MainWindow with a real ChatController and CompareController,
+a real SQLite store and settings file in the test's home, and a real model thread. The chat's
+model is the deterministic fake backend where the replies do not matter, and a tiny real
+nanochat checkpoint where they do. Folder scans and summaries run on a qasync loop, as in the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import qasync
+from checkpoint_factory import write_checkpoint
+from fake_backend import FakeBackend, open_fake
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction
+
+from desktop.app import build, shutdown
+from desktop.background import Background
+from desktop.compare.controller import CompareController
+from desktop.controller import ChatController
+from desktop.model_slot import ModelSlot
+from desktop.settings import Settings
+from desktop.settings_autosave import SettingsAutosave
+from desktop.store import HistoryStore
+from desktop.ui.main_window import MainWindow
+
+pytestmark = pytest.mark.gui
+WAIT = 30000
+
+
+# ----- the app around the window --------------------------------------------------------------
+
+
+@pytest.fixture
+def loop(qapp) -> Iterator[asyncio.AbstractEventLoop]:
+    """An asyncio loop that runs whenever Qt runs events (qtbot's waits included), as in the app."""
+    loop = qasync.QEventLoop(qapp, already_running=True)
+    asyncio.set_event_loop(loop)
+    yield loop
+    loop.stop()
+    asyncio.events._set_running_loop(None)
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+@pytest.fixture(autouse=True)
+def _fake_replies_flow():
+    FakeBackend.gate.set()
+    yield
+    FakeBackend.gate.set()
+
+
+def open_window(qtbot, fake: bool = True) -> MainWindow:
+    """The app as ``desktop.app.build`` makes it; with ``fake`` the chat's model is the fake backend."""
+    if fake:
+        settings = Settings()
+        store = HistoryStore()
+        controller = ChatController(store, settings, ModelSlot(settings, opener=open_fake))
+        win = MainWindow(controller, Background(store), settings, CompareController(store, settings))
+        SettingsAutosave(settings, parent=win)
+    else:
+        win = build()
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+@pytest.fixture
+def windows(qtbot) -> Iterator[list[MainWindow]]:
+    """Every window a test opens is shut down as the app does it, however the test ends."""
+    opened: list[MainWindow] = []
+    yield opened
+    for win in opened:
+        if not getattr(win, "_shut_down", False):
+            shutdown(win)
+
+
+@pytest.fixture
+def win(qtbot, windows) -> MainWindow:
+    windows.append(open_window(qtbot))
+    return windows[0]
+
+
+def restart(qtbot, windows: list[MainWindow], fake: bool = True) -> MainWindow:
+    """Quit the app the way the user does, then start it again on the same settings and history."""
+    shutdown(windows[-1])
+    windows.append(open_window(qtbot, fake))
+    return windows[-1]
+
+
+def action(win: MainWindow, text: str) -> QAction:
+    return next(a for a in win.findChildren(QAction) if a.text() == text)
+
+
+def load_fake(qtbot, win: MainWindow, name: str = "m", step: int = 7) -> None:
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT):
+        win.controller.load_checkpoint(Path("/fake") / name, step)
+
+
+def send(qtbot, win: MainWindow, text: str) -> dict:
+    """Type ``text`` and press Enter; the reply's stats once it is done."""
+    with qtbot.waitSignal(win.controller.reply_finished, timeout=WAIT) as done:
+        win.input.editor.setPlainText(text)
+        qtbot.keyClick(win.input.editor, Qt.Key.Key_Return)
+    return done.args[0]
+
+
+def regenerate(qtbot, win: MainWindow) -> dict:
+    """Ctrl+R."""
+    with qtbot.waitSignal(win.controller.reply_finished, timeout=WAIT) as done:
+        action(win, "Regenerate last reply").trigger()
+    return done.args[0]
+
+
+@pytest.fixture(scope="module")
+def nanochat_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A nanochat base dir holding one tiny SFT run with two steps."""
+    base = tmp_path_factory.mktemp("nanochat")
+    write_checkpoint(base, "E7", phase="chatsft", tag="d4", step=10, tokenizer="pkl")
+    write_checkpoint(base, "E7", phase="chatsft", tag="d4", step=20, tokenizer="pkl")
+    return base
+
+
+# ----- 1. regenerate shows its branches at once -----------------------------------------------
+
+
+def test_each_regeneration_shows_its_place_among_the_versions_while_it_streams(qtbot, win):
+    load_fake(qtbot, win)
+    send(qtbot, win, "slow hello")  # "slow": each token waits on the gate, so a test can look mid-reply
+    for n in (2, 3, 4):
+        FakeBackend.gate.clear()
+        with qtbot.waitSignal(win.controller.reply_finished, timeout=WAIT):
+            qtbot.keyClick(win.input.editor, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)
+            qtbot.waitUntil(lambda: win.controller.busy, timeout=WAIT)
+            streaming = win.chat.streaming
+            assert streaming is not None and streaming is win.chat.widgets[-1]
+            assert streaming.branch_label.isVisibleTo(streaming)
+            assert streaming.branch_label.text() == f"{n} / {n}"
+            assert streaming.prev_btn.isEnabled() and not streaming.next_btn.isEnabled()
+            FakeBackend.gate.set()
+        last = win.chat.widgets[-1]
+        assert last.branch_label.isVisibleTo(last) and last.branch_label.text() == f"{n} / {n}"
+    # The arrow goes back to the earlier versions, as after reopening the chat.
+    qtbot.mouseClick(win.chat.widgets[-1].prev_btn, Qt.MouseButton.LeftButton)
+    assert win.chat.widgets[-1].branch_label.text() == "3 / 4"
+
+
+# ----- 2. the sidebar follows the conversation shown ------------------------------------------
+
+
+def click_row(qtbot, win: MainWindow, conv_id: int, double: bool = False) -> None:
+    lst = win.sidebar.list
+    row = next(i for i in range(lst.count()) if lst.item(i).data(Qt.ItemDataRole.UserRole) == conv_id)
+    center = lst.visualItemRect(lst.item(row)).center()
+    click = qtbot.mouseDClick if double else qtbot.mouseClick
+    click(lst.viewport(), Qt.MouseButton.LeftButton, pos=center)
+
+
+def listed(win: MainWindow) -> list[int]:
+    lst = win.sidebar.list
+    return [lst.item(i).data(Qt.ItemDataRole.UserRole) for i in range(lst.count())]
+
+
+def highlighted(win: MainWindow) -> int | None:
+    items = win.sidebar.list.selectedItems()
+    return items[0].data(Qt.ItemDataRole.UserRole) if items else None
+
+
+def test_the_highlight_follows_new_chat_send_and_delete_and_a_click_opens_the_row(qtbot, win, loop):
+    load_fake(qtbot, win)
+    send(qtbot, win, "first chat")
+    first = win.controller.conv_id
+    assert highlighted(win) == first
+    action(win, "New chat").trigger()
+    assert highlighted(win) is None
+    send(qtbot, win, "second chat")  # sending from a new chat makes it the current row
+    second = win.controller.conv_id
+    assert second != first and highlighted(win) == second
+
+    click_row(qtbot, win, first)
+    assert win.controller.conv_id == first and highlighted(win) == first
+    action(win, "New chat").trigger()
+    click_row(qtbot, win, first)  # the row that was highlighted a moment ago opens at once
+    assert win.controller.conv_id == first and win.chat.messages[0].plain_text() == "first chat"
+
+    win.sidebar.delete(first)  # the context menu's Delete: the open chat goes
+    assert win.controller.conv_id is None and highlighted(win) is None
+    click_row(qtbot, win, second, double=True)
+    assert win.controller.conv_id == second and highlighted(win) == second
+
+    # From the Compare tab, a click on the highlighted chat brings it back.
+    win.tabs.setCurrentWidget(win.compare_view)
+    click_row(qtbot, win, second)
+    assert win.tabs.currentIndex() == 0 and win.controller.conv_id == second
+
+    # A search result for the chat that is shown, and for another one, both open.
+    action(win, "New chat").trigger()
+    send(qtbot, win, "third chat")
+    third = win.controller.conv_id
+    with qtbot.waitSignal(win.background.search_results, timeout=WAIT):
+        qtbot.keyClicks(win.sidebar.search, "second")
+    assert listed(win) == [second]
+    assert highlighted(win) is None  # the chat shown (third) is not among the results
+    click_row(qtbot, win, second)
+    assert win.controller.conv_id == second and highlighted(win) == second
+    action(win, "New chat").trigger()
+    assert highlighted(win) is None
+    click_row(qtbot, win, second)
+    assert win.controller.conv_id == second
+    assert third in {r.id for r in win.controller.store.list_conversations()}
