@@ -45,6 +45,7 @@ def main() -> int:
     ckpt = write_checkpoint(tmp, "E7", phase="chatsft", cfg=cfg, tokenizer="pkl")
     app = QApplication.instance() or QApplication([])
     from desktop.app import build
+    from desktop.engine.params import SamplingParams
 
     window = build()
     window.resize(1280, 800)

@@ -34,11 +34,11 @@ def os_threads() -> int:
 def long_stream(ckpt: Path, n_tokens: int) -> dict:
     import torch
 
+    from desktop.engine.backend import LoadOptions
     from desktop.engine.generation import generate_columns
     from desktop.engine.kvcache import KVCache
+    from desktop.engine.nanochat_backend import NanochatBackend
     from desktop.engine.params import SamplingParams
-    from desktop.engine.backend import LoadOptions
-from desktop.engine.nanochat_backend import NanochatBackend
 
     session = NanochatBackend.open(ckpt, LoadOptions(device="cpu"))
     model = session.model

@@ -198,7 +198,9 @@ class ChatController(QObject):
         self._start_reply(params, system_prompt)
 
     @Slot(int, str, object)
-    def edit_and_resend(self, index: int, new_text: str, params: SamplingParams, system_prompt: str = "") -> None:
+    def edit_and_resend(
+        self, index: int, new_text: str, params: SamplingParams, system_prompt: str = ""
+    ) -> None:
         """Replace the user message at ``index`` by a new sibling and answer it."""
         if self.busy or not 0 <= index < len(self.path) or self.path[index][1].role != "user":
             return

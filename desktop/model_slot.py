@@ -15,7 +15,7 @@ import shiboken6
 from PySide6.QtCore import QObject, Signal, Slot
 
 from . import paths
-from .engine.backend import LoadOptions, ModelInfo, Prompt, StreamOptions
+from .engine.backend import DEFAULT_STREAM, LoadOptions, ModelInfo, Prompt, StreamOptions
 from .engine.messages import Message, TokenEvent
 from .engine.params import SamplingParams
 from .settings import Settings
@@ -118,7 +118,7 @@ class ModelSlot(QObject):
         self,
         conversation: list[Message],
         params: SamplingParams,
-        options: StreamOptions = StreamOptions(),
+        options: StreamOptions = DEFAULT_STREAM,
         step_lock: TurnLock | None = None,
     ) -> int:
         """Start a generation; its events come through ``context``/``token``/``finished``/``failed``."""

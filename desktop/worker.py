@@ -17,7 +17,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from .engine.backend import Backend, GenerationStats, LoadOptions, Progress, StreamOptions
+from .engine.backend import DEFAULT_STREAM, Backend, GenerationStats, LoadOptions, Progress, StreamOptions
 from .engine.errors import NanoscopeError, is_out_of_memory
 from .engine.messages import Message, TokenEvent
 from .engine.params import SamplingParams
@@ -174,7 +174,9 @@ class ModelWorker(QObject):
         self.finished.emit(request_id, stats.to_dict())
 
     @Slot(int, object, object, object)
-    def _on_score(self, request_id: int, conversation: list[Message], reply_ids: list[int], options: Any) -> None:
+    def _on_score(
+        self, request_id: int, conversation: list[Message], reply_ids: list[int], options: Any
+    ) -> None:
         """Teacher-force ``reply_ids`` after the prompt ``conversation`` renders to.
 
         ``options``: ``top`` (alternatives per token to return) and ``skip`` (per reply token,
@@ -185,7 +187,9 @@ class ModelWorker(QObject):
             if not backend.info().capabilities.scoring:
                 raise NanoscopeError("this model cannot score a given reply")
             prompt = backend.render(conversation, len(reply_ids))
-            result = backend.score(prompt, reply_ids, top=int(options.get("top") or 0), skip=options.get("skip"))
+            result = backend.score(
+                prompt, reply_ids, top=int(options.get("top") or 0), skip=options.get("skip")
+            )
         except Exception as exc:
             logger.warning("score %d failed", request_id, exc_info=not isinstance(exc, NanoscopeError))
             self.failed.emit(request_id, describe_failure(exc))
@@ -211,7 +215,7 @@ class WorkerHost(QObject):
         request_id: int,
         conversation: list[Message],
         params: SamplingParams,
-        options: StreamOptions = StreamOptions(),
+        options: StreamOptions = DEFAULT_STREAM,
         step_lock: TurnLock | None = None,
     ) -> None:
         """Queue a generation; a stop pressed before this call does not leak into it."""

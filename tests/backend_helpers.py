@@ -26,6 +26,8 @@ def stream(
     return backend.stream(prompt, params, cancel or threading.Event(), options, stats)
 
 
-def reply_ids(backend: Backend, prompt: Prompt | Sequence[int], params: SamplingParams, **kwargs) -> list[int]:
+def reply_ids(
+    backend: Backend, prompt: Prompt | Sequence[int], params: SamplingParams, **kwargs
+) -> list[int]:
     """The generated token ids (a decoder's held-back tail adds no token)."""
     return [ev.id for ev in stream(backend, prompt, params, **kwargs) if not ev.continues]

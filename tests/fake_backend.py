@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from desktop.engine.backend import (
+    DEFAULT_STREAM,
     Capabilities,
     GenerationStats,
     LoadOptions,
@@ -57,7 +58,9 @@ class FakeBackend:
     def info(self) -> ModelInfo:
         return self._info
 
-    def render(self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None) -> Prompt:
+    def render(
+        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+    ) -> Prompt:
         turns = [conversation] if isinstance(conversation, str) else [m.plain_text() for m in conversation]
         budget = CONTEXT - min(max_tokens or 0, CONTEXT // 4)
         dropped = 0
@@ -73,7 +76,7 @@ class FakeBackend:
         prompt: Prompt,
         params: SamplingParams,
         cancel: threading.Event,
-        options: StreamOptions = StreamOptions(),
+        options: StreamOptions = DEFAULT_STREAM,
         stats: GenerationStats | None = None,
     ) -> Iterator[TokenEvent]:
         stats = stats if stats is not None else GenerationStats()
@@ -104,8 +107,15 @@ class FakeBackend:
             stats.new_tokens += 1
             yield replace(ev, logprob=-0.5, top=((ev.id, ev.text, -0.5),)) if options.logprobs else ev
 
-    def score(self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None) -> dict[str, Any]:
-        return {"mean_logprob": -0.5, "bits_per_byte": 1.0, "tokens": len(reply_ids), "token_logprobs": [-0.5] * len(reply_ids)}
+    def score(
+        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+    ) -> dict[str, Any]:
+        return {
+            "mean_logprob": -0.5,
+            "bits_per_byte": 1.0,
+            "tokens": len(reply_ids),
+            "token_logprobs": [-0.5] * len(reply_ids),
+        }
 
     def token_label(self, token_id: int) -> str:
         return chr(token_id) if token_id >= 32 else f"<{token_id}>"

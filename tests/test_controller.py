@@ -52,7 +52,7 @@ def test_send_streams_into_the_reply_the_view_renders_and_saves_it(qtbot, chat):
     chat.reply_started.connect(lambda message, siblings: started.append((message, siblings)))
     chat.reply_event.connect(events.append)
     stats = send(qtbot, chat, "hello calc")
-    (reply, siblings), = started
+    ((reply, siblings),) = started
     assert siblings == (0, 1)
     assert reply is chat.path[-1][1]  # one object: the controller fills it, the view renders it
     assert [p.kind for p in reply.parts] == [TEXT, PYTHON, PYTHON_OUTPUT]
@@ -124,7 +124,7 @@ def test_switching_chats_mid_reply_keeps_each_reply_in_its_own_chat(qtbot, chat)
         chat.open_conversation(first)  # stops the reply in flight
         FakeBackend.gate.set()
     assert chat.conv_id == first and [m.plain_text() for _, m in chat.path] == ["one", "echo: one"]
-    second = [r.id for r in chat.store.list_conversations() if r.id != first][0]
+    second = next(r.id for r in chat.store.list_conversations() if r.id != first)
     replies = [m for _, m in chat.store.active_path(second) if m.role == "assistant"]
     assert len(replies) == 1 and "echo: slow two".startswith(replies[0].plain_text())
 

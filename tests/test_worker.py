@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import QObject, Signal
 from checkpoint_factory import truncate_file, write_checkpoint
 
 from desktop.engine.backend import LoadOptions, ModelInfo, Prompt, StreamOptions
@@ -82,16 +83,33 @@ def test_slots_report_failures_as_one_line(qtbot, tmp_path):
 # ----- on its own thread ------------------------------------------------------------------------
 
 
+class Relay(QObject):
+    """The worker's signals re-emitted on the GUI thread, as the app receives them (a plain
+    callable connected to the worker would run on the worker's thread)."""
+
+    loaded = Signal(object)
+    load_failed = Signal(str)
+    token = Signal(int, object)
+    finished = Signal(int, dict)
+    failed = Signal(int, str)
+
+    def __init__(self, worker: ModelWorker) -> None:
+        super().__init__()
+        for name in ("loaded", "load_failed", "token", "finished", "failed"):
+            getattr(worker, name).connect(getattr(self, name))
+
+
 @pytest.fixture
 def host(qtbot):
     host = WorkerHost()
+    host.relay = Relay(host.worker)
     yield host
     host.shutdown()
     assert host.model_thread.isFinished()
 
 
 def _load(qtbot, host: WorkerHost, path: Path) -> ModelInfo:
-    with qtbot.waitSignal(host.worker.loaded, timeout=30000) as blocker:
+    with qtbot.waitSignal(host.relay.loaded, timeout=30000) as blocker:
         host.load(str(path), CPU)
     return blocker.args[0]
 
@@ -100,8 +118,8 @@ def test_load_then_stream_tokens_and_finish(qtbot, host, sft_dir):
     info = _load(qtbot, host, sft_dir)
     assert info.era == "E7" and info.capabilities.chat is True
     tokens: list[TokenEvent] = []
-    host.worker.token.connect(lambda _rid, ev: tokens.append(ev))
-    with qtbot.waitSignal(host.worker.finished, timeout=30000) as done:
+    host.relay.token.connect(lambda _rid, ev: tokens.append(ev))
+    with qtbot.waitSignal(host.relay.finished, timeout=30000) as done:
         host.generate(1, HI, SamplingParams(temperature=0.0, max_tokens=12))
     request_id, stats = done.args
     assert request_id == 1
@@ -118,8 +136,8 @@ def test_stop_ends_generation_within_a_token_and_keeps_partial(qtbot, host, sft_
         if len(seen) == 3:
             host.stop()  # the GUI thread sets the Event directly; the worker checks it between tokens
 
-    host.worker.token.connect(on_token)
-    with qtbot.waitSignal(host.worker.finished, timeout=30000) as done:
+    host.relay.token.connect(on_token)
+    with qtbot.waitSignal(host.relay.finished, timeout=30000) as done:
         host.generate(7, HI, SamplingParams(temperature=1.0, max_tokens=400, seed=3))
     stats = done.args[1]
     assert stats["stopped"] == "cancelled"
@@ -131,7 +149,7 @@ def test_stop_ends_generation_within_a_token_and_keeps_partial(qtbot, host, sft_
 def test_corrupt_checkpoint_reports_and_worker_stays_usable(qtbot, host, sft_dir, tmp_path):
     bad = write_checkpoint(tmp_path, "E7", phase="chatsft", tokenizer="pkl")
     truncate_file(next(bad.glob("model_*.pt")), 0.5)
-    with qtbot.waitSignal(host.worker.load_failed, timeout=30000) as failed:
+    with qtbot.waitSignal(host.relay.load_failed, timeout=30000) as failed:
         host.load(str(bad), CPU)
     message = failed.args[0]
     assert "model_000010.pt" in message and "truncated or corrupt" in message
@@ -142,9 +160,10 @@ def test_corrupt_checkpoint_reports_and_worker_stays_usable(qtbot, host, sft_dir
 
 def test_shutdown_stops_a_running_generation(qtbot, sft_dir):
     host = WorkerHost()
-    with qtbot.waitSignal(host.worker.loaded, timeout=30000):
+    relay = Relay(host.worker)
+    with qtbot.waitSignal(relay.loaded, timeout=30000):
         host.load(str(sft_dir), CPU)
-    with qtbot.waitSignal(host.worker.token, timeout=30000):
+    with qtbot.waitSignal(relay.token, timeout=30000):
         host.generate(1, HI, SamplingParams(temperature=1.0, max_tokens=100000))
     assert host.shutdown(timeout_ms=30000)
     assert host.model_thread.isFinished()

@@ -39,7 +39,6 @@ from .analysis import (
     MIN_PANES,
     OVERRIDE_KEYS,
     DiffSpan,
-    checkpoint_label,
     cpu_cores,
     cpu_threads,
     effective_params,
@@ -488,7 +487,9 @@ class CompareController(QObject):
         return ""
 
     def _request_score(self, kind: str, source: Pane, scorer: Pane, top: int) -> None:
-        skip = source.run.trace.forced if kind == "cross" else None  # forced tokens were not the model's choice
+        skip = (
+            source.run.trace.forced if kind == "cross" else None
+        )  # forced tokens were not the model's choice
         request = scorer.score(self.messages, list(source.run.trace.ids), top, skip)
         self._scores[request] = (kind, source, scorer)
 

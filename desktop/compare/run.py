@@ -69,7 +69,9 @@ class PaneRun:
         """The reverse of ``to_message`` for a saved reply."""
         m = message.meta
         try:
-            params = SamplingParams.from_dict({k: v for k, v in (m.get("sampling") or {}).items() if v is not None})
+            params = SamplingParams.from_dict(
+                {k: v for k, v in (m.get("sampling") or {}).items() if v is not None}
+            )
         except (ValueError, TypeError):
             params = None
         return cls(

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from .messages import Message, TokenEvent
 from .params import SAMPLING_KEYS, SamplingParams
 
-
 # Load progress: (percent, what is happening).
 Progress = Callable[[int, str], None]
 
@@ -130,6 +129,9 @@ class StreamOptions:
     reuse_cache: bool = True  # keep the previous request's cache and prefill only what is new
 
 
+DEFAULT_STREAM = StreamOptions()
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
@@ -161,7 +163,7 @@ class Backend(Protocol):
         prompt: Prompt,
         params: SamplingParams,
         cancel: threading.Event,
-        options: StreamOptions = StreamOptions(),
+        options: StreamOptions = DEFAULT_STREAM,
         stats: GenerationStats | None = None,
     ) -> Iterator[TokenEvent]:
         """Stream the reply; stops after the current token once ``cancel`` is set."""

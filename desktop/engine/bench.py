@@ -20,7 +20,7 @@ import torch
 
 from .backend import Backend, GenerationStats, Prompt, StreamOptions
 from .gemv import ExactLinear
-from .params import SamplingParams
+from .params import CHAT_DEFAULTS, SamplingParams
 
 
 class IdsOnlyTokenizer:
@@ -145,7 +145,7 @@ class BenchRequest:
     base_dir: Path | None = None
     prompt_tokens: int = 256
     new_tokens: int = 64
-    params: SamplingParams = SamplingParams(temperature=0.8, top_k=50)
+    params: SamplingParams = CHAT_DEFAULTS
     threads: int | None = None
     repeats: int = 3
 

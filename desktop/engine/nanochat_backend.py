@@ -15,7 +15,16 @@ from typing import Any
 
 import torch
 
-from .backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
+from .backend import (
+    DEFAULT_STREAM,
+    Capabilities,
+    GenerationStats,
+    LoadOptions,
+    ModelInfo,
+    Progress,
+    Prompt,
+    StreamOptions,
+)
 from .chat_format import render_completion_prompt, render_for_completion
 from .discovery import PHASES
 from .errors import ContextError, NanoscopeError, TokenizerError
@@ -163,7 +172,7 @@ class NanochatBackend:
         prompt: Prompt,
         params: SamplingParams,
         cancel: threading.Event,
-        options: StreamOptions = StreamOptions(),
+        options: StreamOptions = DEFAULT_STREAM,
         stats: GenerationStats | None = None,
     ) -> Iterator[TokenEvent]:
         """Stream a reply to ``prompt``. With ``options.reuse_cache`` the KV cache of the previous

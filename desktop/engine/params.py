@@ -52,7 +52,17 @@ KNOBS: tuple[Knob, ...] = (
         "Randomness. 0 always takes the most likely token (greedy, repeatable);\n"
         "higher values flatten the distribution for more varied text.",
     ),
-    Knob("top_k", "Top-k", 0, 2**31 - 1, 200, 1, 0, 0, "Sample only among the k most likely tokens. 0 turns it off."),
+    Knob(
+        "top_k",
+        "Top-k",
+        0,
+        2**31 - 1,
+        200,
+        1,
+        0,
+        0,
+        "Sample only among the k most likely tokens. 0 turns it off.",
+    ),
     Knob(
         "top_p",
         "Top-p",
@@ -100,7 +110,17 @@ KNOBS: tuple[Knob, ...] = (
         "The longest reply, in tokens. Generation also stops at the end-of-turn token.",
     ),
     # A slider or spin box holds 32-bit values; the CLI takes any 63-bit seed.
-    Knob("seed", "Seed", 0, SEED_MAX, 2**31 - 1, 1, 0, None, "The random seed: the same seed gives the same reply."),
+    Knob(
+        "seed",
+        "Seed",
+        0,
+        SEED_MAX,
+        2**31 - 1,
+        1,
+        0,
+        None,
+        "The random seed: the same seed gives the same reply.",
+    ),
 )
 KNOB = {k.key: k for k in KNOBS}
 SAMPLING_KEYS: tuple[str, ...] = tuple(k.key for k in KNOBS)

@@ -1,6 +1,9 @@
-"""nanochat's special token names (docs/ARCHITECTURE.md, Eras: Tokenizers), shared by both tokenizer kinds and chat rendering."""
+"""nanochat's special token names, shared by both tokenizer kinds and chat rendering.
 
-# nanochat's SPECIAL_TOKENS, in order; their ids are the last nine of the vocabulary (docs/ARCHITECTURE.md, Eras: Tokenizers).
+See docs/ARCHITECTURE.md, Eras: Tokenizers.
+"""
+
+# nanochat's SPECIAL_TOKENS, in order; their ids are the last nine of the vocabulary.
 BOS = "<|bos|>"
 USER_START = "<|user_start|>"
 USER_END = "<|user_end|>"

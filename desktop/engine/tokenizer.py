@@ -21,8 +21,7 @@ import tiktoken
 from .cpp_tokenizer import CppTokenizer
 from .errors import TokenizerError
 from .safe_pickle import load_tiktoken_pickle
-
-from .special_tokens import ASSISTANT_END, BOS, CHAT_TOKENS, SPECIAL_TOKENS
+from .special_tokens import ASSISTANT_END, BOS, CHAT_TOKENS
 
 PKL_NAME = "tokenizer.pkl"
 JSON_NAME = "tokenizer.json"

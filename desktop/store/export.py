@@ -116,7 +116,13 @@ def comparison_markdown(title: str, messages: list[Message], meta: dict[str, Any
             lines += ["", f"*Failed: {m.meta['error']}*"]
     scored = [m for m in replies if m.meta.get("cross_scores")]
     if scored:
-        lines += ["", "## Cross-scores", "", "| reply | scored by | bits/byte | mean log p |", "|---|---|--:|--:|"]
+        lines += [
+            "",
+            "## Cross-scores",
+            "",
+            "| reply | scored by | bits/byte | mean log p |",
+            "|---|---|--:|--:|",
+        ]
         for m in scored:
             for letter, score in m.meta["cross_scores"].items():
                 bpb = f"{score['bits_per_byte']:.3f}" if score.get("bits_per_byte") is not None else "–"
