@@ -214,3 +214,26 @@ def test_the_highlight_follows_new_chat_send_and_delete_and_a_click_opens_the_ro
     click_row(qtbot, win, second)
     assert win.controller.conv_id == second
     assert third in {r.id for r in win.controller.store.list_conversations()}
+
+
+# ----- 7. quitting from the Compare tab keeps the Parameters panel ------------------------------
+
+
+def test_quitting_on_the_compare_tab_keeps_the_parameters_panel_as_the_user_left_it(qtbot, windows):
+    win = open_window(qtbot)
+    windows.append(win)
+    win.tabs.setCurrentWidget(win.compare_view)
+    win = restart(qtbot, windows)
+    assert win.settings.get("sampling_panel_visible") is True
+    assert win.sampling.isVisible()
+    # Hidden on purpose (Ctrl+Shift+S), then quit from Compare: it stays hidden, and comes back.
+    action(win, "Sampling panel").trigger()
+    assert not win.sampling.isVisible()
+    win.tabs.setCurrentWidget(win.compare_view)
+    action(win, "Sampling panel").trigger()  # the shortcut works from the Compare tab too
+    win.tabs.setCurrentIndex(0)
+    assert win.sampling.isVisible()
+    action(win, "Sampling panel").trigger()
+    win.tabs.setCurrentWidget(win.compare_view)
+    win = restart(qtbot, windows)
+    assert win.settings.get("sampling_panel_visible") is False and not win.sampling.isVisible()

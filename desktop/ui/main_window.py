@@ -152,7 +152,7 @@ class MainWindow(QMainWindow):
             "&View",
             "Sampling panel",
             "Ctrl+Shift+S",
-            lambda: self.sampling.setVisible(not self.sampling.isVisible()),
+            lambda: self.sampling.setVisible(self.sampling.isHidden()),
         )
         theme_menu = menus["&View"].addMenu("Theme")
         group = QActionGroup(self)
@@ -381,7 +381,8 @@ class MainWindow(QMainWindow):
         if not getattr(self, "_shut_down", False):
             self._shut_down = True
             self.settings.set("window_geometry", base64.b64encode(bytes(self.saveGeometry())).decode())
-            self.settings.set("sampling_panel_visible", self.sampling.isVisible())
+            # isHidden, not isVisible: on the Compare tab the panel is shown but its tab is not.
+            self.settings.set("sampling_panel_visible", not self.sampling.isHidden())
             if self.compare is not None:
                 self.compare.shutdown()
             self.controller.shutdown()
