@@ -2,6 +2,7 @@
 # Set up a local virtualenv and either launch Nanoscope or run its tests.
 #   bash packaging/setup.sh run [nanoscope args...]   # set up + launch the app
 #   bash packaging/setup.sh test [pytest args...]     # set up + run the test suite
+#   bash packaging/setup.sh check                     # set up + lint, format check, type check
 # Idempotent and quick the second time: .venv is reused, and `pip install -e` runs only when
 # pyproject.toml changed since the last install (a stamp in .venv holds its hash) or the venv's
 # `desktop` is not this checkout's (a moved or copied folder).
@@ -77,8 +78,15 @@ case "$mode" in
     export QT_QPA_PLATFORM=offscreen
     exec "$VPY" -m pytest -q "$@"
     ;;
+  check)
+    # What CI runs before the tests: lint, formatting and the type checker.
+    ensure_installed test ".[test]"
+    "$VPY" -m ruff check .
+    "$VPY" -m ruff format --check .
+    "$VPY" -m mypy
+    ;;
   *)
-    echo "usage: bash packaging/setup.sh run|test [args...]" >&2
+    echo "usage: bash packaging/setup.sh run|test|check [args...]" >&2
     exit 2
     ;;
 esac
