@@ -27,7 +27,8 @@ SCHEMA_VERSION = 2
 THEMES = ("system", "light", "dark")
 
 # The chat window's sampling values (engine/params.py decides them), plus whether the seed is kept.
-DEFAULT_SAMPLING: dict[str, Any] = {**CHAT_DEFAULTS.to_dict(), "seed_locked": True}
+# Unlocked, as in LM Studio: every reply (a regeneration too) draws a new seed unless the user locks one.
+DEFAULT_SAMPLING: dict[str, Any] = {**CHAT_DEFAULTS.to_dict(), "seed_locked": False}
 
 DEFAULTS: dict[str, Any] = {
     "window_geometry": None,  # base64 of QMainWindow.saveGeometry(), or None before the first close

@@ -237,3 +237,38 @@ def test_quitting_on_the_compare_tab_keeps_the_parameters_panel_as_the_user_left
     win.tabs.setCurrentWidget(win.compare_view)
     win = restart(qtbot, windows)
     assert win.settings.get("sampling_panel_visible") is False and not win.sampling.isVisible()
+
+
+# ----- 9. regenerate draws a new seed unless the user locked one -------------------------------
+
+
+def seed_of(widget) -> int:
+    return widget.message.meta["sampling"]["seed"]
+
+
+def test_regenerate_uses_a_new_seed_unless_locked_and_the_footer_names_it(qtbot, win, windows):
+    assert win.sampling.lock_btn.text() == "Random" and not win.sampling.lock_btn.isChecked()
+    load_fake(qtbot, win)
+    send(qtbot, win, "hello")
+    seeds = [seed_of(win.chat.widgets[-1])]
+    for _ in range(2):
+        regenerate(qtbot, win)
+        seeds.append(seed_of(win.chat.widgets[-1]))
+    assert len(set(seeds)) == 3  # three draws from 2**31 seeds
+    footer = win.chat.widgets[-1].footer
+    assert footer.isVisibleTo(win.chat.widgets[-1]) and f"seed {seeds[-1]}" in footer.text()
+    assert win.sampling.seed_box.value() == seeds[-1]  # the panel shows the seed just used
+
+    qtbot.mouseClick(win.sampling.lock_btn, Qt.MouseButton.LeftButton)  # "keep this seed"
+    assert win.sampling.lock_btn.text() == "Locked"
+    regenerate(qtbot, win)
+    regenerate(qtbot, win)
+    assert seed_of(win.chat.widgets[-1]) == seeds[-1]
+    assert f"seed {seeds[-1]}" in win.chat.widgets[-1].footer.text()
+
+    win.sampling.apply_preset("Greedy")
+    regenerate(qtbot, win)
+    assert "greedy" in win.chat.widgets[-1].footer.text()
+    # The choice survives a restart: locked stays locked.
+    win = restart(qtbot, windows)
+    assert win.sampling.lock_btn.isChecked()
