@@ -25,6 +25,8 @@ from .store import HistoryStore, StreamingWriter
 from .store.export import to_json, to_markdown
 
 TITLE_CHARS = 48
+CONTEXT_FULL = "Context full"  # the titles of the notices about the conversation's context
+TRUNCATED = "Message truncated"
 
 
 class ChatController(QObject):
@@ -41,8 +43,10 @@ class ChatController(QObject):
         busy_changed(bool): generation started or ended.
         model_loading(int, str), model_loaded(object), model_load_failed(str, str): load progress,
             the ModelInfo, and (what was loading, reason).
-        context_changed(int, int): prompt tokens used, context length.
+        context_changed(int, int): tokens the conversation shown uses, context length (0 with no
+            model): on every reply's prompt, and when another conversation is shown.
         notice(str, str, str): level ("error" | "warning" | "info"), title, message.
+        notice_withdrawn(str): the notice with this title is no longer true (a chat that fits).
     """
 
     conversation_changed = Signal(list, list)
@@ -56,6 +60,7 @@ class ChatController(QObject):
     model_load_failed = Signal(str, str)
     context_changed = Signal(int, int)
     notice = Signal(str, str, str)
+    notice_withdrawn = Signal(str)
 
     def __init__(
         self,
@@ -121,6 +126,7 @@ class ChatController(QObject):
         self._leave_reply()
         self.conv_id = None
         self.path = []
+        self._withdraw_context_notices()
         self._emit_conversation()
 
     @Slot(int)
@@ -128,6 +134,7 @@ class ChatController(QObject):
         self._leave_reply()
         self.conv_id = conv_id
         self.path = self.store.active_path(conv_id)
+        self._withdraw_context_notices()
         self._emit_conversation()
 
     @Slot(int, str)
@@ -165,6 +172,24 @@ class ChatController(QObject):
             sib = self.store.siblings(msg_id)
             siblings.append((sib.index(msg_id) if msg_id in sib else 0, len(sib)))
         self.conversation_changed.emit([m for _, m in self.path], siblings)
+        self.context_changed.emit(*self.context_usage())
+
+    def context_usage(self) -> tuple[int, int]:
+        """(tokens, context length) of the conversation shown, from its last reply's stats: its
+        prompt plus what it generated (0 for a new chat); the length is 0 with no model loaded."""
+        used = 0
+        for _, message in reversed(self.path):
+            stats = message.meta.get("stats") if message.role == "assistant" else None
+            if isinstance(stats, dict) and isinstance(stats.get("prompt_tokens"), int):
+                used = stats["prompt_tokens"] + int(stats.get("new_tokens") or 0)
+                break
+        info = self.slot.info
+        return used, info.context_length if info is not None else 0
+
+    def _withdraw_context_notices(self) -> None:
+        """The context notices were about the conversation that was shown."""
+        self.notice_withdrawn.emit(CONTEXT_FULL)
+        self.notice_withdrawn.emit(TRUNCATED)
 
     # ----- sending ---------------------------------------------------------------------------
 
@@ -268,15 +293,19 @@ class ChatController(QObject):
         if prompt.dropped_turns:
             self.notice.emit(
                 "info",
-                "Context full",
+                CONTEXT_FULL,
                 f"the oldest {prompt.dropped_turns} turn(s) were left out to fit the model's context",
             )
+        else:
+            self.notice_withdrawn.emit(CONTEXT_FULL)
         if prompt.truncated:
             self.notice.emit(
                 "warning",
-                "Message truncated",
+                TRUNCATED,
                 "your message is longer than the model's context; only its end was used",
             )
+        else:
+            self.notice_withdrawn.emit(TRUNCATED)
 
     def _on_token(self, ev: TokenEvent) -> None:
         if self._reply is None:
@@ -308,6 +337,7 @@ class ChatController(QObject):
             self._writer.finish(self._reply)
         if into_path:
             self.path.append((self._reply_id, self._reply))
+            self.context_changed.emit(*self.context_usage())  # the prompt and the reply now
         self._reply, self._reply_id, self._writer = None, None, None
         self._flush_timer.stop()
         self.busy_changed.emit(False)

@@ -62,7 +62,7 @@ def test_send_streams_tokens_into_the_view_and_reports_stats(qtbot, window, sft_
     assert "".join(p.text for p in reply.parts) == "".join(e.text for e in events if e.special is None)
     assert window.status.speed.text().endswith("tok/s")
     used, total = window.status.context.text().split(" / ")
-    assert int(used) == stats["prompt_tokens"] and int(total) == 64
+    assert int(used) == stats["prompt_tokens"] + stats["new_tokens"] and int(total) == 64
 
 
 def test_stop_keeps_the_partial_reply(qtbot, window, sft_dir):

@@ -43,8 +43,15 @@ def loop(qapp) -> Iterator[asyncio.AbstractEventLoop]:
     loop = qasync.QEventLoop(qapp, already_running=True)
     asyncio.set_event_loop(loop)
     yield loop
-    loop.stop()
-    asyncio.events._set_running_loop(None)
+    # qasync's stop() also quits the application, which would end every later event loop (and
+    # qtbot's waits) at once: here the loop stops, Qt goes on.
+    qapp.exit = lambda *_args: None
+    try:
+        loop.stop()
+    finally:
+        del qapp.exit
+    qapp.aboutToQuit.disconnect(loop._after_run_forever)
+    loop._after_run_forever()
     asyncio.set_event_loop(None)
     loop.close()
 
@@ -272,3 +279,72 @@ def test_regenerate_uses_a_new_seed_unless_locked_and_the_footer_names_it(qtbot,
     # The choice survives a restart: locked stays locked.
     win = restart(qtbot, windows)
     assert win.sampling.lock_btn.isChecked()
+
+
+# ----- 5. "Context full" is about the chat on screen, and only while it is true ----------------
+
+LONG = "tell me about the long history of this very long question, please"  # 66 characters
+
+
+def banner_says(win: MainWindow, title: str) -> bool:
+    return not win.banner.isHidden() and win.banner.title.text() == title
+
+
+def test_the_context_full_banner_goes_with_the_chat_that_overflowed(qtbot, win):
+    load_fake(qtbot, win)  # the fake's context: 200 characters, less the room kept for the reply
+    send(qtbot, win, LONG)
+    assert not banner_says(win, "Context full")
+    send(qtbot, win, LONG)  # the first exchange no longer fits: it is left out
+    assert banner_says(win, "Context full")
+    long_chat = win.controller.conv_id
+
+    action(win, "New chat").trigger()
+    assert not banner_says(win, "Context full")
+    send(qtbot, win, "hi")
+    assert not banner_says(win, "Context full")
+    short_chat = win.controller.conv_id
+
+    win.controller.open_conversation(long_chat)
+    send(qtbot, win, LONG)
+    assert banner_says(win, "Context full")
+    click_row(qtbot, win, short_chat)  # switching chats takes it away
+    assert not banner_says(win, "Context full")
+    send(qtbot, win, "and again")  # a reply that needed no dropping keeps it away
+    assert not banner_says(win, "Context full")
+    # Another notice is not taken away by a chat switch.
+    win.banner.show_error("Could not load x", "y")
+    action(win, "New chat").trigger()
+    assert banner_says(win, "Could not load x")
+
+
+# ----- 6. counters and labels follow what is on screen ----------------------------------------
+
+
+def context_shown(win: MainWindow) -> tuple[int, int]:
+    used, total = (int(x) for x in win.status.context.text().split(" / "))
+    assert win.input.hint.text() == f"{used} / {total} context tokens"
+    return used, total
+
+
+def test_the_context_counter_follows_chat_switches_and_a_restart(qtbot, windows):
+    win = open_window(qtbot)
+    windows.append(win)
+    load_fake(qtbot, win)
+    stats = [send(qtbot, win, "a first question"), send(qtbot, win, "and a second one")]
+    long_chat, long_used = win.controller.conv_id, stats[-1]["prompt_tokens"] + stats[-1]["new_tokens"]
+    assert context_shown(win) == (long_used, 200)  # the prompt and the reply it got
+    action(win, "New chat").trigger()
+    assert context_shown(win) == (0, 200)
+    short = send(qtbot, win, "hi")
+    short_chat, short_used = win.controller.conv_id, short["prompt_tokens"] + short["new_tokens"]
+    click_row(qtbot, win, long_chat)
+    assert context_shown(win) == (long_used, 200)
+    click_row(qtbot, win, short_chat)
+    assert context_shown(win) == (short_used, 200)
+
+    win = restart(qtbot, windows)
+    win.controller.refresh_list()
+    click_row(qtbot, win, long_chat)
+    assert context_shown(win)[0] == long_used  # known before any model is loaded
+    load_fake(qtbot, win)
+    assert context_shown(win) == (long_used, 200)

@@ -89,6 +89,11 @@ class ErrorBanner(QFrame):
         self._refresh_icons()
         self.show()
 
+    def withdraw(self, title: str) -> None:
+        """Hide the notice titled ``title`` if it is the one shown (it is no longer true)."""
+        if not self.isHidden() and self.title.text() == title:
+            self.hide()
+
     def _on_more(self, open_: bool) -> None:
         self.details.setVisible(open_)
         self.more.setToolTip("Hide the technical details" if open_ else "Show the technical details")

@@ -213,9 +213,9 @@ class MainWindow(QMainWindow):
         c.reply_event.connect(self.chat.append_event)
         c.reply_finished.connect(self._on_reply_finished)
         c.busy_changed.connect(self.input.set_generating)
-        c.context_changed.connect(self.status.set_context)
-        c.context_changed.connect(lambda used, total: self.input.set_hint(f"{used} / {total} context tokens"))
+        c.context_changed.connect(self._show_context)
         c.notice.connect(self._on_notice)
+        c.notice_withdrawn.connect(self.banner.withdraw)
         # history
         c.conversations_listed.connect(self.sidebar.set_conversations)
         self.sidebar.conversation_selected.connect(self._open_conversation)
@@ -317,7 +317,7 @@ class MainWindow(QMainWindow):
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self.picker.set_progress(100, "loaded")
         self.status.set_device_info(info.device_name, info.precision, info.attention)
-        self.status.set_context(0, info.context_length)
+        self._show_context(*self.controller.context_usage())
         self.chat.set_mode_notice(
             None
             if info.capabilities.chat
@@ -329,6 +329,10 @@ class MainWindow(QMainWindow):
                 "This is a tiny demo model bundled with Nanoscope. "
                 "Train your own with nanochat and it will show up here.",
             )
+
+    def _show_context(self, used: int, total: int) -> None:
+        self.status.set_context(used, total)
+        self.input.set_hint(f"{used} / {total} context tokens")
 
     def _on_reply_finished(self, stats: dict) -> None:
         self.chat.end_assistant(stats)
