@@ -11,14 +11,17 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import __version__, paths
 from .engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
 from .engine.device import DEVICES, PRECISIONS
 from .engine.errors import NanoscopeError, is_out_of_memory
+from .engine.messages import TokenEvent
 from .engine.params import CHAT_DEFAULTS, KNOB, SamplingParams
 from .logfile import SHOWN, cli_logging
+from .remote_cli import add_server_args, list_served, open_served
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +30,11 @@ EXIT_ERROR = 2
 MAX_THREADS = 1024
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument(
-        "model", help="checkpoint directory, or SOURCE[/TAG[/STEP]] with SOURCE in base|mid|sft|rl"
+        "model",
+        nargs=None if required else "?",
+        help="checkpoint directory, or SOURCE[/TAG[/STEP]] with SOURCE in base|mid|sft|rl",
     )
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     p.add_argument(
@@ -70,9 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_list = sub.add_parser("list", help="list the checkpoints under $NANOCHAT_BASE_DIR")
     p_list.add_argument("--json", action="store_true")
     p_list.add_argument("--base-dir", type=Path, default=None)
+    add_server_args(p_list, with_model=False)
 
-    p_gen = sub.add_parser("generate", help="generate from a checkpoint")
-    _add_model_args(p_gen)
+    p_gen = sub.add_parser("generate", help="generate from a checkpoint or a served model (--server)")
+    _add_model_args(p_gen, required=False)
+    add_server_args(p_gen, with_model=True)
     src = p_gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="completion: BOS + this text")
     src.add_argument("--chat", help="a single user turn in nanochat's chat format")
@@ -101,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_list(args: argparse.Namespace) -> int:
     from .engine.discovery import discover, summarize
 
+    if args.server:
+        return list_served(args)
     base = args.base_dir or paths.nanochat_base_dir()
     entries = discover(base)
     if args.json:
@@ -127,6 +136,10 @@ def open_model(args: argparse.Namespace) -> Backend:
     from .engine.discovery import resolve_spec
     from .engine.registry import open_backend
 
+    if getattr(args, "server", None):
+        return open_served(args)
+    if args.model is None:
+        raise NanoscopeError("name a checkpoint, or a served model with --server URL --model NAME")
     base = paths.nanochat_base_dir()
     directory, step = resolve_spec(args.model, base)
     options = LoadOptions(
@@ -174,7 +187,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     backend = open_model(args)
     info = backend.info()
     prompt = _prompt(args, backend)
-    if prompt.tokens + args.max_tokens > info.context_length:
+    if info.context_length and prompt.tokens + args.max_tokens > info.context_length:
         print(
             f"nanoscope: warning: context of {prompt.tokens + args.max_tokens} tokens exceeds the model's "
             f"sequence_len {info.context_length}; quality degrades and even L layers become windowed",
@@ -184,7 +197,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"nanoscope: warning: {w}", file=sys.stderr)
     stats = GenerationStats()
     produced: list[int] = []
-    for ev in backend.stream(prompt, params, threading.Event(), StreamOptions(), stats):
+    for ev in _closing(backend, backend.stream(prompt, params, threading.Event(), StreamOptions(), stats)):
         if ev.continues:
             if not args.json:
                 sys.stdout.write(ev.text)
@@ -214,6 +227,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print()
     return 0
+
+
+def _closing(backend: Backend, events: Iterator[TokenEvent]) -> Iterator[TokenEvent]:
+    """``events``, then the backend closed (a served model's connections and loop)."""
+    try:
+        yield from events
+    finally:
+        backend.close()
 
 
 def _special_text(ev) -> str:

@@ -33,6 +33,12 @@ class Capabilities:
     sampling: frozenset[str] = frozenset(SAMPLING_KEYS)  # the knobs it honours
     scoring: bool = True  # teacher-forced scoring of a given reply
     chat: bool = True  # renders conversations; False: completion of plain text
+    # (capability, why it is missing) for what a backend cannot do, e.g. ("scoring", "the server …").
+    unavailable: tuple[tuple[str, str], ...] = ()
+
+    def why_not(self, capability: str) -> str:
+        """The reason ``capability`` is missing, or ""."""
+        return next((why for name, why in self.unavailable if name == capability), "")
 
 
 # Reply meta key -> the ModelInfo field it records.
@@ -118,6 +124,12 @@ class LoadOptions:
     tokenizer: Path | None = None  # an explicit tokenizer file or directory
     softcap: float | None = None  # override a logit softcap the checkpoint does not record
     base_dir: Path | None = None  # the nanochat base dir, for its shared tokenizer
+    # A served model ("remote:<server id>/<model>"): the server's URL and key (else the registry
+    # looks the server id up), a display name, and how long a silent stream may pause.
+    server_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never in a log line or a message
+    server_name: str = ""
+    stall_timeout: float | None = None
 
 
 @dataclass(frozen=True)

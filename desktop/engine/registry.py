@@ -5,10 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from .backend import Backend, LoadOptions, Progress
+from .remote_servers import is_remote
 
 
 def open_backend(target: str | Path, options: LoadOptions, progress: Progress | None = None) -> Backend:
-    """Open ``target``: today a nanochat checkpoint directory (every era and the fork)."""
+    """Open ``target``: a served model (``remote:<server id>/<model>``, see engine.remote_servers)
+    or a nanochat checkpoint directory (every era and the fork)."""
+    if is_remote(target):
+        from .remote_backend import RemoteBackend  # httpx: only when a served model is opened
+
+        return RemoteBackend.open(str(target), options, progress)
     from .nanochat_backend import NanochatBackend  # imports torch: only when a model is opened
 
     return NanochatBackend.open(Path(target), options, progress)
