@@ -28,6 +28,7 @@ from desktop.model_slot import ModelSlot
 from desktop.settings import Settings
 from desktop.settings_autosave import SettingsAutosave
 from desktop.store import HistoryStore
+from desktop.ui.history_sidebar import MARK_END, MARK_START
 from desktop.ui.main_window import MainWindow
 
 pytestmark = pytest.mark.gui
@@ -348,3 +349,46 @@ def test_the_context_counter_follows_chat_switches_and_a_restart(qtbot, windows)
     assert context_shown(win)[0] == long_used  # known before any model is loaded
     load_fake(qtbot, win)
     assert context_shown(win) == (long_used, 200)
+
+
+def test_after_deleting_the_open_chat_the_view_does_not_ask_for_a_checkpoint(qtbot, win):
+    assert "Pick a checkpoint" in win.chat.placeholder_title.text()  # nothing is loaded yet
+    load_fake(qtbot, win, "tiny")
+    send(qtbot, win, "hello")
+    win.sidebar.delete(win.controller.conv_id)
+    assert win.chat.stack.currentWidget() is win.chat.placeholder
+    title = win.chat.placeholder_title.text()
+    assert "Pick a checkpoint" not in title and "fake/tiny · step 7" in title
+
+
+def test_search_snippets_keep_a_tool_call_apart_from_its_result_and_the_text(qtbot, win, loop):
+    load_fake(qtbot, win)
+    send(qtbot, win, "what is calc")  # the fake answers with text, a calculator call 6*7 and its 42
+    with qtbot.waitSignal(win.background.search_results, timeout=WAIT):
+        qtbot.keyClicks(win.sidebar.search, "42")
+    snippet = win.sidebar.list.item(0).data(Qt.ItemDataRole.UserRole + 1)
+    plain = snippet.replace(MARK_START, "").replace(MARK_END, "")
+    assert "6*7 42" in plain and "calc 6*7" in plain and "\n" not in plain
+
+
+def test_while_the_first_scan_and_load_run_nothing_says_no_checkpoints_found(
+    qtbot, windows, loop, nanochat_base, monkeypatch
+):
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(nanochat_base))
+    win = open_window(qtbot)
+    windows.append(win)
+    panes = win.compare_view.panes
+    texts = lambda: [win.picker.summary.text(), *(p.summary.text() for p in panes)]  # noqa: E731
+    assert not any("No checkpoints found" in t for t in texts())  # before the scan has answered
+    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
+        win.start()  # the scan, then the newest checkpoint starts loading
+    assert not any("No checkpoints found" in t for t in texts())
+    qtbot.waitUntil(lambda: win.controller.model_info is not None, timeout=WAIT)
+    qtbot.waitUntil(lambda: "E7" in win.picker.summary.text(), timeout=WAIT)
+    assert not any("No checkpoints found" in t for t in texts())
+    # A pane that was loaded, then unloaded, says so.
+    pane = panes[0]
+    with qtbot.waitSignal(win.compare.pane_loaded, timeout=WAIT):
+        qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)  # now "Unload"
+    assert pane.summary.text() == "Not loaded" and pane.load_btn.text() == "Load"

@@ -11,7 +11,6 @@ a "jump to bottom" button, and scrolling back down (or the button) resumes it.
 
 from __future__ import annotations
 
-
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
@@ -33,6 +32,7 @@ COLUMN_MAX_WIDTH = 860
 FOLLOW_SLACK_PX = 32  # this close to the bottom counts as "at the bottom"
 LOAD_OLDER_PX = 400  # this close to the top builds the previous batch
 PLACEHOLDER = "Pick a checkpoint and say hello"
+READY = "Say hello to {name}"  # the placeholder once a model is loaded
 
 
 class _Column(QWidget):
@@ -131,9 +131,10 @@ class ChatView(QWidget):
         self.placeholder_icon = QLabel()
         self.placeholder_icon.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.placeholder_icon.setPixmap(icons.avatar("assistant", theme.is_dark(), 44))
-        title = QLabel(PLACEHOLDER)
+        title = self.placeholder_title = QLabel(PLACEHOLDER)
         title.setObjectName("PlaceholderTitle")
         title.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        title.setWordWrap(True)
         hint = QLabel("Ctrl+K chooses a checkpoint  ·  F1 lists the keyboard shortcuts")
         hint.setObjectName("Muted")
         hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -143,6 +144,10 @@ class ChatView(QWidget):
         return page
 
     # ----- content ---------------------------------------------------------------------------
+
+    def set_model_name(self, name: str | None) -> None:
+        """The model loaded (None: none), so an empty chat invites the right next step."""
+        self.placeholder_title.setText(READY.format(name=name) if name else PLACEHOLDER)
 
     def set_mode_notice(self, text: str | None) -> None:
         """A strip above the conversation (e.g. completion mode); None hides it."""

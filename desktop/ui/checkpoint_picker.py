@@ -28,6 +28,8 @@ from . import icons, theme, widgets
 PRECISIONS = (("Auto", "auto"), ("Exact · fp32", "float32"), ("Fast · 16-bit", "fast")) + (
     (("Int8 · CPU", "int8"),) if platform.machine().lower() in ("x86_64", "amd64") else ()
 )
+LOOKING = "Looking for checkpoints…"  # until the first folder scan answers
+NONE_FOUND = "No checkpoints found: use Open folder… or train one with nanochat"
 SOURCE_NAMES = {"base": "Base", "mid": "Mid", "sft": "SFT", "rl": "RL", "folder": "Folder", "demo": "Demo"}
 
 
@@ -119,7 +121,7 @@ class CheckpointPicker(QFrame):
         self.open_btn.setToolTip("Pick any folder holding model_<step>.pt and meta_<step>.json")
         self.open_btn.setAccessibleName("Open checkpoint folder")
 
-        self.summary = widgets.ElidedLabel("No checkpoint selected")
+        self.summary = widgets.ElidedLabel(LOOKING)
         self.summary.setObjectName("Summary")
         self.summary.setAccessibleName("Checkpoint summary")
         self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -156,7 +158,7 @@ class CheckpointPicker(QFrame):
         self.precision.activated.connect(lambda _i: self.precision_changed.emit(self.precision.currentData()))
         self.open_btn.clicked.connect(self.open_folder_dialog)
         self._refresh_icons()
-        self._update_enabled()
+        self._update_enabled(scanned=False)
 
     # ----- entries and selection -------------------------------------------------------------
 
@@ -172,7 +174,7 @@ class CheckpointPicker(QFrame):
         self._fill_tags()
         if previous is not None:
             self.select(*previous)
-        self._update_enabled()
+        self._update_enabled(scanned=True)
 
     def _entry(self):
         src, path = self.source.currentData(), self.tag.currentData()
@@ -256,12 +258,14 @@ class CheckpointPicker(QFrame):
         self.load_btn.setEnabled(not loading and bool(self.entries))
         self.load_btn.setText("Loading…" if loading else "Load")
 
-    def _update_enabled(self) -> None:
+    def _update_enabled(self, scanned: bool) -> None:
         has = bool(self.entries)
         for w in (self.source, self.tag, self.step, self.load_btn):
             w.setEnabled(has)
         if not has:
-            self.summary.setText("No checkpoints found: use Open folder… or train one with nanochat")
+            self.summary.setText(NONE_FOUND if scanned else LOOKING)
+        elif self.summary.text() in (LOOKING, NONE_FOUND):
+            self.summary.setText("Reading the checkpoint…")  # until its summary arrives
 
     def _load(self) -> None:
         cur = self.current()

@@ -27,13 +27,16 @@ from PySide6.QtWidgets import (
 
 from ..compare.run import PaneRun
 from ..engine.backend import ModelInfo
-from ..engine.params import KNOB
 from ..engine.messages import TokenEvent
+from ..engine.params import KNOB
 from . import theme, widgets
 from .checkpoint_picker import SOURCE_NAMES, human_params
 from .token_view import TokenRecord, TokenView
 
 SHARED = "shared"
+LOOKING = "Looking for checkpoints…"  # until the first folder scan answers
+PICK = "Pick a checkpoint and press Load"
+NONE_FOUND = "No checkpoints found: use Open folder… in the chat view"
 
 
 def format_pane_stats(stats: dict) -> str:
@@ -89,6 +92,7 @@ class ComparePane(QFrame):
         super().__init__(parent)
         self.setObjectName("ComparePane")
         self.entries: list = []
+        self.listed = False  # set_entries was called: a scan has answered
         self.loaded = False
         self.letter = ""
         self._loaded_key: tuple[Path, int] | None = None
@@ -110,7 +114,7 @@ class ComparePane(QFrame):
         self.load_btn.setObjectName("Primary")
         self.remove_btn = widgets.flat_button("close", "Remove this pane")
 
-        self.summary = widgets.ElidedLabel("Pick a checkpoint and press Load")
+        self.summary = widgets.ElidedLabel(LOOKING)
         self.summary.setObjectName("Muted")
         self.summary.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.progress = QProgressBar()
@@ -193,6 +197,7 @@ class ComparePane(QFrame):
         """CheckpointEntry list (source, tag, path, steps); the current choice is kept if present."""
         previous = self.current()
         self.entries = list(entries)
+        self.listed = True
         self.checkpoint.blockSignals(True)
         self.checkpoint.clear()
         for e in self.entries:
@@ -301,8 +306,8 @@ class ComparePane(QFrame):
             else f"Load the selected checkpoint in pane {self.letter}"
         )
         theme.repolish(self.load_btn)
-        if not has and not self.loaded:
-            self.summary.setText("No checkpoints found: use Open folder… in the chat view")
+        if self.listed and not self.loaded and self.summary.text() in (LOOKING, PICK, NONE_FOUND):
+            self.summary.setText(PICK if has else NONE_FOUND)
 
     # ----- overrides -------------------------------------------------------------------------
 
@@ -357,7 +362,9 @@ class ComparePane(QFrame):
         t = run.trace
         records = [
             TokenRecord(text, special, kind, forced, lp)
-            for text, special, kind, forced, lp in zip(t.texts, t.specials, t.kinds, t.forced, t.logprobs, strict=True)
+            for text, special, kind, forced, lp in zip(
+                t.texts, t.specials, t.kinds, t.forced, t.logprobs, strict=True
+            )
         ]
         if records:
             self.view.set_tokens(records)

@@ -40,9 +40,9 @@ from ..engine.params import CHAT_DEFAULTS, SamplingParams
 from . import theme, widgets
 from .checkpoint_picker import SOURCE_NAMES
 from .compare_pane import ComparePane
-from .sampling_panel import SEED_MAX
 from .error_banner import ErrorBanner
 from .input_box import InputBox
+from .sampling_panel import SEED_MAX
 from .token_view import ProbabilityLegend
 
 PANE_MIN_WIDTH = 260
@@ -73,6 +73,7 @@ class CompareView(QWidget):
         self.controller = controller
         self.panes: list[ComparePane] = []
         self.entries: list = []
+        self._scanned = False  # until the first scan answers, panes say they are looking
         self._system_prompt = ""
 
         self.toolbar = self._build_toolbar()
@@ -265,6 +266,7 @@ class CompareView(QWidget):
     def set_entries(self, entries: list) -> None:
         """The checkpoint list from a folder scan, for every pane's picker and the step sweep."""
         self.entries = list(entries)
+        self._scanned = True
         for pane in self.panes:
             pane.set_entries(self.entries)
 
@@ -295,7 +297,8 @@ class CompareView(QWidget):
     def _add_pane_widget(self, index: int) -> None:
         pane = ComparePane(LETTERS[index])
         pane.setMinimumWidth(PANE_MIN_WIDTH)
-        pane.set_entries(self.entries)
+        if self._scanned:
+            pane.set_entries(self.entries)
         pane.view.set_overlay(self.overlay_box.isChecked())
         self.panes.insert(index, pane)
         self.splitter.insertWidget(index, pane)

@@ -241,7 +241,8 @@ class HistorySidebar(QFrame):
         if not self.search.text().strip():
             self._show_rows()
             return
-        self._fill([(h.conversation_id, h.title, h.snippet) for h in hits])
+        # One line: the parts of a message (text, a tool call, its result) are apart by newlines.
+        self._fill([(h.conversation_id, h.title, " ".join(h.snippet.split())) for h in hits])
 
     def _show_rows(self) -> None:
         self._fill([(r.id, r.title, _subtitle(r)) for r in self._rows])

@@ -318,6 +318,7 @@ class MainWindow(QMainWindow):
         self.picker.set_progress(100, "loaded")
         self.status.set_device_info(info.device_name, info.precision, info.attention)
         self._show_context(*self.controller.context_usage())
+        self.chat.set_model_name(info.name)
         self.chat.set_mode_notice(
             None
             if info.capabilities.chat
