@@ -51,7 +51,9 @@ def detect_unsupported(path: Path) -> None:
     if not path.is_dir():
         return
     if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-        raise UnsupportedFormatError(f"{path}: Hugging Face checkpoints are not supported yet")
+        raise UnsupportedFormatError(
+            f"{path}: a Hugging Face model folder, not supported by the nanochat loader (open it as a model)"
+        )
     if any(path.glob("*.gguf")):
         raise UnsupportedFormatError(f"{path}: GGUF files are not supported yet")
     if (

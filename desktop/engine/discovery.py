@@ -12,6 +12,8 @@ from pathlib import Path
 from . import checkpoint as ckpt
 from .classify import classify
 from .errors import NanoscopeError
+from .hf_files import find_hf_directories, is_hf_directory
+from .hf_summary import summary_fields
 
 # Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
 PHASES = {
@@ -23,7 +25,7 @@ PHASES = {
     "rl_checkpoints": "rl",
     "gspo_checkpoints": "rl",
 }
-SOURCE_ORDER = ("base", "mid", "sft", "rl", "folder")
+SOURCE_ORDER = ("base", "mid", "sft", "rl", "hf", "folder")
 
 
 @dataclass
@@ -81,6 +83,10 @@ def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[Checkpoin
         steps = ckpt.model_steps(d)
         if steps and all(e.path != d for e in entries):
             entries.append(CheckpointEntry("folder", d.name, d, steps))
+    # Hugging Face folders in the watched folders (one "step": the folder holds one model).
+    for d in find_hf_directories([base, *(extra_dirs or [])]):
+        if all(e.path != d for e in entries):
+            entries.append(CheckpointEntry("hf", d.name, d, [0]))
     entries.sort(key=lambda e: (SOURCE_ORDER.index(e.source), e.tag))
     return entries
 
@@ -124,6 +130,11 @@ def _tag_rank(entry: CheckpointEntry) -> tuple[int, float]:
 
 def summarize(directory: Path, step: int) -> CheckpointSummary:
     """Read the meta and tensor shapes (no weight data) and classify. Errors land in ``error``."""
+    if is_hf_directory(directory):
+        try:
+            return CheckpointSummary(path=directory, step=step, **summary_fields(directory))
+        except NanoscopeError as exc:
+            return CheckpointSummary(directory, step, "?", 0, 0, 0, 0, 0, "?", 0, 0, error=str(exc))
     try:
         model_path = ckpt.model_file(directory, step)
         size = model_path.stat().st_size

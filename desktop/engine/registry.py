@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .backend import Backend, LoadOptions, Progress
+from .hf_files import is_hf_directory
 from .remote_servers import is_remote
 
 
@@ -15,6 +16,10 @@ def open_backend(target: str | Path, options: LoadOptions, progress: Progress | 
         from .remote_backend import RemoteBackend  # httpx: only when a served model is opened
 
         return RemoteBackend.open(str(target), options, progress)
+    if is_hf_directory(Path(target)):
+        from .hf_backend import HFBackend  # imports torch: only when a model is opened
+
+        return HFBackend.open(Path(target), options, progress)
     from .nanochat_backend import NanochatBackend  # imports torch: only when a model is opened
 
     return NanochatBackend.open(Path(target), options, progress)

@@ -1,0 +1,246 @@
+"""Hugging Face safetensors directories (``model_type`` nanochat or llama) behind the Backend seam.
+
+Open = config.json (:mod:`.hf_config`) → safetensors headers, strict keys/shapes/dtypes and the
+memory budget, then the weights (:mod:`.hf_weights`) → ``tokenizer.json`` with the chat template
+(:mod:`.hf_tokenizer`, :mod:`.chat_template`). Generation is the engine's own loop
+(:func:`~desktop.engine.generation.stream_reply`): the same sampling, the same KV cache and prefix
+reuse, and the same calculator state machine, which finds nanochat's tool tokens by name in the
+port's tokenizer. End of sequence comes from ``generation_config.json`` when it exists (what
+transformers' ``generate`` uses), else ``config.json``, else the tokenizer's ``eos_token``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
+from .chat_template import message_dicts
+from .device import describe_device, dtype_name, pick_device, pick_dtype
+from .errors import ContextError, DeviceError, TokenizerError
+from .generation import stream_reply
+from .hf_config import HFConfig, parse_config, token_ids
+from .hf_files import (
+    CONFIG_NAME,
+    GENERATION_CONFIG_NAME,
+    TOKENIZER_CONFIG_NAME,
+    read_json,
+    read_optional_json,
+)
+from .hf_model import HFCausalLM
+from .hf_tokenizer import HFTokenizer
+from .hf_weights import load_weights
+from .kvcache import KVCache
+from .messages import Message, TokenEvent
+from .params import SamplingParams
+from .scoring import score_reply, token_label
+
+logger = logging.getLogger(__name__)
+
+# As the nanochat backend: a reply may take up to this share of the context when old turns make room.
+REPLY_SHARE = 4
+DEFAULT_OPTIONS = StreamOptions()
+
+
+def _dtype_for(device: torch.device, preference: str) -> torch.dtype:
+    """fp32 on the CPU by default (transformers' numbers); "fast" is bf16; int8 has no HF kernels here."""
+    if preference == "int8":
+        raise DeviceError("int8 is available for nanochat checkpoints only; pick float32 or fast")
+    if preference == "fast":
+        return (
+            torch.float16 if device.type == "cuda" and not torch.cuda.is_bf16_supported() else torch.bfloat16
+        )
+    return pick_dtype(device, preference)
+
+
+class HFBackend:
+    """A loaded Hugging Face model. Every method runs on one thread."""
+
+    def __init__(
+        self, directory: Path, config: HFConfig, model: HFCausalLM, tok: HFTokenizer, info: ModelInfo
+    ) -> None:
+        self.directory = directory
+        self.config = config
+        self.model = model
+        self.tok = tok
+        self._info = info
+        self._cache: KVCache | None = None
+
+    @classmethod
+    def open(
+        cls, directory: Path, options: LoadOptions | None = None, progress: Progress | None = None
+    ) -> HFBackend:
+        opts = options or LoadOptions()
+        directory = Path(directory).expanduser()
+        report = progress or (lambda _p, _m: None)
+        t0 = time.perf_counter()
+        report(5, "Reading config.json")
+        raw = read_json(directory / CONFIG_NAME, "model config")
+        config = parse_config(raw, directory / CONFIG_NAME)
+        generation = read_optional_json(directory / GENERATION_CONFIG_NAME, "generation config")
+        tok_config = read_optional_json(directory / TOKENIZER_CONFIG_NAME, "tokenizer config")
+        if opts.tokenizer is not None:
+            raise TokenizerError(
+                f"{directory}: a Hugging Face model uses its own tokenizer.json; drop --tokenizer"
+            )
+        eos = (
+            token_ids(generation.get("eos_token_id"))
+            if "eos_token_id" in generation
+            else token_ids(raw.get("eos_token_id"))
+        )
+        bos = generation.get("bos_token_id", raw.get("bos_token_id"))
+        tok = HFTokenizer(directory, tok_config, eos, bos if isinstance(bos, int) else None)
+        if tok.vocab_size > config.vocab_size:
+            raise TokenizerError(
+                f"{tok.path}: the tokenizer has {tok.vocab_size} tokens, the model {config.vocab_size}"
+            )
+        device = pick_device(opts.device)
+        dtype = _dtype_for(device, opts.dtype)
+        report(20, "Reading weights")
+        weights = load_weights(directory, config, dtype, device)
+        model = HFCausalLM(config, weights)
+        report(90, "Warming up")
+        info = ModelInfo(
+            family=config.family,
+            path=str(directory),
+            name=directory.name,
+            source="hf",
+            tag=directory.name,
+            step=None,
+            parameters=config.n_params(),
+            context_length=config.max_position_embeddings,
+            device=str(device),
+            device_name=describe_device(device),
+            precision=dtype_name(dtype),
+            capabilities=Capabilities(chat=tok.has_chat_tokens),
+            era=config.family,
+            attention="sdpa",
+            tokenizer=str(tok.path),
+            tokenizer_kind=tok.kind,
+            vocab_size=config.vocab_size,
+            meta_hash=hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:16],
+            warnings=tuple(tok.warnings),
+            load_seconds=round(time.perf_counter() - t0, 3),
+        )
+        backend = cls(directory, config, model, tok, info)
+        backend.warm_up()
+        report(100, "Ready")
+        return backend
+
+    def warm_up(self) -> None:
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.model.device)
+        self.model(
+            ids, KVCache(self.config, 1, 4, self.model.device, self.model.compute_dtype), last_only=True
+        )
+
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def render(
+        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+    ) -> Prompt:
+        """Completion text through the tokenizer (its post-processor adds BOS where it says so), or a
+        conversation through the chat template; the oldest turns make room for the reply."""
+        seq = self.config.max_position_embeddings
+        budget = None if max_tokens is None else max(1, seq - min(max_tokens, seq // REPLY_SHARE))
+        if chat and self.tok.template is None:
+            raise TokenizerError(f"{self.directory}: this model has no chat template; use completion mode")
+        if isinstance(conversation, str) or not (chat or (chat is None and self.tok.template is not None)):
+            text = conversation if isinstance(conversation, str) else _plain(conversation)
+            ids = self.tok.encode_completion(text)
+            truncated = budget is not None and len(ids) > budget
+            ids = ids[len(ids) - budget :] if truncated and budget is not None else ids
+            messages = () if isinstance(conversation, str) else tuple(conversation)
+            return Prompt(messages, tuple(ids), len(ids), seq, truncated=truncated)
+        return self._render_chat(list(conversation), budget)
+
+    def _render_chat(self, messages: list[Message], budget: int | None) -> Prompt:
+        seq = self.config.max_position_embeddings
+        system = messages[:1] if messages and messages[0].role == "system" else []
+        turns = messages[len(system) :]
+        for first in range(0, max(1, len(turns)), 2):
+            kept = system + turns[first:]
+            ids = self.chat_ids(kept)
+            if budget is None or len(ids) <= budget:
+                return Prompt(tuple(kept), tuple(ids), len(ids), seq, dropped_turns=first)
+        # The last message alone does not fit: keep the end of its text.
+        last = turns[-1]
+        text_ids = self.tok.encode(last.plain_text())
+        keep = len(text_ids)
+        while keep > 0:
+            keep = keep // 2
+            cut = Message.of_text(last.role, self.tok.decode(text_ids[len(text_ids) - keep :]))
+            ids = self.chat_ids([*system, cut])
+            if budget is None or len(ids) <= budget:
+                return Prompt(
+                    tuple([*system, cut]), tuple(ids), len(ids), seq, len(turns) - 1, truncated=True
+                )
+        raise ContextError(f"{self.directory}: the chat template alone needs more than {budget} tokens")
+
+    def chat_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The ids transformers' ``apply_chat_template(..., add_generation_prompt=True)`` gives."""
+        assert self.tok.template is not None
+        text = self.tok.template.render(message_dicts(messages), add_generation_prompt=True)
+        return self.tok.encode_rendered(text)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        cancel: threading.Event,
+        options: StreamOptions = DEFAULT_OPTIONS,
+        stats: GenerationStats | None = None,
+    ) -> Iterator[TokenEvent]:
+        ids = _ids_of(prompt)
+        if not options.reuse_cache or self._cache is None:
+            cap = min(self.config.rope_len, len(ids) + (params.max_tokens or self.config.sequence_len))
+            self._cache = KVCache(self.config, 1, cap, self.model.device, self.model.compute_dtype)
+        threads = torch.get_num_threads()
+        if options.threads:
+            torch.set_num_threads(options.threads)
+        try:
+            yield from stream_reply(
+                self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
+                self.tok,
+                ids,
+                params,
+                cache=self._cache,
+                cancel=cancel,
+                stats=stats,
+                logprobs=options.logprobs,
+            )
+        finally:
+            if options.threads:
+                torch.set_num_threads(threads)
+
+    def score(
+        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+    ) -> dict[str, Any]:
+        return score_reply(self.model, self.tok, _ids_of(prompt), reply_ids, top=top, skip=skip)  # type: ignore[arg-type]
+
+    def token_label(self, token_id: int) -> str:
+        return token_label(self.tok, token_id) if token_id >= 0 else ""
+
+    def close(self) -> None:
+        self._cache = None
+        self.model = None  # type: ignore[assignment]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _plain(messages: Sequence[Message]) -> str:
+    return "".join(m.plain_text() for m in messages if m.role != "system")
+
+
+def _ids_of(prompt: Prompt) -> list[int]:
+    if prompt.ids is None:
+        raise ContextError("this prompt has no token ids")
+    return list(prompt.ids)
