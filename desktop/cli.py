@@ -20,6 +20,7 @@ from .engine.device import DEVICES, PRECISIONS
 from .engine.errors import NanoscopeError, is_out_of_memory
 from .engine.messages import TokenEvent
 from .engine.params import CHAT_DEFAULTS, KNOB, SamplingParams
+from .export_cli import add_export_parser, cmd_export
 from .logfile import SHOWN, cli_logging
 from .remote_cli import add_server_args, list_served, open_served
 
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--top-k", type=int, default=CHAT_DEFAULTS.top_k)
     p_bench.add_argument("--threads", type=int, default=None)
     p_bench.add_argument("--repeats", type=int, default=3)
+    add_export_parser(sub)
     return parser
 
 
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import paths
 
         paths.set_home(args.home)
-    handlers = {"list": cmd_list, "generate": cmd_generate, "bench": cmd_bench}
+    handlers = {"list": cmd_list, "generate": cmd_generate, "bench": cmd_bench, "export": cmd_export}
     with cli_logging():  # errors (and the GUI's whole run) also go to the log file
         try:
             if args.command is None:  # the GUI: `nanoscope`, `nanoscope-gui`, the frozen app

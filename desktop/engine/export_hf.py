@@ -24,7 +24,7 @@ import importlib.util
 import json
 import logging
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,9 @@ class ExportReport:
     max_diff_exact: float  # HF backend vs the source with the port's float32 rotary tables
     max_diff_source: float  # HF backend vs the source exactly as nanochat runs it
     max_diff_transformers: float | None  # transformers vs the source (float32 tables); None: not installed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "out": str(self.out)}
 
     def summary(self) -> str:
         hf = "not checked (transformers is not installed)"
