@@ -39,11 +39,15 @@ WAIT = 30000
 
 
 @pytest.fixture
-def loop(qapp) -> Iterator[asyncio.AbstractEventLoop]:
+def loop(qapp, qtbot) -> Iterator[asyncio.AbstractEventLoop]:
     """An asyncio loop that runs whenever Qt runs events (qtbot's waits included), as in the app."""
     loop = qasync.QEventLoop(qapp, already_running=True)
     asyncio.set_event_loop(loop)
     yield loop
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:  # a scan or summary still under way when the test ended
+        task.cancel()
+    qtbot.waitUntil(lambda: all(task.done() for task in pending), timeout=WAIT)
     # qasync's stop() also quits the application, which would end every later event loop (and
     # qtbot's waits) at once: here the loop stops, Qt goes on.
     qapp.exit = lambda *_args: None
@@ -392,3 +396,50 @@ def test_while_the_first_scan_and_load_run_nothing_says_no_checkpoints_found(
         qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)
     qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)  # now "Unload"
     assert pane.summary.text() == "Not loaded" and pane.load_btn.text() == "Load"
+
+
+# ----- 4. a reopened comparison keeps its setup -----------------------------------------------
+
+
+def test_a_reopened_comparison_keeps_each_panes_overrides_and_every_cross_score(
+    qtbot, windows, loop, nanochat_base, monkeypatch
+):
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(nanochat_base))
+    win = open_window(qtbot)
+    windows.append(win)
+    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
+        win.background.scan()
+    view, compare = win.compare_view, win.compare
+    win.tabs.setCurrentWidget(view)
+    qtbot.mouseClick(view.add_btn, Qt.MouseButton.LeftButton)
+    temperatures = (0.0, 0.6, 1.5)
+    for pane, t in zip(view.panes, temperatures, strict=True):
+        with qtbot.waitSignal(compare.pane_loaded, timeout=WAIT):
+            qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)
+        pane.temperature.setValue(t)
+    assert [p.overrides["temperature"] for p in compare.panes] == list(temperatures)
+    view.max_tokens.setValue(6)
+    with qtbot.waitSignal(compare.busy_changed, timeout=WAIT, check_params_cb=lambda busy: not busy):
+        view.input.editor.setPlainText("hello there")
+        qtbot.keyClick(view.input.editor, Qt.Key.Key_Return)
+    for source in (0, 2):  # score A's reply and C's reply under every pane
+        with qtbot.waitSignals([compare.cross_scored] * 3, timeout=WAIT):
+            compare.cross_score(source)
+    before = [pane.score_lines() for pane in view.panes]
+    assert all(len(lines) == 2 for lines in before)
+    with qtbot.waitSignal(compare.saved, timeout=WAIT) as saved:
+        qtbot.mouseClick(view.save_btn, Qt.MouseButton.LeftButton)
+    conv_id = saved.args[0]
+
+    win = restart(qtbot, windows, fake=False)
+    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
+        win.background.scan()
+    win.controller.refresh_list()
+    click_row(qtbot, win, conv_id)
+    view = win.compare_view
+    assert win.tabs.currentWidget() is view and len(view.panes) == 3
+    assert [p.temperature.text() for p in view.panes] == ["0.00", "0.60", "1.50"]
+    assert [p.top_k.text() for p in view.panes] == ["shared"] * 3
+    assert view.max_tokens.value() == 6 and view.input.editor.toPlainText() == "hello there"
+    assert [pane.score_lines() for pane in view.panes] == before
+    assert all(pane.score.isVisibleTo(pane) for pane in view.panes)

@@ -96,7 +96,8 @@ class CompareController(QObject):
         diff_changed(object): (pane a, pane b, [DiffSpan]) or None.
         cross_scored(int, int, dict): source pane, scoring pane, score (or {"error": …}).
         memory_checked(bool, str): whether the selected checkpoints fit, and a message if not.
-        comparison_opened(str, dict): a saved comparison was reopened (prompt, shared sampling).
+        comparison_opened(str, object): a saved comparison was reopened (prompt, the shared
+            SamplingParams).
         saved(int): the comparison was stored as this conversation.
         notice(str, str, str): level, title, message.
     """
@@ -118,7 +119,7 @@ class CompareController(QObject):
     diff_changed = Signal(object)
     cross_scored = Signal(int, int, dict)
     memory_checked = Signal(bool, str)
-    comparison_opened = Signal(str, dict)
+    comparison_opened = Signal(str, object)  # object: a SamplingParams is no dict to Qt
     saved = Signal(int)
     notice = Signal(str, str, str)
 

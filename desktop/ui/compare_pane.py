@@ -76,6 +76,34 @@ def _override_box(box: QAbstractSpinBox, tip: str, width: int) -> None:
     box.setAlignment(Qt.AlignmentFlag.AlignRight)
 
 
+class _ScoreLines(QWidget):
+    """The cross-score lines of a pane, each elided on its own; ``text()`` is all of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._box = QVBoxLayout(self)
+        self._box.setContentsMargins(0, 0, 0, 0)
+        self._box.setSpacing(2)
+        self._labels: list[widgets.ElidedLabel] = []
+
+    def set_lines(self, lines: list[str]) -> None:
+        while len(self._labels) < len(lines):
+            label = widgets.ElidedLabel()
+            label.setObjectName("Muted")
+            self._box.addWidget(label)
+            self._labels.append(label)
+        while len(self._labels) > len(lines):
+            label = self._labels.pop()
+            self._box.removeWidget(label)
+            label.deleteLater()
+        for label, line in zip(self._labels, lines, strict=True):
+            label.setText(line)
+        self.setVisible(bool(lines))
+
+    def text(self) -> str:
+        return "\n".join(label.text() for label in self._labels)
+
+
 class ComparePane(QFrame):
     """Signals: selection_changed(Path, int), load_requested(Path, int), unload_requested(),
     remove_requested(), overrides_changed(dict of temperature/top_k/seed → value or None)."""
@@ -140,8 +168,13 @@ class ComparePane(QFrame):
         self.view.clear_tokens("The reply appears here.")
         self.stats = QLabel()
         self.stats.setObjectName("Muted")
-        self.score = widgets.ElidedLabel()
-        self.score.setObjectName("Muted")
+        # One line per reply scored under this pane's checkpoint ("A's reply here: …").
+        self.score = _ScoreLines()
+        self.score.setToolTip(
+            "Teacher-forced score of a reply under this pane's checkpoint: lower bits per byte "
+            "means this checkpoint finds the reply more likely."
+        )
+        self._scores: dict[str, dict] = {}  # source pane letter -> score
         self.score.hide()
 
         head = QHBoxLayout()
@@ -345,7 +378,7 @@ class ComparePane(QFrame):
     def begin(self) -> None:
         self.view.clear_tokens()
         self.stats.setText("…")
-        self.score.hide()
+        self.set_scores({})
 
     def append(self, index: int, ev: TokenEvent) -> None:
         if ev.continues:
@@ -371,15 +404,18 @@ class ComparePane(QFrame):
         else:
             self.view.clear_tokens("The reply appears here.")
         self.stats.setText(format_pane_stats(run.stats) if run.stats else "")
-        self.score.hide()
 
     def set_score(self, source: str, result: dict) -> None:
-        self.score.setText(format_score(source, result))
-        self.score.setToolTip(
-            "Teacher-forced score of that reply under this pane's checkpoint: lower bits per byte "
-            "means this checkpoint finds the reply more likely."
-        )
-        self.score.show()
+        """Pane ``source``'s reply was scored under this pane's checkpoint."""
+        self.set_scores({**self._scores, source: result})
+
+    def set_scores(self, scores: dict[str, dict]) -> None:
+        """Every score shown here: source pane letter -> result (an empty dict hides them)."""
+        self._scores = dict(scores)
+        self.score.set_lines(self.score_lines())
+
+    def score_lines(self) -> list[str]:
+        return [format_score(source, self._scores[source]) for source in sorted(self._scores)]
 
     # ----- theme -----------------------------------------------------------------------------
 

@@ -385,10 +385,19 @@ class CompareView(QWidget):
         pane, run = self.panes[index], self.controller.panes[index].run
         pane.show_run(run)
         pane.view.set_divergence(self.controller.divergence if run.tokens else None)
-        for i, other in enumerate(self.controller.panes):
-            for letter, result in other.run.cross_scores.items():
-                if LETTERS.index(letter) == index:
-                    pane.set_score(LETTERS[i], result)
+        self._show_scores()  # a reopened comparison restores the runs one pane at a time
+
+    def _show_scores(self) -> None:
+        """Every pane's cross-score lines, from every run's scores (keyed by the scoring pane)."""
+        for index, pane in enumerate(self.panes):
+            pane.set_scores(
+                {
+                    LETTERS[source]: result
+                    for source, other in enumerate(self.controller.panes)
+                    for letter, result in other.run.cross_scores.items()
+                    if letter == LETTERS[index]
+                }
+            )
 
     # ----- actions ---------------------------------------------------------------------------
 
