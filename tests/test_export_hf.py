@@ -171,3 +171,51 @@ def test_cli_text_output_states_the_differences(e0, tmp_path, capsys):
     assert main(["export", str(checkpoint), "--hf", str(tmp_path / "hf")]) == 0
     out = capsys.readouterr().out.strip()
     assert "\n" not in out and "Max logit difference" in out and "transformers 0.00e+00" in out
+
+
+# ---------------------------------------------------------------------------------------------------
+# File › Export to Hugging Face… in the window
+
+
+@pytest.fixture
+def window(qtbot):
+    from desktop.app import build, shutdown
+
+    win = build()
+    qtbot.addWidget(win)
+    win.show()
+    yield win
+    shutdown(win)
+
+
+def _export_from_menu(qtbot, window, monkeypatch, checkpoint: Path, out: Path) -> tuple[str, str, str]:
+    from PySide6.QtGui import QAction
+    from PySide6.QtWidgets import QFileDialog
+
+    from desktop.engine.discovery import CheckpointEntry
+
+    window.picker.set_entries([CheckpointEntry("folder", checkpoint.name, checkpoint, [10])])
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *_args, **_kw: str(out))
+    action = next(a for a in window.findChildren(QAction) if a.text() == "Export to Hugging Face…")
+    with qtbot.waitSignal(window.hf_export.done, timeout=120000) as done:
+        action.trigger()
+    return tuple(done.args)
+
+
+@pytest.mark.gui
+def test_menu_export_runs_off_the_gui_thread_and_reports_in_the_banner(
+    qtbot, window, e0, tmp_path, monkeypatch
+):
+    _base, checkpoint = e0
+    out = tmp_path / "from-menu"
+    level, title, message = _export_from_menu(qtbot, window, monkeypatch, checkpoint, out)
+    assert (level, title) == ("info", "Export to Hugging Face") and "Max logit difference" in message
+    assert window.banner.message.text() == message and (out / "model.safetensors").is_file()
+
+
+@pytest.mark.gui
+def test_menu_export_refusal_shows_the_reason(qtbot, window, tmp_path, monkeypatch):
+    checkpoint = write_checkpoint(tmp_path, "E7", phase="base")
+    level, _title, message = _export_from_menu(qtbot, window, monkeypatch, checkpoint, tmp_path / "out")
+    assert level == "error" and "smear and backout" in message and "\n" not in message
+    assert window.banner.level == "error"

@@ -26,8 +26,9 @@ from ..compare.controller import CompareController
 from ..controller import ChatController
 from ..engine.backend import ModelInfo
 from ..engine.params import SamplingParams
+from ..hf_export_task import HFExportTask
 from ..logfile import open_log_folder
-from ..paths import is_demo
+from ..paths import is_demo, nanochat_base_dir
 from ..settings import Settings
 from .chat_view import ChatView
 from .checkpoint_picker import CheckpointPicker
@@ -142,6 +143,9 @@ class MainWindow(QMainWindow):
         action("&File", "Open checkpoint folder…", "Ctrl+O", self.picker.open_folder_dialog)
         action("&File", "Pick checkpoint", "Ctrl+K", self.picker.open_popup)
         action("&File", "Search history", "Ctrl+F", self.sidebar.focus_search)
+        self.hf_export = HFExportTask(self)
+        self.hf_export.done.connect(self._on_notice)
+        action("&File", "Export to Hugging Face…", None, self._export_to_hf)
         menus["&File"].addSeparator()
         action("&File", "Quit", "Ctrl+Q", self.close)
         action("&View", "Stop generating", "Esc", self.controller.stop)
@@ -303,6 +307,18 @@ class MainWindow(QMainWindow):
             "error": summary.error,
         }
         self.picker.set_summary(info)
+
+    def _export_to_hf(self) -> None:
+        """File › Export to Hugging Face…: the picked checkpoint into a new folder, off the GUI thread."""
+        chosen = self.picker.current()
+        if chosen is None:
+            self.banner.show_warning("Export to Hugging Face", "Pick a nanochat checkpoint first.")
+            return
+        out = QFileDialog.getExistingDirectory(self, "Export to Hugging Face: choose a new, empty folder")
+        if out and not self.hf_export.start(chosen[0], chosen[1], Path(out), nanochat_base_dir()):
+            self.banner.show_warning("Export to Hugging Face", "An export is already running.")
+        elif out:
+            self.banner.show_info("Export to Hugging Face", f"Exporting {chosen[0].name} to {out}…")
 
     def _on_folder(self, folder: Path) -> None:
         self.background.extra_dirs.append(folder)
