@@ -18,6 +18,7 @@ from . import __version__, paths
 from .engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
 from .engine.device import DEVICES, PRECISIONS
 from .engine.errors import NanoscopeError, is_out_of_memory
+from .engine.kf_config import ConfigMemory
 from .engine.messages import TokenEvent
 from .engine.params import CHAT_DEFAULTS, KNOB, SamplingParams
 from .export_cli import add_export_parser, cmd_export
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 EXIT_ERROR = 2
 # More intra-op threads than this only slows torch down, and far more crashes its thread pool.
 MAX_THREADS = 1024
+# Which training TOML was used for which KempnerForge run (in the cache dir).
+KF_CONFIGS = "kempnerforge_configs.json"
 
 
 def _add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -94,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--min-p", type=float, default=raw.min_p, help="0 = off")
     p_gen.add_argument("--repetition-penalty", type=float, default=raw.repetition_penalty, help="1 = off")
     p_gen.add_argument("--seed", type=int, default=raw.seed)
+    p_gen.add_argument(
+        "--config", type=Path, default=None, help="a KempnerForge run's training TOML (remembered per run)"
+    )
 
     p_bench = sub.add_parser("bench", help="measure load, prefill and decode speed")
     _add_model_args(p_bench)
@@ -144,6 +150,8 @@ def open_model(args: argparse.Namespace) -> Backend:
         raise NanoscopeError("name a checkpoint, or a served model with --server URL --model NAME")
     base = paths.nanochat_base_dir()
     directory, step = resolve_spec(args.model, base)
+    config = getattr(args, "config", None)
+    remembered = ConfigMemory(paths.cache_dir() / KF_CONFIGS)
     options = LoadOptions(
         step=args.step if args.step is not None else step,
         device=args.device,
@@ -151,8 +159,12 @@ def open_model(args: argparse.Namespace) -> Backend:
         tokenizer=args.tokenizer,
         softcap=args.softcap,
         base_dir=base,
+        config=config or remembered.get(directory),
     )
-    return open_backend(directory, options)
+    backend = open_backend(directory, options)
+    if config is not None and backend.info().family == "kempnerforge":
+        remembered.remember(Path(backend.info().path), config)
+    return backend
 
 
 def _prompt(args: argparse.Namespace, backend: Backend) -> Prompt:
@@ -192,7 +204,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if info.context_length and prompt.tokens + args.max_tokens > info.context_length:
         print(
             f"nanoscope: warning: context of {prompt.tokens + args.max_tokens} tokens exceeds the model's "
-            f"sequence_len {info.context_length}; quality degrades and even L layers become windowed",
+            f"sequence_len {info.context_length}; "
+            + (
+                "the reply stops there"
+                if info.family == "kempnerforge"
+                else "quality degrades and even L layers become windowed"
+            ),
             file=sys.stderr,
         )
     for w in info.warnings:
@@ -210,6 +227,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(ev.text if ev.special is None else _special_text(ev))
             sys.stdout.flush()
+    if stats.stopped == "context":
+        print(
+            f"nanoscope: warning: the reply stopped at the model's context of {info.context_length} tokens",
+            file=sys.stderr,
+        )
     if args.json:
         print(
             json.dumps(

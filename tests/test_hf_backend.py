@@ -469,3 +469,14 @@ def test_nanochat_loader_still_refuses_hf(models):
 
     with pytest.raises(NanoscopeError, match="Hugging Face"):
         load_model(models["llama"])
+
+
+def test_discovery_finds_hub_cache_snapshots(models, tmp_path):
+    """A watched Hugging Face hub cache lists each downloaded snapshot as org/name@revision."""
+    import shutil
+
+    snapshot = tmp_path / "hub" / "models--karpathy--nanochat-d32" / "snapshots" / "0123456789abcdef"
+    shutil.copytree(models["nanochat"], snapshot)
+    entries = [e for e in discover(tmp_path / "nothing", [tmp_path / "hub"]) if e.source == "hf"]
+    assert [(e.tag, e.path) for e in entries] == [("karpathy/nanochat-d32@0123456", snapshot)]
+    assert open_hf(snapshot).info().name == "karpathy/nanochat-d32@0123456"

@@ -124,6 +124,7 @@ class LoadOptions:
     tokenizer: Path | None = None  # an explicit tokenizer file or directory
     softcap: float | None = None  # override a logit softcap the checkpoint does not record
     base_dir: Path | None = None  # the nanochat base dir, for its shared tokenizer
+    config: Path | None = None  # a KempnerForge run's training TOML (None: the one next to the run)
     # A served model ("remote:<server id>/<model>"): the server's URL and key (else the registry
     # looks the server id up), a display name, and how long a silent stream may pause.
     server_url: str | None = None

@@ -23,6 +23,7 @@ import operator
 import string
 import time
 from collections.abc import Callable
+from typing import Any
 
 MAX_CHARS = 1000
 MAX_PAREN_DEPTH = 32  # checked on the text, so the parser never recurses deeply
@@ -48,7 +49,7 @@ _BINARY_OPS: dict[type[ast.operator], Callable[[object, object], object]] = {
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
 }
-_UNARY_OPS: dict[type[ast.unaryop], Callable[[object], object]] = {
+_UNARY_OPS: dict[type[ast.unaryop], Callable[[Any], Any]] = {
     ast.UAdd: operator.pos,
     ast.USub: operator.neg,
 }
@@ -119,7 +120,7 @@ class _Evaluator:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             return _bounded(node.value)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY_OPS:
-            return _UNARY_OPS[type(node.op)](self.arithmetic(node.operand, depth + 1))  # type: ignore[return-value]
+            return _UNARY_OPS[type(node.op)](self.arithmetic(node.operand, depth + 1))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
             left = self.arithmetic(node.left, depth + 1)
             right = self.arithmetic(node.right, depth + 1)
@@ -131,7 +132,7 @@ class _Evaluator:
                 and left.bit_length() + right.bit_length() > MAX_INT.bit_length() + 1
             ):
                 raise _Refused
-            return _bounded(_BINARY_OPS[type(node.op)](left, right))  # type: ignore[arg-type]
+            return _bounded(_BINARY_OPS[type(node.op)](left, right))
         raise _Refused
 
     def count_call(self, node: ast.expr) -> int:
@@ -146,7 +147,8 @@ class _Evaluator:
         ):
             text, sub = node.func.value, node.args[0]
             if _is_str_literal(text) and _is_str_literal(sub):
-                return text.value.count(sub.value)  # type: ignore[union-attr]
+                assert isinstance(text, ast.Constant) and isinstance(sub, ast.Constant)  # for mypy
+                return str(text.value).count(str(sub.value))
         raise _Refused
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from . import checkpoint as ckpt
 from .classify import classify
 from .errors import NanoscopeError
-from .hf_files import find_hf_directories, is_hf_directory
+from .hf_files import display_name, find_hf_directories, is_hf_directory
 from .hf_summary import summary_fields
 
 # Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
@@ -86,7 +86,7 @@ def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[Checkpoin
     # Hugging Face folders in the watched folders (one "step": the folder holds one model).
     for d in find_hf_directories([base, *(extra_dirs or [])]):
         if all(e.path != d for e in entries):
-            entries.append(CheckpointEntry("hf", d.name, d, [0]))
+            entries.append(CheckpointEntry("hf", display_name(d), d, [0]))
     entries.sort(key=lambda e: (SOURCE_ORDER.index(e.source), e.tag))
     return entries
 

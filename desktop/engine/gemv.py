@@ -224,7 +224,7 @@ class PlainLinear:
         return F.linear(x, self.weight)
 
 
-Product = PlainLinear | ExactLinear | PackedFp16Linear | Int8Linear
+Kernel = PlainLinear | ExactLinear | PackedFp16Linear | Int8Linear
 _KERNELS = {"plain": PlainLinear, "exact": ExactLinear, "fp16": PackedFp16Linear, "int8": Int8Linear}
 GEMV_KINDS = tuple(_KERNELS)
 MIN_PACKED_SIDE = 64  # gates (a dozen rows or columns) stay fp32: packing them saves nothing
@@ -235,7 +235,7 @@ def packs(weight: torch.Tensor, kind: str) -> bool:
     return kind in ("fp16", "int8") and weight.device.type == "cpu" and min(weight.shape) >= MIN_PACKED_SIDE
 
 
-def make_product(weight: torch.Tensor, kind: str, parts: Sequence[int] = ()) -> Product:
+def make_product(weight: torch.Tensor, kind: str, parts: Sequence[int] = ()) -> Kernel:
     """The kernel computing ``x @ weight.T`` for ``kind`` (a bias-free weight). ``parts``: the
     row counts of the matrices fused into ``weight``, which exact mode must match one by one."""
     if kind not in GEMV_KINDS:
@@ -258,7 +258,8 @@ def install_gemv(module: torch.nn.Linear, kind: str, release: Release | None = N
     memory before the next one is packed).
     """
     weight = module.weight
-    module.forward = make_product(weight, kind)  # an instance attribute shadows Linear.forward
+    # An instance attribute shadows Linear.forward (mypy: a kernel is the same kind of callable).
+    module.forward = make_product(weight, kind)  # type: ignore[method-assign, assignment]
     if packs(weight, kind):
         module.register_parameter("weight", None)
         if release is not None:

@@ -32,6 +32,7 @@ from .hf_files import (
     CONFIG_NAME,
     GENERATION_CONFIG_NAME,
     TOKENIZER_CONFIG_NAME,
+    display_name,
     read_json,
     read_optional_json,
 )
@@ -111,9 +112,9 @@ class HFBackend:
         info = ModelInfo(
             family=config.family,
             path=str(directory),
-            name=directory.name,
+            name=display_name(directory),
             source="hf",
-            tag=directory.name,
+            tag=display_name(directory),
             step=None,
             parameters=config.n_params(),
             context_length=config.max_position_embeddings,

@@ -197,15 +197,35 @@ def read_tensor_index(directory: Path) -> dict[str, TensorInfo]:
 
 def find_hf_directories(roots: list[Path]) -> list[Path]:
     """Hugging Face model folders among ``roots`` and their immediate subfolders (watched folders
-    hold models side by side); each listed once, in the order found."""
+    hold models side by side), including the snapshots of a Hugging Face hub cache
+    (``models--org--name/snapshots/<revision>/``); each listed once, in the order found."""
     found: list[Path] = []
     for root in roots:
         root = Path(root)
         try:
             candidates = [root] if is_hf_directory(root) else sorted(p for p in root.iterdir() if p.is_dir())
+            candidates = [s for c in candidates for s in _snapshots(c)]
         except OSError:
             continue
         for candidate in candidates:
             if candidate not in found and is_hf_directory(candidate):
                 found.append(candidate)
     return found
+
+
+def _snapshots(folder: Path) -> list[Path]:
+    """A hub cache's ``models--org--name`` folder stands for its snapshots; any other for itself."""
+    snapshots = folder / "snapshots"
+    if folder.name.startswith("models--") and snapshots.is_dir():
+        return sorted(p for p in snapshots.iterdir() if p.is_dir())
+    return [folder]
+
+
+def display_name(directory: Path) -> str:
+    """How a model folder is named in lists: ``org/name@abc1234`` for a hub-cache snapshot, else
+    the folder's own name."""
+    directory = Path(directory)
+    repo = directory.parent.parent.name
+    if directory.parent.name == "snapshots" and repo.startswith("models--"):
+        return repo.removeprefix("models--").replace("--", "/") + "@" + directory.name[:7]
+    return directory.name

@@ -7,6 +7,7 @@ storage and display: nanochat's assistant turns interleave text with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,6 +63,12 @@ class TokenEvent:
     continues: bool = False
 
 
+def _alternative(entry: Sequence[Any]) -> Alternative:
+    """One top-list entry as (id, label, log-probability), whatever sequence it came as."""
+    token_id, label, logprob = entry
+    return int(token_id), str(label), float(logprob)
+
+
 @dataclass
 class TokenTrace:
     """A reply token by token: what each token was, the text it added, and how likely it was.
@@ -92,8 +99,8 @@ class TokenTrace:
         self.kinds.append(ev.kind)
         self.specials.append(ev.special)
         self.forced.append(ev.forced)
-        top = [tuple(a) for a in ev.top] if ev.top is not None else []
-        self.logprobs.append((ev.logprob, top) if ev.logprob is not None else None)  # type: ignore[misc]
+        top = [_alternative(a) for a in ev.top or ()]
+        self.logprobs.append((ev.logprob, top) if ev.logprob is not None else None)
         return len(self.ids) - 1
 
     @property
@@ -144,7 +151,7 @@ class TokenTrace:
             specials=[None if s is None else str(s) for s in column("specials", None)],
             forced=[bool(f) for f in column("forced", False)],
             logprobs=[
-                None if c is None else (float(c), [tuple(a) for a in (t or [])])  # type: ignore[misc]
+                None if c is None else (float(c), [_alternative(a) for a in t or ()])
                 for c, t in zip(chosen, top, strict=True)
             ],
         )

@@ -1,4 +1,4 @@
-"""One configurable GPT that computes every nanochat era and the seed fork (docs/ARCHITECTURE.md, Eras; Eras, the fork).
+"""One configurable GPT that computes every nanochat era and the seed fork (docs/ARCHITECTURE.md, Eras).
 
 Parameter names equal the checkpoint's state_dict keys, so weights are attached with
 ``load_state_dict(assign=True)`` straight from the memory-mapped file without a second copy.
@@ -8,7 +8,8 @@ CPU float32 results match nanochat's Engine token for token.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from .attention import flash_attn_kvcache_fn, sdpa_attention
 from .config import ModelConfig
-from .gemv import Release, alignment, install_gemv, make_product, packs, weight_bytes
+from .gemv import Kernel, Release, alignment, install_gemv, make_product, packs, weight_bytes
 from .kvcache import KVCache
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
@@ -81,7 +82,7 @@ class Attention(nn.Module):
         if self.ve_channels:
             self.ve_gate = nn.Linear(self.ve_channels, cfg.n_kv_head, bias=False)
         self.use_flash = False
-        self.qkv: Product | None = None  # q|k|v as one matrix, once bound for inference
+        self.qkv: Kernel | None = None  # q|k|v as one matrix, once bound for inference
         self.proj: Product | None = None
 
     def bind(self, kind: str, release: Release | None) -> None:
@@ -103,7 +104,7 @@ class Attention(nn.Module):
         if self.ve_channels:
             install_gemv(self.ve_gate, kind, release)
 
-    def _fuse_qkv(self, kind: str, release: Release | None) -> Product | None:
+    def _fuse_qkv(self, kind: str, release: Release | None) -> Kernel | None:
         """q|k|v as one product, or None where exact mode could not reproduce the separate ones."""
         parts = (self.c_q, self.c_k, self.c_v)
         originals = [lin.weight for lin in parts]
@@ -120,8 +121,9 @@ class Attention(nn.Module):
                 lin.register_parameter("weight", None)
             else:  # state_dict and parameter counts still see q, k and v, now views of one matrix
                 lin.weight = nn.Parameter(view, requires_grad=False)
-        for w in originals if release is not None else ():
-            release(w)
+        if release is not None:
+            for w in originals:
+                release(w)
         return product
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,7 +219,7 @@ class MLP(nn.Module):
 
 
 class Engram(nn.Module):
-    """The fork's n-gram branch: causal averages of a bottleneck projection (docs/ARCHITECTURE.md, Eras, the fork)."""
+    """The fork's n-gram branch: causal averages of a bottleneck projection (docs/ARCHITECTURE.md, Eras)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -245,7 +247,7 @@ class Engram(nn.Module):
 
 
 class BranchMixer(nn.Module):
-    """The fork's mHC mixer: Sinkhorn-normalised weights over residual branches (docs/ARCHITECTURE.md, Eras, the fork)."""
+    """The fork's mHC mixer: Sinkhorn-normalised weights over residual branches (ARCHITECTURE.md, Eras)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -341,6 +343,15 @@ class GPT(nn.Module):
         self._layers: list[tuple[Block, int, torch.Tensor | None]] | None = None  # set by prepare
         self._lm_head: Product | None = None  # the head's kernel; set by prepare
 
+    @property
+    def blocks(self) -> Sequence[Block]:
+        """The transformer blocks, typed (nn.ModuleDict attributes are not)."""
+        return cast(Sequence[Block], self.transformer["h"])
+
+    @property
+    def wte(self) -> nn.Embedding:
+        return cast(nn.Embedding, self.transformer["wte"])
+
     def set_rotary(self, device: torch.device, dtype: torch.dtype, length: int | None = None) -> None:
         """Rotary rows for ``length`` positions (default: twice the training context; nanochat's
         10x is reached by growing on demand, which keeps ~80% of the table out of memory)."""
@@ -373,7 +384,7 @@ class GPT(nn.Module):
         host = torch.tensor if device.type == "cpu" else float
         self.softcap = host(cfg.softcap)
         bound: set[int] = set()  # the Linears attention and MLP installed themselves
-        for block in self.transformer.h:
+        for block in self.blocks:
             block.attn.qk_scale, block.attn.ve_scale = host(cfg.qk_scale), host(cfg.ve_gate_scale)
             for part in (block.attn, block.mlp):
                 part.bind(gemv, release)
@@ -388,9 +399,12 @@ class GPT(nn.Module):
         """(block, window, value-embedding table or None) per layer."""
         ve = self.config.ve_layers
         return [
-            (block, self.windows[i], self.value_embeds[str(i)].weight if i in ve else None)
-            for i, block in enumerate(self.transformer.h)
+            (block, self.windows[i], self._value_table(i) if i in ve else None)
+            for i, block in enumerate(self.blocks)
         ]
+
+    def _value_table(self, layer: int) -> torch.Tensor:
+        return cast(nn.Embedding, self.value_embeds[str(layer)]).weight
 
     def _scalar_params(self) -> dict[str, torch.Tensor]:
         names = ("resid_lambdas", "x0_lambdas", "bigram_lambdas", "smear_lambda", "backout_lambda")
@@ -402,9 +416,9 @@ class GPT(nn.Module):
 
     def decode_bytes(self) -> int:
         """Bytes one decode step reads from weights: every matrix once, one row of each embedding."""
-        fused = [b.attn for b in self.transformer.h if b.attn.qkv is not None]
+        fused = [b.attn for b in self.blocks if b.attn.qkv is not None]
         covered = {id(lin) for a in fused for lin in (a.c_q, a.c_k, a.c_v)}
-        total = sum(a.qkv.weight_nbytes for a in fused)
+        total = sum(a.qkv.weight_nbytes for a in fused if a.qkv is not None)
         for module in self.modules():
             if isinstance(module, nn.Linear) and id(module) not in covered:
                 total += weight_bytes(module)
@@ -414,7 +428,7 @@ class GPT(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.transformer.wte.weight.device
+        return self.wte.weight.device
 
     def forward(
         self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False
@@ -438,7 +452,7 @@ class GPT(nn.Module):
         rope = self.rotation[:, pos : pos + T]
         scalars = self._scalars()
         layers = self._layers or self._layer_inputs()
-        x = norm(F.embedding(idx, self.transformer.wte.weight))
+        x = norm(F.embedding(idx, self.wte.weight))
         if cfg.has_smear:
             x = self._smear(x, cache, scalars["smear_lambda"][0])
         x0 = x
@@ -493,4 +507,4 @@ class GPT(nn.Module):
             h = torch.empty_like(idx)
             h[:, 0] = mod
             h[:, 1:] = torch.bitwise_xor(36313 * idx[:, 1:], 27191 * idx[:, :-1]) % mod
-        return F.embedding(h, self.bigram_embed.embed.weight)
+        return F.embedding(h, cast(nn.Embedding, self.bigram_embed.embed).weight)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .backend import Backend, LoadOptions, Progress
 from .hf_files import is_hf_directory
+from .kf_layout import is_kf_target
 from .remote_servers import is_remote
 
 
@@ -20,6 +21,10 @@ def open_backend(target: str | Path, options: LoadOptions, progress: Progress | 
         from .hf_backend import HFBackend  # imports torch: only when a model is opened
 
         return HFBackend.open(Path(target), options, progress)
+    if is_kf_target(Path(target)):
+        from .kempnerforge import KempnerForgeBackend  # imports torch: only when a model is opened
+
+        return KempnerForgeBackend.open(Path(target), options, progress)
     from .nanochat_backend import NanochatBackend  # imports torch: only when a model is opened
 
     return NanochatBackend.open(Path(target), options, progress)

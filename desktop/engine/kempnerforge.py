@@ -1,0 +1,325 @@
+"""KempnerForge runs behind the :class:`~desktop.engine.backend.Backend` seam (checkpoint-formats spec §3).
+
+Opening a run: resolve the step (``latest`` by default) and its DCP directories (``pp<k>``
+stages merged) → the training TOML's ``[model]`` → the DCP ``.metadata`` read through the
+restricted unpickler → ``model.*`` keys and shapes checked strictly → memory checked against
+what is free → tensors read from the memory-mapped ``*.distcp`` files (the optimizer's are never
+touched, ``train_state.pt`` never opened) → finite check → the run's Hugging Face tokenizer.
+
+KempnerForge trains base language models without a chat format, so prompts are completions:
+the text encoded as ``AutoTokenizer.encode`` does. Replies follow its ``generate()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import checkpoint as ckpt
+from .backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
+from .dcp_metadata import DcpMetadata, read_dcp_metadata
+from .dcp_reader import read_tensors
+from .device import describe_device, dtype_name, pick_device, pick_dtype
+from .errors import ContextError, DeviceError, OutOfMemoryError, TokenizerError, is_out_of_memory
+from .kf_config import KFModelConfig, KFRunConfig, load_config
+from .kf_generate import stream_kf
+from .kf_layout import KFCheckpoint, resolve_checkpoint
+from .kf_model import Block, KFCache, KFTransformer, Norm
+from .kf_tokenizer import KFTokenizer, load_run_tokenizer, resolve_tokenizer_dir
+from .kf_weights import EMBEDDING, OUTPUT, check_weights, model_entries
+from .memory import available_ram, human
+from .messages import Message, TokenEvent
+from .params import SamplingParams
+from .scoring import score_reply, token_label
+
+logger = logging.getLogger(__name__)
+
+FAMILY = "kempnerforge"
+# The knobs KempnerForge's sample() has (min-p and the repetition penalty are not among them).
+SAMPLING = frozenset({"temperature", "top_k", "top_p", "max_tokens", "seed"})
+_DEFAULT_STREAM = StreamOptions()
+REPLY_SHARE = 4  # a reply may take up to this share of the context when the prompt must be cut
+
+
+def _precision(device: torch.device, preference: str) -> torch.dtype:
+    if preference == "int8":
+        raise DeviceError("int8 is not available for KempnerForge models (use float32, bfloat16 or float16)")
+    if preference == "fast":
+        return torch.bfloat16
+    return pick_dtype(device, preference)
+
+
+def _norm(t: dict[str, torch.Tensor], name: str) -> Norm:
+    return Norm(t[f"{name}.weight"], t.get(f"{name}.bias"))
+
+
+def assemble(cfg: KFModelConfig, t: dict[str, torch.Tensor], device: torch.device) -> KFTransformer:
+    blocks = []
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}"
+        blocks.append(
+            Block(
+                attention_norm=_norm(t, f"{p}.attention_norm"),
+                q=t[f"{p}.attention.q_proj.weight"],
+                k=t[f"{p}.attention.k_proj.weight"],
+                v=t[f"{p}.attention.v_proj.weight"],
+                o=t[f"{p}.attention.o_proj.weight"],
+                q_norm=t.get(f"{p}.attention.q_norm.weight"),
+                k_norm=t.get(f"{p}.attention.k_norm.weight"),
+                mlp_norm=_norm(t, f"{p}.mlp_norm"),
+                gate=t.get(f"{p}.mlp.gate_proj.weight"),
+                up=t[f"{p}.mlp.up_proj.weight"],
+                down=t[f"{p}.mlp.down_proj.weight"],
+            )
+        )
+    return KFTransformer(cfg, t[EMBEDDING], blocks, _norm(t, "norm"), t[OUTPUT], device)
+
+
+def _tie(cfg: KFModelConfig, t: dict[str, torch.Tensor], stages: int, warnings: list[str]) -> None:
+    """Embedding and head as KempnerForge ends up using them.
+
+    Tied, one process: both keys are saved, and ``load_state_dict`` copies the head's last into
+    the one shared matrix, so the stored head is both. Tied under pipeline parallelism: the
+    first and last stages each trained their own matrix, so each is used as trained.
+    """
+    if not cfg.tie_embeddings:
+        return
+    if OUTPUT not in t:
+        t[OUTPUT] = t[EMBEDDING]
+    elif stages:
+        if not torch.equal(t[OUTPUT], t[EMBEDDING]):
+            warnings.append(
+                "tie_embeddings is set, but the pipeline stages trained separate embedding and output "
+                "matrices; each is used as trained"
+            )
+    else:
+        t[EMBEDDING] = t[OUTPUT]
+
+
+def _meta_hash(metas: list[DcpMetadata], run_cfg: KFRunConfig) -> str:
+    h = hashlib.sha256()
+    for meta in metas:
+        h.update(meta.path.read_bytes())
+    h.update(json.dumps(run_cfg.model.__dict__, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def _check_memory(where: Path, numel: int, dtype: torch.dtype) -> None:
+    needed = numel * torch.empty((), dtype=dtype).element_size()
+    free = available_ram()
+    if free is not None and needed > free:
+        raise OutOfMemoryError(
+            f"{where}: the weights need about {human(needed)} of RAM as {dtype_name(dtype)}; "
+            f"only {human(free)} "
+            "is free (close other programs, or try --dtype bfloat16)"
+        )
+
+
+class KempnerForgeBackend:
+    """A KempnerForge checkpoint with its tokenizer, ready to stream replies. One thread uses it."""
+
+    def __init__(
+        self,
+        checkpoint: KFCheckpoint,
+        run_cfg: KFRunConfig,
+        model: KFTransformer,
+        tok: KFTokenizer,
+        meta_hash: str,
+        warnings: list[str],
+        load_seconds: float,
+    ) -> None:
+        self.checkpoint, self.run_cfg, self.model, self.tok = checkpoint, run_cfg, model, tok
+        self._cache: KFCache | None = None
+        cfg = run_cfg.model
+        run, step = checkpoint.run, checkpoint.step
+        self._info = ModelInfo(
+            family=FAMILY,
+            path=str(run),
+            name=f"{run.name} · step {step:,}" if step is not None else run.name,
+            source=FAMILY,
+            tag=run.name,
+            step=step,
+            parameters=model.n_params,
+            context_length=cfg.max_seq_len,
+            device=str(model.device),
+            device_name=describe_device(model.device),
+            precision=dtype_name(model.compute_dtype),
+            capabilities=Capabilities(sampling=SAMPLING, chat=False),
+            era="dense" + (f" · {checkpoint.stages} pipeline stages" if checkpoint.stages else ""),
+            attention=cfg.describe(),
+            tokenizer=str(tok.path),
+            tokenizer_kind=tok.kind,
+            vocab_size=cfg.vocab_size,
+            meta_hash=meta_hash,
+            warnings=tuple(warnings),
+            load_seconds=round(load_seconds, 3),
+        )
+
+    @classmethod
+    def open(
+        cls, path: Path, options: LoadOptions | None = None, progress: Progress | None = None
+    ) -> KempnerForgeBackend:
+        opts = options or LoadOptions()
+        report = progress or (lambda _p, _m: None)
+        t0 = time.perf_counter()
+        checkpoint = resolve_checkpoint(Path(path), opts.step)
+        run_cfg = load_config(checkpoint, opts.config)
+        cfg = run_cfg.model
+        warnings = list(run_cfg.warnings)
+        report(2, f"reading the DCP metadata of {checkpoint.step_dir.name}")
+        metas = [read_dcp_metadata(d) for d in checkpoint.dcp_dirs]
+        entries = model_entries(metas)
+        shapes = {name: meta.tensors[key].size for name, (meta, key) in entries.items()}
+        check_weights(cfg, shapes, str(checkpoint.step_dir), run_cfg.path.name)
+        tok_dir = resolve_tokenizer_dir(
+            run_cfg.tokenizer_path,
+            [run_cfg.path.parent, checkpoint.run, checkpoint.run.parent],
+            explicit=opts.tokenizer,
+            toml=run_cfg.path,
+        )
+        tok = load_run_tokenizer(tok_dir, cfg.vocab_size)
+        warnings.extend(tok.warnings)
+        device = pick_device(opts.device)
+        dtype = _precision(device, opts.dtype)
+        _check_memory(
+            checkpoint.step_dir, sum(meta.tensors[key].numel for meta, key in entries.values()), dtype
+        )
+
+        def on_read(done: int, total: int) -> None:
+            report(5 + int(85 * done / max(total, 1)), f"reading weights ({human(done)} of {human(total)})")
+
+        try:
+            tensors = read_tensors(((m, k, name) for name, (m, k) in entries.items()), dtype, on_read)
+            ckpt.check_finite(tensors, checkpoint.step_dir)
+            _tie(cfg, tensors, checkpoint.stages, warnings)
+            if device.type != "cpu":
+                report(92, f"moving the weights to {device}")
+                moved: dict[int, torch.Tensor] = {}
+                tensors = {k: moved.setdefault(id(v), v.to(device)) for k, v in tensors.items()}
+            model = assemble(cfg, tensors, device)
+        except (RuntimeError, MemoryError) as exc:
+            if is_out_of_memory(exc):
+                raise OutOfMemoryError(
+                    f"{checkpoint.step_dir}: out of memory while loading the weights"
+                ) from None
+            raise
+        backend = cls(checkpoint, run_cfg, model, tok, _meta_hash(metas, run_cfg), warnings, 0.0)
+        backend.warm_up()
+        backend._info = replace(backend._info, load_seconds=round(time.perf_counter() - t0, 3))
+        report(100, f"loaded {backend._info.name}")
+        return backend
+
+    def warm_up(self) -> None:
+        """One tiny forward (kernel choice, allocations); an SDPA backend the TOML forces that this
+        device lacks falls back to PyTorch's choice, with a warning."""
+        ids = torch.zeros(
+            1, min(2, self.model.config.max_seq_len), dtype=torch.long, device=self.model.device
+        )
+        with torch.inference_mode():
+            try:
+                self.model(ids)
+            except RuntimeError as exc:
+                if self.model.sdpa_backend == "auto" or is_out_of_memory(exc):
+                    raise
+                note = f"sdpa_backend = {self.model.sdpa_backend!r} is not available here; torch picks one"
+                logger.warning("%s (%s)", note, exc)
+                self._info = replace(self._info, warnings=(*self._info.warnings, note))
+                self.model.sdpa_backend = "auto"
+                self.model(ids)
+
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def render(
+        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+    ) -> Prompt:
+        """The completion prompt: the text (a conversation's messages joined) encoded as
+        KempnerForge's script encodes it. With ``max_tokens`` its end is kept to leave room."""
+        if chat:
+            raise TokenizerError(
+                f"{self.checkpoint.run}: KempnerForge trains base models without a chat format; "
+                "use completion (--prompt)"
+            )
+        seq = self.model.config.max_seq_len
+        if isinstance(conversation, str):
+            messages: tuple[Message, ...] = ()
+            text = conversation
+        else:
+            messages = tuple(conversation)
+            text = "".join(m.plain_text() for m in messages if m.role != "system")
+        ids = self.tok.encode_prompt(text)
+        truncated = False
+        if max_tokens is not None:
+            budget = max(1, seq - min(max_tokens, seq // REPLY_SHARE))
+            if len(ids) > budget:
+                lead = next((i for i, t in enumerate(ids) if self.tok.special_name(t) is None), len(ids))
+                lead = min(lead, budget - 1)
+                ids = ids[:lead] + ids[len(ids) - (budget - lead) :]
+                truncated = True
+        return Prompt(messages, tuple(ids), len(ids), seq, truncated=truncated)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        cancel: threading.Event,
+        options: StreamOptions = _DEFAULT_STREAM,
+        stats: GenerationStats | None = None,
+    ) -> Iterator[TokenEvent]:
+        ids = _ids_of(prompt)
+        ignored = [k for k in ("min_p", "repetition_penalty") if k in params.active()]
+        if ignored:
+            logger.warning("KempnerForge's sampler has no %s; ignored", " or ".join(ignored))
+        cfg = self.model.config
+        want = min(cfg.max_seq_len, len(ids) + (params.max_tokens or cfg.max_seq_len))
+        if not options.reuse_cache or self._cache is None:
+            self._cache = KFCache(cfg, want, self.model.device, self.model.compute_dtype)
+        with _torch_threads(options.threads):
+            yield from stream_kf(
+                self.model, self.tok, ids, params, self._cache, cancel, stats, options.logprobs
+            )
+
+    def score(
+        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+    ) -> dict[str, Any]:
+        return score_reply(self.model, self.tok, _ids_of(prompt), reply_ids, top=top, skip=skip)  # type: ignore[arg-type]
+
+    def token_label(self, token_id: int) -> str:
+        return token_label(self.tok, token_id) if token_id >= 0 else ""  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._cache = None
+        self.model = None  # type: ignore[assignment]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _ids_of(prompt: Prompt) -> list[int]:
+    if prompt.ids is None:
+        raise ContextError("this prompt has no token ids")
+    return list(prompt.ids)
+
+
+class _torch_threads:
+    """Run with ``count`` intra-op threads on this thread, then restore the count (Compare panes)."""
+
+    def __init__(self, count: int | None) -> None:
+        self.count, self.before = count, 0
+
+    def __enter__(self) -> None:
+        if self.count:
+            self.before = torch.get_num_threads()
+            torch.set_num_threads(self.count)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.count:
+            torch.set_num_threads(self.before)
