@@ -34,6 +34,8 @@ class Background(QObject):
         super().__init__(parent)
         self.store = store
         self.extra_dirs: list[Path] = []
+        # servers.ServerSource list: their models join the list (source "remote") once listed.
+        self.servers: list = []
         self._search_task: asyncio.Task | None = None
         self._summary_task: asyncio.Task | None = None
 
@@ -58,6 +60,9 @@ class Background(QObject):
         if demo is not None and all(e.path != demo for e in entries):
             entries.append(CheckpointEntry("demo", "demo", demo, model_steps(demo)))
         self.checkpoints_found.emit(entries)
+        if self.servers:  # local checkpoints first: a slow server must not hold them back
+            listed = await asyncio.gather(*(loop.run_in_executor(None, s.entries) for s in self.servers))
+            self.checkpoints_found.emit(entries + [e for server in listed for e in server])
 
     def summarize(self, path: Path, step: int) -> None:
         if self._summary_task is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "device": "auto",
     "dtype": "auto",
     "sampling_panel_visible": True,
+    # OpenAI-compatible servers: {"id", "name", "url", "stall_timeout", "models"}; keys live in the
+    # OS keyring (desktop/keystore.py), never here.
+    "servers": [],
 }
 
 # MIGRATIONS[i] turns a version i+1 document into a version i+2 one (version 1 is the first).
@@ -86,6 +90,37 @@ def _sampling(key: str, value: Any) -> dict[str, Any]:
     return values
 
 
+SERVER_FIELDS = {"id": str, "name": str, "url": str, "stall_timeout": float, "models": list}
+
+
+def _servers(key: str, value: Any) -> list[dict[str, Any]]:
+    """Each server as its known fields; an API key (or any unknown field) is refused, so none can
+    reach the settings file."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ValueError(f"setting {key!r} must be a list of servers")
+    out, ids = [], set()
+    for server in value:
+        unknown = set(server) - set(SERVER_FIELDS)
+        if unknown:
+            raise ValueError(f"setting {key!r}: unknown server fields {sorted(unknown)}")
+        sid, url = server.get("id"), server.get("url")
+        if not isinstance(sid, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", sid) or sid in ids:
+            raise ValueError(f"setting {key!r}: server id must be a unique slug, got {sid!r}")
+        if not isinstance(url, str) or not url.strip():
+            raise ValueError(f"setting {key!r}: server {sid!r} needs a URL")
+        stall = server.get("stall_timeout", 30.0)
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not 0 < stall <= 3600:
+            raise ValueError(f"setting {key!r}: server {sid!r} stall_timeout must be in (0, 3600] seconds")
+        models = server.get("models", [])
+        if not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models):
+            raise ValueError(f"setting {key!r}: server {sid!r} models must be a list of names")
+        ids.add(sid)
+        name = server.get("name") if isinstance(server.get("name"), str) else ""
+        entry = {"id": sid, "name": name, "url": url.strip(), "stall_timeout": float(stall), "models": models}
+        out.append(entry)
+    return out
+
+
 def _optional(key: str, value: Any, kind: type) -> Any:
     if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
         raise ValueError(f"setting {key!r} must be {kind.__name__} or null, got {value!r}")
@@ -104,6 +139,8 @@ def normalize(key: str, value: Any) -> Any:
         return {"dir": _optional(key, value.get("dir"), str), "step": _optional(key, value.get("step"), int)}
     if key == "sampling":
         return _sampling(key, value)
+    if key == "servers":
+        return _servers(key, value)
     if key == "sampling_presets":
         if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
             raise ValueError(f"setting {key!r} must map preset names to sampling values")

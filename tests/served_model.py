@@ -75,6 +75,28 @@ def write_tiny_model(out: Path) -> None:
     LlamaForCausalLM(config).save_pretrained(out)
 
 
+def local_greedy(served: Served, text: str | list[dict[str, str]], n: int) -> str:
+    """The same model and chat template run in this process by transformers: the reference.
+    ``text``: one user message, or a whole conversation as OpenAI-style messages."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(served.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(served.model_dir)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": text}] if isinstance(text, str) else text,
+        add_generation_prompt=True,
+        return_tensors="pt",
+    )
+    ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False)
+    text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    # The server's streaming decoder never sends a character still unfinished when the reply
+    # stops (the random tiny model often ends inside one); a full decode shows it as U+FFFD.
+    return text.removesuffix("\ufffd")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

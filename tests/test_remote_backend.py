@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from openai_fault_server import DROP, FaultServer, Pause, Reply, chat_chunk, error, models, sse
-from served_model import Served, served_model
+from served_model import Served, local_greedy, served_model
 
 from desktop.cli import main
 from desktop.engine import remote_backend
@@ -65,22 +65,6 @@ def run(backend, conversation, params=GREEDY, top: int = 0, cancel=None):
 
 def text_of(events) -> str:
     return "".join(ev.text for ev in events)
-
-
-def local_greedy(served: Served, text: str, n: int) -> str:
-    """The same model and chat template run in this process by transformers: the reference."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(served.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(served.model_dir)
-    ids = tok.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
-    )
-    ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
-    with torch.inference_mode():
-        out = model.generate(ids, max_new_tokens=n, do_sample=False)
-    return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 # ----- a real server ---------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from .analysis import (
     token_diff,
 )
 from .run import PaneRun
+from .same_model import compare_replies
 
 TOP_ALTERNATIVES = 5
 SCHEDULING_MODES = ("auto", "parallel", "interleaved")
@@ -122,6 +123,7 @@ class CompareController(QObject):
     comparison_opened = Signal(str, object)  # object: a SamplingParams is no dict to Qt
     saved = Signal(int)
     notice = Signal(str, str, str)
+    same_model_reported = Signal(int, int, object)  # pane a, pane b, same_model.SameModelReport
 
     _summary_ready = Signal(object, object)  # from the summary thread: (path, step), summary
 
@@ -151,6 +153,7 @@ class CompareController(QObject):
         self.last_memory: tuple[bool, int, int, str] | None = None
         self._agreed = 0
         self._busy = False
+        self._same_model: tuple[Pane, Pane] | None = None  # a "Same model?" run in flight
         self._scores: dict[int, tuple[str, Pane, Pane]] = {}  # request -> (kind, source, scorer)
         self._summaries: dict[tuple[Path, int], CheckpointSummary] = {}
         self._summarizing: set[tuple[Path, int]] = set()
@@ -299,7 +302,7 @@ class CompareController(QObject):
         """Per pane: stream options (log-probabilities, CPU threads) and the shared turn lock of
         interleaved CPU panes. Each run starts from an empty cache, so every pane computes the
         same thing whatever it answered before."""
-        top = TOP_ALTERNATIVES if self.overlay else 0
+        top = TOP_ALTERNATIVES if self.overlay or self._same_model else 0
         plan: dict[Pane, tuple[StreamOptions, TurnLock | None]] = {
             p: (StreamOptions(logprobs=top, reuse_cache=False), None) for p in ready
         }
@@ -378,6 +381,8 @@ class CompareController(QObject):
         if not self.busy:
             self._update_diff()
         self._update_busy()
+        if not self.busy:
+            self._report_same_model()  # after busy_changed, so the report is the last word
 
     def _update_busy(self) -> None:
         if self.busy != self._busy:
@@ -406,7 +411,7 @@ class CompareController(QObject):
             return
         runs = self._compared_runs()
         found, self._agreed = first_divergence(
-            [r.tokens for r in runs], [not r.running for r in runs], self._agreed
+            _comparable_tokens(runs), [not r.running for r in runs], self._agreed
         )
         if found is not None:
             self.divergence = found
@@ -431,7 +436,8 @@ class CompareController(QObject):
         a, b = self.diff_pair
         if max(a, b) >= len(self.panes):
             return None
-        return a, b, token_diff(self.panes[a].run.tokens, self.panes[b].run.tokens)
+        ta, tb = _comparable_tokens([self.panes[a].run, self.panes[b].run])
+        return a, b, token_diff(ta, tb)
 
     def _update_diff(self) -> None:
         self.diff_changed.emit(self.diff())
@@ -482,7 +488,7 @@ class CompareController(QObject):
     def _cannot_score(run: PaneRun, scorer: ModelInfo) -> str:
         """Why ``scorer`` cannot score ``run``'s reply, or "" when it can."""
         if not scorer.capabilities.scoring:
-            return "this model cannot score a given reply"
+            return scorer.capabilities.why_not("scoring") or "this model cannot score a given reply"
         if not run.trace.has_ids:
             return "the reply has no token ids to score"
         return ""
@@ -512,6 +518,35 @@ class CompareController(QObject):
         result["checkpoint"] = scorer.info.name if scorer.info is not None else "?"
         source.run.cross_scores[LETTERS[ti]] = result
         self.cross_scored.emit(si, ti, result)
+
+    # ----- "Same model?" ---------------------------------------------------------------------
+
+    def same_model(self, a: int, b: int, text: str, shared: SamplingParams) -> bool:
+        """Run panes ``a`` and ``b`` (say a local checkpoint and its served copy) greedy on ``text``
+        with ``shared``'s seed and length, asking for log-probabilities; ``same_model_reported``
+        follows."""
+        if self.busy or not (self.panes[a].ready and self.panes[b].ready) or a == b:
+            return False
+        for i in (a, b):
+            self.set_overrides(i, {})
+        self._same_model = (self.panes[a], self.panes[b])
+        if not self.send(text, shared.with_values(temperature=0.0), self.system_prompt):
+            self._same_model = None
+            return False
+        return True
+
+    def _report_same_model(self) -> None:
+        pair, self._same_model = self._same_model, None
+        if pair is None:
+            return
+        ia, ib = self._index(pair[0]), self._index(pair[1])
+        if ia is None or ib is None:
+            return
+        ra, rb = pair[0].run, pair[1].run
+        if ra.error or rb.error:
+            return  # the failure was reported already
+        by_ids = ra.trace.has_ids and rb.trace.has_ids and same_tokenizer(ra.model, rb.model)
+        self.same_model_reported.emit(ia, ib, compare_replies(ra.trace, rb.trace, by_ids))
 
     # ----- memory ----------------------------------------------------------------------------
 
@@ -633,6 +668,14 @@ class CompareController(QObject):
         for pane in self.panes:
             pane.shutdown()
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _comparable_tokens(runs: list[PaneRun]) -> list[list]:
+    """Token ids when every reply has them, else every reply's token texts (a served model that
+    gives text only is compared by text with the rest)."""
+    if all(r.trace.has_ids or not r.trace.ids for r in runs):
+        return [r.tokens for r in runs]
+    return [list(r.trace.texts) for r in runs]
 
 
 def _result(future: Future) -> CheckpointSummary | None:

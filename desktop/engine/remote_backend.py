@@ -115,7 +115,8 @@ class RemoteBackend:
         report = progress or (lambda _p, _m: None)
         report(10, f"asking {where(endpoint.url)} for its models")
         served = _find_model(endpoint, model)
-        backend = cls(endpoint, model, target, served, opts.stall_timeout or STALL_TIMEOUT_S)
+        stall = opts.stall_timeout or endpoint.stall_timeout or STALL_TIMEOUT_S
+        backend = cls(endpoint, model, target, served, stall)
         report(50, f"checking what {where(endpoint.url)} accepts")
         try:
             backend.probe()
@@ -380,7 +381,7 @@ def _estimate(text: str) -> int:
 
 def _endpoint(server_id: str, opts: LoadOptions) -> ServerEndpoint:
     if opts.server_url:
-        return ServerEndpoint(server_id, opts.server_name, opts.server_url, opts.api_key)
+        return ServerEndpoint(server_id, opts.server_name, opts.server_url, opts.api_key, opts.stall_timeout)
     endpoint = directory.lookup(server_id)
     if endpoint is None:
         raise RemoteError(f"no server {server_id!r} is set up: add it in Settings › Servers")

@@ -28,6 +28,7 @@ class ServerEndpoint:
     name: str
     url: str
     api_key: str | None = field(default=None, repr=False)
+    stall_timeout: float | None = None  # seconds a reply may pause (None: the backend's default)
 
 
 def is_remote(target: object) -> bool:

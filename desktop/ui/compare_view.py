@@ -145,6 +145,11 @@ class CompareView(QWidget):
             combo.setEnabled(False)
         self.vs_label = QLabel("vs")
         self.vs_label.setObjectName("Muted")
+        self.same_btn = QPushButton("Same model?")
+        self.same_btn.setToolTip(
+            "Run a local checkpoint and a served model greedy on the prompt, same seed: where do\n"
+            "they first differ, and how far apart are their probabilities until then?"
+        )
         self.score_btn = QPushButton("Cross-score…")
         self.score_btn.setToolTip("Score one pane's reply under every pane's checkpoint (bits per byte)")
         self.score_menu = QMenu(self.score_btn)
@@ -172,6 +177,7 @@ class CompareView(QWidget):
             lay.addWidget(w)
         lay.addSpacing(10)
         lay.addWidget(self.score_btn)
+        lay.addWidget(self.same_btn)
         lay.addStretch(1)
         lay.addWidget(self.save_btn)
         lay.addWidget(self.export_btn)
@@ -245,6 +251,8 @@ class CompareView(QWidget):
         c.comparison_opened.connect(self._on_opened)
         c.notice.connect(self._on_notice)
         c.saved.connect(self._on_saved)
+        c.same_model_reported.connect(self._on_same_model)
+        self.same_btn.clicked.connect(self.check_same_model)
 
         self.add_btn.clicked.connect(c.add_pane)
         self.temps_btn.clicked.connect(c.temperature_sweep)
@@ -442,8 +450,34 @@ class CompareView(QWidget):
             action.setEnabled(bool(pane.run.tokens))
             action.triggered.connect(lambda _checked=False, i=i: self.controller.cross_score(i))
 
+    def check_same_model(self) -> bool:
+        """Pick the first local and the first served pane that are loaded and run them greedy."""
+        ready = [(i, p.info) for i, p in enumerate(self.controller.panes) if p.ready and p.info is not None]
+        local = next((i for i, info in ready if info.family != "remote"), None)
+        served = next((i for i, info in ready if info.family == "remote"), None)
+        if local is None or served is None:
+            self.banner.show_info(
+                "Same model?", "Load a local checkpoint in one pane and a served model in another."
+            )
+            return False
+        text = self.input.editor.toPlainText().strip() or self.controller.prompt or "Hello"
+        self.banner.hide()
+        return self.controller.same_model(local, served, text, self.shared_params())
+
+    def _on_same_model(self, a: int, b: int, report) -> None:
+        line = report.summary(LETTERS[a], LETTERS[b])
+        self.status.setText(line)
+        self.banner.show_info(f"Same model? {LETTERS[a]} vs {LETTERS[b]}", line)
+
     def _on_overlay(self, on: bool) -> None:
         self.legend.setVisible(on)
+        missing = [
+            f"{LETTERS[i]}: {p.info.capabilities.why_not('logprobs') or 'no token probabilities'}"
+            for i, p in enumerate(self.controller.panes)
+            if on and p.info is not None and not p.info.capabilities.logprobs
+        ]
+        if missing:
+            self.banner.show_info("No probabilities from some panes", "; ".join(missing))
         for pane in self.panes:
             pane.view.set_overlay(on)
         self.controller.set_overlay(on)

@@ -25,10 +25,12 @@ from ..background import Background
 from ..compare.controller import CompareController
 from ..controller import ChatController
 from ..engine.backend import ModelInfo
-from ..engine.params import SamplingParams
+from ..engine.params import FILTER_KEYS, SamplingParams
 from ..hf_export_task import HFExportTask
+from ..keystore import keystore
 from ..logfile import open_log_folder
 from ..paths import is_demo, nanochat_base_dir
+from ..servers import publish as publish_servers
 from ..settings import Settings
 from .chat_view import ChatView
 from .checkpoint_picker import CheckpointPicker
@@ -37,6 +39,7 @@ from .error_banner import ErrorBanner
 from .history_sidebar import HistorySidebar
 from .input_box import InputBox
 from .sampling_panel import SamplingPanel
+from .servers_dialog import ServersDialog
 from .shortcuts_dialog import ShortcutsDialog
 from .status_bar import StatusBar
 from .theme import apply_theme
@@ -173,6 +176,7 @@ class MainWindow(QMainWindow):
             self._set_enter_sends,
             checked=self.settings.get("enter_sends"),
         )
+        action("&Settings", "Servers…", None, self._open_servers)
         action("&Help", "Keyboard shortcuts", "F1", lambda: ShortcutsDialog(self).exec())
         action("&Help", "Open log folder", None, open_log_folder)
 
@@ -240,6 +244,7 @@ class MainWindow(QMainWindow):
         """Called once the event loop runs: list checkpoints and history, reopen the last model."""
         apply_theme(QApplication.instance(), self.settings.get("theme"))
         self.controller.refresh_list()
+        self.background.servers = publish_servers(self.settings)
         self.background.scan()
         for warning in self.settings.warnings:
             self.banner.show_warning("Settings reset", warning)
@@ -320,6 +325,15 @@ class MainWindow(QMainWindow):
         elif out:
             self.banner.show_info("Export to Hugging Face", f"Exporting {chosen[0].name} to {out}…")
 
+    def _open_servers(self) -> None:
+        """Settings › Servers; on OK the engine and the model lists learn the new servers."""
+        dialog = ServersDialog(self.settings, keystore(), self)
+        if dialog.exec():
+            self.background.servers = publish_servers(self.settings)
+            self.background.scan()
+            if dialog.session_note:
+                self.banner.show_warning("API key kept for this session only", dialog.session_note)
+
     def _on_folder(self, folder: Path) -> None:
         self.background.extra_dirs.append(folder)
         self.background.scan()
@@ -335,6 +349,8 @@ class MainWindow(QMainWindow):
         self.status.set_device_info(info.device_name, info.precision, info.attention)
         self._show_context(*self.controller.context_usage())
         self.chat.set_model_name(info.name)
+        caps = info.capabilities
+        self.sampling.set_ignored(set(FILTER_KEYS) - caps.sampling, caps.why_not("sampling"))
         self.chat.set_mode_notice(
             None
             if info.capabilities.chat

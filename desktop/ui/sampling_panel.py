@@ -9,6 +9,7 @@ thin strip with its header button.
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
@@ -288,6 +289,13 @@ class SamplingPanel(QFrame):
 
     def reset(self) -> None:
         self.set_values({k: v for k, v in DEFAULTS.items() if k != "system_prompt"})
+
+    def set_ignored(self, keys: Collection[str], why: str = "") -> None:
+        """Grey out the knobs the current model ignores (a served model that refuses top-k)."""
+        for key, row in self.rows.items():
+            ignored = key in keys
+            row.setEnabled(not ignored)
+            row.setToolTip(f"Ignored by this model: {why}" if ignored and why else "")
 
     def next_seed(self) -> int:
         """The seed for the next reply: the locked one, or a fresh random one (shown in the box)."""
