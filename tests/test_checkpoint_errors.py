@@ -7,10 +7,12 @@ executes (its marker file must never appear), and an absurd meta is refused befo
 from __future__ import annotations
 
 import json
+import pickle
 import resource
 import time
 from pathlib import Path
 
+import hostile_corpus as hostile
 import pytest
 import torch
 from checkpoint_factory import (
@@ -34,11 +36,12 @@ from tokenizer_factory import (
     write_wrong_class_pickle,
 )
 
+from desktop.engine import checkpoint as ckpt_module
+from desktop.engine.backend import LoadOptions
 from desktop.engine.chat_format import render_for_completion
 from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError, UnsupportedFormatError
 from desktop.engine.loader import load_model
 from desktop.engine.messages import Message
-from desktop.engine.backend import LoadOptions
 from desktop.engine.nanochat_backend import NanochatBackend
 
 
@@ -131,7 +134,11 @@ def test_value_embedding_on_the_wrong_layer(tmp_path):
     [
         ("E7", "transformer.h.1.mlp.c_fc.weight", (7, 64)),
         ("E2", "transformer.h.0.attn.c_k.weight", (64, 64)),  # GQA: c_k rows must be Hkv*hd = 32
-        ("E4", "bigram_embed.embed.weight", (5 * 320, 64)),  # rows are 5 * unpadded V (checkpoint-formats spec §1.4)
+        (
+            "E4",
+            "bigram_embed.embed.weight",
+            (5 * 320, 64),
+        ),  # rows are 5 * unpadded V (checkpoint-formats spec §1.4)
         ("E7", "smear_gate.weight", (1, 32)),
         ("fork_engram_mhc", "transformer.h.2.mhc.score_proj.weight", (9, 64)),
     ],
@@ -426,3 +433,204 @@ def test_odd_sizes_still_load(tmp_path):
     # The checks above must not reject legitimate variety: GQA, unpadded E0 vocab, fork windows.
     for era, cfg in (("E0", default_config("E0", vocab_size=512)), ("E2", default_config("E2", n_kv_head=2))):
         assert load(write_checkpoint(tmp_path / era, era, cfg=cfg, tokenizer=None)).config.era == era
+
+
+# ---------------------------------------------------------------------------------------------------
+# the pickle pre-scan: a model file is judged from its opcodes before torch builds anything
+
+
+def _ckpt(tmp_path: Path) -> Path:
+    return write_checkpoint(tmp_path, "E7", tokenizer=None)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (hostile.deep_tuples(), "refused to load: the pickle nests containers deeper than 32 levels"),
+        (hostile.deep_frozensets(), "refused to load: the pickle opens more than 32 nested MARKs"),
+        (hostile.deep_lists(), "refused to load: the pickle nests containers deeper than 32 levels"),
+        (hostile.open_marks(), "refused to load: the pickle opens more than 32 nested MARKs"),
+        (
+            hostile.bytearray_bomb(),
+            "refused to load: the file contains pickled code or objects that are not tensors "
+            "(builtins.bytearray)",
+        ),
+        (
+            hostile.wrapper_subclass_parameter(),
+            "refused to load: it holds a tensor subclass (torch._utils._rebuild_wrapper_subclass); "
+            "weights must be dense float32, bfloat16, float16 tensors",
+        ),
+        (
+            hostile.declared_bytearray(),
+            "file is truncated or corrupt (the pickle is cut off (expected 6500000000 bytes in a "
+            "bytearray8, but only 4 remain))",
+        ),
+        (
+            hostile.declared_string(),
+            "file is truncated or corrupt (the pickle is cut off (expected 4600000000 bytes in a "
+            "unicodestring8, but only 4 remain))",
+        ),
+        (
+            hostile.missing_memo(),
+            "file is truncated or corrupt (the pickle reads memo slot 5, which was never written)",
+        ),
+        (hostile.empty_stack(), "file is truncated or corrupt (TUPLE1 at byte 2 finds too few items)"),
+        (
+            hostile.reduce_with_int_args(),
+            "file is truncated or corrupt (REDUCE arguments are a plain value, not a tuple)",
+        ),
+        (
+            hostile.extension_code(),
+            "refused to load: the file contains pickled code or objects that are not tensors "
+            "(extension code 1)",
+        ),
+        (hostile.text_persistent_id(), "file is truncated or corrupt (text persistent ids are not allowed)"),
+        (hostile.top_level_list(), "expected a dict of tensors, found a list"),
+        (
+            hostile.int_key_dict(hostile.float_tensor()),
+            "entry with a key that is not text (3) is not a named tensor",
+        ),
+        (
+            hostile.one_tensor_dict(hostile.float_tensor(numel=4, shape=(4, 4))),
+            "file is truncated or corrupt (a tensor of shape [4, 4] reaches element 15 of storage "
+            "'0', which holds 4)",
+        ),
+        (
+            hostile.one_tensor_dict(hostile.float_tensor(storage_key="7")),
+            "file is truncated or corrupt (storage '7' has no data record in the archive)",
+        ),
+    ],
+)
+def test_hostile_data_pkl_is_refused_before_torch_runs(tmp_path, body, reason):
+    ckpt = _ckpt(tmp_path)
+    path = hostile.replace_model(ckpt, body, records={"0": b"\0" * 16})
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert failure(CheckpointError, load, ckpt) == f"{path}: {reason}"
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 256 * 1024
+
+
+def test_a_storage_claiming_more_bytes_than_its_record_is_refused(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    path = hostile.replace_model(
+        ckpt, hostile.one_tensor_dict(hostile.float_tensor(numel=1 << 40)), records={"0": b"\0" * 16}
+    )
+    assert failure(CheckpointError, load, ckpt) == (
+        f"{path}: file is truncated or corrupt (storage '0' declares {4 << 40} bytes but its record holds 16)"
+    )
+
+
+def test_a_cut_off_data_pkl_is_corrupt(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    path = hostile.replace_model(ckpt, hostile.cut_mid_opcode(), stop=False)
+    message = failure(CheckpointError, load, ckpt)
+    assert message.startswith(f"{path}: file is truncated or corrupt (the pickle is cut off")
+
+
+def test_a_compressed_data_pkl_is_refused(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    path = hostile.replace_model(ckpt, hostile.declared_string(), compress=True)
+    assert failure(CheckpointError, load, ckpt) == (
+        f"{path}: file is truncated or corrupt "
+        "(member archive/data.pkl is compressed; torch never writes that)"
+    )
+
+
+def test_the_legacy_torch_format_is_refused(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    path = model_file(ckpt)
+    torch.save({"w": torch.zeros(2)}, path, _use_new_zipfile_serialization=False)
+    assert failure(CheckpointError, load, ckpt) == (
+        f"{path}: file is truncated or corrupt (not a torch zip archive (truncated, or the legacy format))"
+    )
+
+
+def test_code_in_data_pkl_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    ckpt = _ckpt(tmp_path)
+    path = hostile.replace_model(ckpt, hostile.code_payload(marker))
+    assert failure(CheckpointError, load, ckpt) == (
+        f"{path}: refused to load: the file contains pickled code or objects that are not tensors (os.system)"
+    )
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", sorted(hostile.SPECIAL_TENSORS))
+def test_tensors_that_are_not_dense_weights_are_refused(tmp_path, kind):
+    ckpt = _ckpt(tmp_path)
+    path = hostile.replace_entry(ckpt, "lm_head.weight", hostile.SPECIAL_TENSORS[kind])
+    message = failure(CheckpointError, load, ckpt)
+    words = {"sparse csr": "a sparse tensor", "subclass": "a tensor subclass"}.get(kind, f"a {kind}")
+    assert message.startswith(f"{path}: refused to load: it holds {words}"), message
+
+
+@pytest.mark.parametrize("dtype", sorted(hostile.WRONG_DTYPES))
+def test_weights_of_other_dtypes_are_refused(tmp_path, dtype):
+    ckpt = _ckpt(tmp_path)
+    path = hostile.replace_entry(ckpt, "lm_head.weight", hostile.WRONG_DTYPES[dtype])
+    assert failure(CheckpointError, load, ckpt) == (
+        f"{path}: weights must be float32, bfloat16 or float16; this one is not: 'lm_head.weight' ({dtype})"
+    )
+
+
+def test_the_scan_reads_the_shapes_and_dtypes_torch_builds(tmp_path):
+    ckpt = write_checkpoint(tmp_path, "fork_engram_mhc", tokenizer=None, dtype_mix="cuda_mixed")
+    shapes = ckpt_module.tensor_shapes(model_file(ckpt))
+    sd = ckpt_module.load_state_dict(model_file(ckpt), mmap=False)
+    assert {k: (t.dtype, t.shape) for k, t in shapes.items()} == {
+        k: (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for k, t in sd.items()
+    }
+
+
+def test_a_file_changed_between_scan_and_load_is_refused(tmp_path):
+    ckpt = _ckpt(tmp_path)
+    path = model_file(ckpt)
+    shapes = ckpt_module.tensor_shapes(path)
+    drop_key(ckpt, "smear_lambda")
+    assert failure(CheckpointError, ckpt_module.load_state_dict, path, expected=shapes) == (
+        f"{path}: changed while it was being read; try again"
+    )
+
+
+@pytest.mark.parametrize(
+    "value", [torch.tensor([1 + 1j, complex("nan")]), torch.tensor([1.0, 2.0], device="meta")]
+)
+def test_the_finite_check_never_raises_a_traceback(tmp_path, value):
+    message = failure(CheckpointError, ckpt_module.check_finite, {"x": value}, tmp_path / "f")
+    assert message.startswith(f"{tmp_path / 'f'}: ")
+
+
+def test_the_scan_bounds_memo_stack_and_opcodes():
+    from desktop.engine import pickle_scan
+
+    tiny = pickle_scan.Policy(callables=frozenset(), max_memo=10, max_stack=10, max_ops=50)
+    with pytest.raises(pickle_scan.PickleRefused, match="more than 10 items at once"):
+        pickle_scan.scan_bytes(pickle.dumps(tuple(range(20))), tiny)
+    remembered = b"".join(hostile.short_unicode(str(i)) + b"q" + bytes([i]) + b"a" for i in range(11))
+    with pytest.raises(pickle_scan.PickleRefused, match="remembers more than 10 objects"):
+        pickle_scan.scan_bytes(hostile.PROTO + b"]" + remembered + hostile.STOP, tiny)
+    appended = b"".join(hostile.binint(i) + b"a" for i in range(30))
+    with pytest.raises(pickle_scan.PickleRefused, match="more than 50 opcodes"):
+        pickle_scan.scan_bytes(hostile.PROTO + b"]" + appended + hostile.STOP, tiny)
+
+
+def test_dcp_metadata_written_by_torch_passes_the_scan_and_code_does_not(tmp_path):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from desktop.engine import pickle_scan
+
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+        warnings.simplefilter("ignore")
+        dcp.save(
+            {"model": {"w": torch.zeros(2, 2), "b": torch.zeros(2).bfloat16()}, "step": 3},
+            checkpoint_id=tmp_path,
+        )
+    pickle_scan.scan_dcp_metadata(tmp_path / ".metadata")
+    evil = hostile.write_pickle(tmp_path / "evil" / ".metadata", hostile.code_payload(tmp_path / "pwned"))
+    with pytest.raises(pickle_scan.PickleRefused) as err:
+        pickle_scan.scan_dcp_metadata(evil)
+    assert (err.value.kind, err.value.name) == ("global", "os.system")
+    deep = hostile.write_pickle(tmp_path / "deep" / ".metadata", hostile.deep_tuples())
+    with pytest.raises(pickle_scan.PickleRefused, match="deeper than 32 levels"):
+        pickle_scan.scan_dcp_metadata(deep)

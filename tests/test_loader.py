@@ -26,7 +26,6 @@ from checkpoint_factory import (
 )
 from reference_model import layer_windows, reference_logits
 
-from desktop.engine import checkpoint as ckpt
 from desktop.engine import gemv
 from desktop.engine.loader import load_model
 
@@ -299,25 +298,9 @@ def _resident_bytes(path) -> int:
     return total
 
 
-@pytest.mark.skipif(not pathlib.Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
-def test_released_pages_leave_memory_and_keep_their_values(tmp_path):
-    cfg = default_config("E7", n_embd=256, vocab_size=4096)
-    path = checkpoint_model_file(write_checkpoint(tmp_path, "E7", cfg=cfg, tokenizer=None))
-    sd = ckpt.load_state_dict(path)
-    head = sd["lm_head.weight"]
-    before = head.sum().item()  # touches every page
-    resident = _resident_bytes(path)
-    release = ckpt.page_releaser(path)
-    dropped = release(head)
-    assert dropped >= head.numel() * 4 - 2 * 4096
-    assert _resident_bytes(path) <= resident - dropped + 4096
-    assert head.sum().item() == before  # read back from the file
-    anonymous = head.clone()
-    assert release(anonymous) == 0 and torch.equal(anonymous, head)
-
-
 def test_packed_precisions_load_within_the_checkpoint_budget(tmp_path):
-    """fp16/int8 packing reads every fp32 matrix; their pages are dropped as each is packed."""
+    """fp16/int8 packing reads every fp32 matrix; none of the file stays mapped (the weights are
+    read into private memory, so the file may change under a loaded model)."""
     cfg = default_config("E7", n_embd=256, vocab_size=4096)
     path = checkpoint_model_file(write_checkpoint(tmp_path, "E7", cfg=cfg, tokenizer=None))
     if not pathlib.Path("/proc/self/smaps").exists() or not gemv.fbgemm_available():
@@ -331,5 +314,4 @@ def test_packed_precisions_load_within_the_checkpoint_budget(tmp_path):
     del exact
     gc.collect()  # the exact model's own mapping of the file goes with it
     assert matrices > 0
-    # What stays mapped is the embeddings and gates, not the matrices that were packed.
-    assert _resident_bytes(path) <= path.stat().st_size - matrices + 64 * 4096
+    assert _resident_bytes(path) == 0

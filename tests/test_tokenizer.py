@@ -8,6 +8,7 @@ import pickle
 import re
 from pathlib import Path
 
+import hostile_corpus as hostile
 import pytest
 import tiktoken
 from hypothesis import given, settings
@@ -398,3 +399,72 @@ def test_select_raises_on_an_unsafe_pickle_instead_of_skipping_it(tmp_path):
     # A fork checkpoint takes the matching json first and never unpickles anything.
     assert select_tokenizer([tmp_path], 300, is_fork=True).kind == "cpp"
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the pickle pre-scan and the split pattern: refused before the unpickler or tiktoken runs
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (hostile.deep_tuples(), "refused to unpickle: the pickle nests containers deeper than 32 levels"),
+        (hostile.deep_frozensets(), "refused to unpickle: the pickle opens more than 32 nested MARKs"),
+        (
+            hostile.bytearray_bomb(),
+            "refused to unpickle builtins.bytearray (only tiktoken.core.Encoding is allowed)",
+        ),
+        (
+            hostile.declared_string(),
+            "not a valid tokenizer pickle (the pickle is cut off (expected 4600000000 bytes in a "
+            "unicodestring8, but only 4 remain))",
+        ),
+        (
+            hostile.missing_memo(),
+            "not a valid tokenizer pickle (the pickle reads memo slot 5, which was never written)",
+        ),
+        (hostile.empty_stack(), "not a valid tokenizer pickle (TUPLE1 at byte 2 finds too few items)"),
+        (hostile.text_persistent_id(), "not a valid tokenizer pickle (text persistent ids are not allowed)"),
+    ],
+)
+def test_hostile_tokenizer_pickles_are_refused_by_the_scan(tmp_path, body, message):
+    path = hostile.write_pickle(tmp_path / "tokenizer.pkl", body)
+    with pytest.raises(TokenizerError) as err:
+        load_tokenizer(path)
+    assert str(err.value) == f"{path}: {message}"
+
+
+def test_code_in_a_tokenizer_pickle_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    path = hostile.write_pickle(tmp_path / "tokenizer.pkl", hostile.code_payload(marker))
+    with pytest.raises(TokenizerError, match=re.escape("refused to unpickle os.system")):
+        load_tokenizer(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        (r"\s*|\w+", "the split pattern can match the empty string, which crashes tiktoken"),
+        (r"(?=x)|\w+", "the split pattern can match the empty string, which crashes tiktoken"),
+        (
+            r"(\w+)+!",
+            "the split pattern repeats a group that itself repeats, which can take exponential time",
+        ),
+        ("a" * 5000, "the split pattern is 5000 characters long (limit 4096)"),
+    ],
+)
+def test_split_patterns_that_crash_or_hang_tiktoken_are_refused(tmp_path, pattern, problem):
+    path = hostile.encoding_state_pickle(tmp_path / "tokenizer.pkl", pattern)
+    with pytest.raises(TokenizerError) as err:
+        load_tokenizer(path)
+    assert str(err.value) == f"{path}: {problem}"
+
+
+def test_the_scanned_pickle_is_the_one_tiktoken_builds(tmp_path):
+    from tokenizer_factory import SPLIT_PATTERN
+
+    path = hostile.encoding_state_pickle(tmp_path / "tokenizer.pkl", SPLIT_PATTERN)
+    assert load_tokenizer(path).encode("hello world") == make_tiktoken_encoding(300).encode_ordinary(
+        "hello world"
+    )

@@ -1,20 +1,28 @@
-"""Find and read nanochat-family checkpoint files safely (docs/ARCHITECTURE.md, Where data lives; Eras: Loading).
+"""Find and read nanochat-family checkpoint files safely (docs/ARCHITECTURE.md, Where data lives; Loading).
 
-Weights are read with ``torch.load(weights_only=True, mmap=True)``: no pickled code can run and
-the tensors stay file-backed until they are used.
+Before torch sees a ``model_*.pt``, :mod:`.pickle_scan` walks its ``data.pkl`` (limits, allowlist)
+and reads every tensor's dtype and shape from it, so a file that nests too deep, claims more
+bytes than it has, names code, or holds tensors Nanoscope cannot use (sparse, nested, quantized,
+meta-device, subclasses, dtypes other than float32/bfloat16/float16) is refused with one line
+before anything is built. Only then does ``torch.load(weights_only=True)`` run.
+
+A model that stays loaded reads its weights into private memory (``mmap=False``): a mapped file
+that training truncates or rewrites in place would kill the process with SIGBUS at the next read
+(docs/PERFORMANCE.md, Safety costs). Summaries read shapes from the scan alone.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import pickle
 import re
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
+from .pickle_scan import PickleRefused, TensorInfo, noun, scan_torch_file
+from .safe_json import JsonRefused, loads_bounded
 
 MODEL_RE = re.compile(r"model_(\d+)\.pt")
 META_RE = re.compile(r"meta_(\d+)\.json")
@@ -70,39 +78,112 @@ def detect_unsupported(path: Path) -> None:
         )
 
 
+# A meta is a few KB; far more is not a nanochat meta.
+MAX_META_BYTES = 16 << 20
+# What a weight may be stored as (the loader casts to the compute dtype).
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def read_meta(path: Path) -> dict[str, Any]:
+    return read_meta_and_digest(path)[0]
+
+
+def read_meta_and_digest(path: Path) -> tuple[dict[str, Any], str]:
+    """The meta json and the first 16 hex digits of its sha256 (of the bytes parsed, so a file
+    replaced meanwhile cannot give a hash of something else)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_META_BYTES + 1)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_META_BYTES:
+        raise CheckpointError(f"{path}: larger than {MAX_META_BYTES >> 20} MB; not a nanochat meta")
+    try:
+        data = loads_bounded(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: cannot read (not UTF-8 text)") from None
+    except JsonRefused as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    return data
+    return data, hashlib.sha256(raw).hexdigest()[:16]
 
 
-def load_state_dict(path: Path) -> dict[str, Any]:
-    """Memory-map a ``model_*.pt`` with ``weights_only=True`` and strip torch.compile's prefix."""
+def tensor_shapes(path: Path) -> dict[str, TensorInfo]:
+    """Every tensor's dtype and shape as ``data.pkl`` records them, torch.compile's prefix
+    stripped; no weight is read and torch is not imported. Raises :class:`CheckpointError`."""
+    try:
+        scan = scan_torch_file(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except PickleRefused as exc:
+        raise CheckpointError(f"{path}: {_refusal(exc)}") from None
+    if scan.top != "dict":
+        raise CheckpointError(f"{path}: expected a dict of tensors, found a {noun(scan.top)}")
+    out: dict[str, TensorInfo] = {}
+    for key, info in scan.entries:
+        if not isinstance(key, str) or not isinstance(info, TensorInfo):
+            raise CheckpointError(f"{path}: entry {_short_repr(key)} is not a named tensor")
+        out[key.removeprefix(COMPILE_PREFIX)] = info
+    bad = [f"{k!r} ({t.dtype})" for k, t in out.items() if t.dtype not in WEIGHT_DTYPES]
+    if bad:
+        raise CheckpointError(
+            f"{path}: weights must be float32, bfloat16 or float16; "
+            f"{'this one is not' if len(bad) == 1 else 'these are not'}: {_short_list(bad)}"
+        )
+    return out
+
+
+def _refusal(exc: PickleRefused) -> str:
+    if exc.kind == "corrupt":
+        return f"file is truncated or corrupt ({exc.reason})"
+    if exc.kind == "global" and exc.reason:
+        return (
+            f"refused to load: it holds {exc.reason} ({exc.name}); weights must be dense "
+            f"{', '.join(WEIGHT_DTYPES)} tensors"
+        )
+    if exc.kind == "global":
+        return f"refused to load: the file contains pickled code or objects that are not tensors ({exc.name})"
+    return f"refused to load: {exc.reason}"
+
+
+def _short_repr(key: object, limit: int = 80) -> str:
+    """An entry's key for a message: quoted text, or what it is instead."""
+    text = repr(key) if isinstance(key, str) else f"with a key that is not text ({str(key)[:20]})"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _short_list(items: list[str], limit: int = 5) -> str:
+    head = ", ".join(items[:limit])
+    return head + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def load_state_dict(
+    path: Path, mmap: bool = True, expected: dict[str, TensorInfo] | None = None
+) -> dict[str, Any]:
+    """The tensors of a ``model_*.pt`` (``weights_only=True``), torch.compile's prefix stripped.
+
+    The file is scanned first (:func:`tensor_shapes`; pass its result as ``expected`` when the
+    caller already has it). ``mmap=True`` maps the file: cheap, for reads that end soon; a model
+    that stays loaded passes ``mmap=False`` (see the module doc).
+    """
+    expected = tensor_shapes(path) if expected is None else expected
     import torch
 
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
     try:
-        try:
+        if mmap:
             sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            sd = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+        else:
+            with open(path, "rb") as f:  # a file object: names that are not UTF-8 open too
+                sd = torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"{path}: refused to load: the file contains pickled code or objects "
-            f"that are not tensors ({first[:160]})"
-        ) from None
+        raise CheckpointError(f"{path}: {_weights_only_refusal(exc)}") from None
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, MemoryError) as exc:
         if is_out_of_memory(exc):
             raise OutOfMemoryError(
@@ -115,9 +196,42 @@ def load_state_dict(path: Path) -> dict[str, Any]:
     out = {}
     for key, value in sd.items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise CheckpointError(f"{path}: entry {key!r} is not a named tensor")
+            raise CheckpointError(f"{path}: entry {_short_repr(key)} is not a named tensor")
         out[key.removeprefix(COMPILE_PREFIX)] = value
+    check_tensors(out, expected, path)
     return out
+
+
+def check_tensors(sd: dict[str, Any], expected: dict[str, TensorInfo], path: Path) -> None:
+    """What torch built is what the scan read: plain dense CPU tensors of a weight dtype.
+
+    Metadata only (no element is read). Catches a file changed between the scan and the load.
+    """
+    import torch
+
+    if set(sd) != set(expected):
+        raise CheckpointError(f"{path}: changed while it was being read; try again")
+    for key, t in sd.items():
+        if isinstance(t, torch.nn.Parameter):
+            t = sd[key] = t.detach()
+        kind = (
+            "a tensor subclass"
+            if type(t) is not torch.Tensor
+            else "a sparse tensor"
+            if t.layout != torch.strided
+            else "a nested tensor"
+            if t.is_nested
+            else "a quantized tensor"
+            if t.is_quantized
+            else f"a {t.device.type}-device tensor"
+            if t.device.type != "cpu"
+            else ""
+        )
+        if kind:
+            raise CheckpointError(f"{path}: {key!r} is {kind}; weights must be dense CPU tensors")
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype != expected[key].dtype or tuple(t.shape) != expected[key].shape:
+            raise CheckpointError(f"{path}: changed while it was being read; try again")
 
 
 def _all_finite(t: Any) -> bool:
@@ -137,7 +251,23 @@ def _all_finite(t: Any) -> bool:
 
 
 def check_finite(sd: dict[str, Any], path: Path) -> None:
-    bad = [k for k, t in sd.items() if t.is_floating_point() and not _all_finite(t)]
+    """Refuse NaN/Inf in any weight. Every tensor is checked as a float (complex or integer
+    tensors never get here from a nanochat file, but a caller's dict might hold one)."""
+    import torch
+
+    bad = []
+    for key, t in sd.items():
+        try:
+            if t.is_complex():
+                ok = _all_finite(torch.view_as_real(t))
+            else:
+                ok = not t.is_floating_point() or _all_finite(t)
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            raise CheckpointError(
+                f"{path}: cannot check the values of {key!r} ({_first_line(exc)})"
+            ) from None
+        if not ok:
+            bad.append(key)
     if bad:
         raise CheckpointError(
             f"{path}: non-finite values (NaN/Inf) in {', '.join(bad[:5])}"
@@ -145,54 +275,14 @@ def check_finite(sd: dict[str, Any], path: Path) -> None:
         )
 
 
+def _weights_only_refusal(exc: pickle.UnpicklingError) -> str:
+    """torch's weights_only refusal as one line of ours: its own text is a paragraph of advice."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    if found:  # the pickle names a class or function: code, or objects that are not tensors
+        return f"refused to load: the file contains pickled code or objects that are not tensors ({found.group(1)})"
+    return "not a PyTorch checkpoint, or the file is truncated or corrupt"
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
-
-
-def _file_mappings(path: Path) -> list[tuple[int, int]]:
-    """Address ranges where this process maps ``path`` (Linux; elsewhere none are known)."""
-    maps = Path("/proc/self/maps")
-    if not maps.exists():
-        return []
-    target = str(path.resolve())
-    ranges = []
-    for line in maps.read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5] == target:
-            start, end = (int(a, 16) for a in fields[0].split("-"))
-            ranges.append((start, end))
-    return ranges
-
-
-def page_releaser(path: Path) -> Callable[[Any], int]:
-    """A function that drops from memory the pages of a tensor that is a memory-mapped ``path``
-    and returns the bytes dropped (0 for any other tensor, or where this is not supported).
-
-    For weights the model no longer reads (packed into another form): their pages stay resident
-    after packing and count towards the process's memory until the whole file is unmapped, which
-    the embeddings prevent. The mapping is private and never written, so ``MADV_DONTNEED`` only
-    forgets pages the file still holds; tensors elsewhere (anonymous memory, which it would
-    zero) are left alone.
-    """
-    import ctypes
-    import mmap
-
-    ranges = _file_mappings(path)
-    if not ranges or not hasattr(mmap, "MADV_DONTNEED"):
-        return lambda _t: 0
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    page = mmap.PAGESIZE
-
-    def release(t: Any) -> int:
-        start = t.data_ptr()
-        end = start + t.numel() * t.element_size()
-        if not any(lo <= start and end <= hi for lo, hi in ranges):
-            return 0
-        first, last = -(-start // page) * page, end // page * page  # whole pages inside the tensor
-        if last > first and madvise(first, last - first, mmap.MADV_DONTNEED) == 0:
-            return last - first
-        return 0
-
-    return release

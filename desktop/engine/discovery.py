@@ -143,15 +143,14 @@ def summarize(directory: Path, step: int) -> CheckpointSummary:
     empty = CheckpointSummary(directory, step, "?", 0, 0, 0, 0, 0, "?", size, 0)
     try:
         meta = ckpt.read_meta(ckpt.meta_file(directory, step))
-        sd = ckpt.load_state_dict(ckpt.model_file(directory, step))
-        cfg = classify(meta, {k: tuple(t.shape) for k, t in sd.items()}, str(model_path))
+        sd = ckpt.tensor_shapes(ckpt.model_file(directory, step))  # data.pkl alone: no torch
+        cfg = classify(meta, {k: t.shape for k, t in sd.items()}, str(model_path))
     except NanoscopeError as exc:
         empty.error = str(exc)
         return empty
     by_dtype: dict[str, int] = {}
     for t in sd.values():
-        name = str(t.dtype).removeprefix("torch.")
-        by_dtype[name] = by_dtype.get(name, 0) + t.numel() * t.element_size()
+        by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes()
     stored = "+".join(sorted(by_dtype, key=by_dtype.get, reverse=True)) if by_dtype else "?"
     return CheckpointSummary(
         path=directory,

@@ -1,8 +1,7 @@
-"""Load a nanochat-family checkpoint into a ready-to-run :class:`GPT` (docs/ARCHITECTURE.md, Eras: Loading)."""
+"""Load a nanochat-family checkpoint into a ready-to-run :class:`GPT` (docs/ARCHITECTURE.md, Loading)."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from .config import ModelConfig
 from .device import Precision, describe_device, pick_device, pick_precision
 from .errors import CheckpointError, OutOfMemoryError, is_out_of_memory
 from .model import GPT
+
 
 @dataclass
 class LoadedModel:
@@ -94,14 +94,12 @@ def load_model(
     meta_path = ckpt.meta_file(directory, step)
     model_path = ckpt.model_file(directory, step)
     report(5, f"reading {meta_path.name}")
-    meta = ckpt.read_meta(meta_path)
+    meta, meta_hash = ckpt.read_meta_and_digest(meta_path)
     warnings: list[str] = []
     pattern_unknown = _borrow_window_pattern(directory, meta, warnings)
-    report(10, f"mapping {model_path.name}")
-    sd = ckpt.load_state_dict(model_path)
-    cfg = classify(
-        meta, {k: tuple(t.shape) for k, t in sd.items()}, str(model_path), softcap_override=softcap
-    )
+    report(10, f"checking {model_path.name}")
+    shapes = ckpt.tensor_shapes(model_path)  # no weight read yet: a wrong meta fails fast
+    cfg = classify(meta, {k: t.shape for k, t in shapes.items()}, str(model_path), softcap_override=softcap)
     warnings.extend(cfg.warnings)
     if pattern_unknown and cfg.era != "E0":  # E0 predates windows: nothing was lost
         warnings.append(
@@ -109,6 +107,9 @@ def load_model(
             "layer attends to the whole context, which differs from training if it used "
             "sliding windows"
         )
+    report(20, f"reading {model_path.name}")
+    # Private memory, not a mapping: the file may be rewritten while the model stays loaded.
+    sd = ckpt.load_state_dict(model_path, mmap=False, expected=shapes)
     report(40, "checking values")
     ckpt.check_finite(sd, model_path)
 
@@ -125,7 +126,7 @@ def load_model(
         wanted = {k: t.to(device=dev, dtype=compute) for k, t in wanted.items()}
         model.load_state_dict(wanted, strict=True, assign=True)
         del sd, wanted
-        model.prepare(dev, compute, precision.gemv, release=ckpt.page_releaser(model_path))
+        model.prepare(dev, compute, precision.gemv)
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
@@ -140,11 +141,10 @@ def load_model(
         from .attention import flash_attn_kvcache_fn
 
         if flash_attn_kvcache_fn() is not None and compute in (torch.bfloat16, torch.float16):
-            for block in model.transformer.h:
+            for block in model.blocks:
                 block.attn.use_flash = True
             attention = "flash-attn"
     report(100, "ready")
-    meta_hash = hashlib.sha256(meta_path.read_bytes()).hexdigest()[:16]
     return LoadedModel(
         model=model,
         config=replace(cfg, warnings=tuple(warnings)),

@@ -8,10 +8,16 @@ validated, the real encoding is built with ``tiktoken.Encoding(**state)``.
 
 Protocol 2 pickles spell bytes as ``_codecs.encode(text, "latin1")``; that one call is replaced by
 a local function that can do nothing but turn latin-1 text back into bytes.
+
+Before that unpickler runs, :mod:`.pickle_scan` walks the opcodes (nesting, sizes, memo, the same
+two names), so a pickle that would crash or exhaust the C unpickler is refused first. The split
+pattern is checked before tiktoken compiles it (:mod:`.tokenizer_checks`), and the finished
+encoding encodes a probe text, so a pattern that makes tiktoken panic fails here, at load time.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 from typing import Any
@@ -19,9 +25,12 @@ from typing import Any
 import tiktoken
 
 from .errors import TokenizerError
+from .pickle_scan import TOKENIZER_POLICY, PickleRefused, scan_tokenizer_pickle
+from .tokenizer_checks import pattern_problem, rust_errors
 
 # A real 2**17-token pickle is a few MB; anything far bigger is not a tokenizer.
-MAX_PICKLE_BYTES = 256 * 1024 * 1024
+MAX_PICKLE_BYTES = TOKENIZER_POLICY.max_bytes
+PROBE_TEXT = "Hello, world! 12345 \n\n  héllo 世界 😀 it's <|bos|>\t."
 
 _STATE_KEYS = frozenset({"name", "pat_str", "mergeable_ranks", "special_tokens"})
 
@@ -113,16 +122,35 @@ def load_tiktoken_pickle(path: Path) -> tiktoken.Encoding:
     if size > MAX_PICKLE_BYTES:
         raise TokenizerError(f"{path}: {size} bytes is too large for a tokenizer pickle")
     try:
-        with path.open("rb") as f:
-            obj = _RestrictedUnpickler(f, path).load()
+        data = scan_tokenizer_pickle(path)
+        obj = _RestrictedUnpickler(io.BytesIO(data), path).load()
     except TokenizerError:
         raise
+    except PickleRefused as exc:
+        raise TokenizerError(_refusal(path, exc)) from None
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read tokenizer file ({_one_line(exc)})") from None
     except Exception as exc:  # corrupt data raises many kinds (UnpicklingError, EOFError, ValueError...)
         raise TokenizerError(f"{path}: not a valid tokenizer pickle ({_one_line(exc)})") from exc
     if not isinstance(obj, _EncodingStub):
         raise TokenizerError(f"{path}: pickle holds a {type(obj).__name__}, not a tiktoken Encoding")
     state = _validate_state(path, obj.state)
-    try:
-        return tiktoken.Encoding(**state)
-    except Exception as exc:  # e.g. a split pattern the regex engine rejects
-        raise TokenizerError(f"{path}: tiktoken rejected the stored encoding ({_one_line(exc)})") from exc
+    problem = pattern_problem(state["pat_str"], empty_matches_crash=True)
+    if problem:
+        raise TokenizerError(f"{path}: {problem}")
+    with rust_errors(path, "building the encoding"):  # a panic while compiling the pattern
+        try:
+            enc = tiktoken.Encoding(**state)
+        except Exception as exc:  # e.g. a split pattern the regex engine rejects
+            raise TokenizerError(f"{path}: tiktoken rejected the stored encoding ({_one_line(exc)})") from exc
+    with rust_errors(path, "encoding a test text"):
+        enc.encode_ordinary(PROBE_TEXT)
+    return enc
+
+
+def _refusal(path: Path, exc: PickleRefused) -> str:
+    if exc.kind == "global":
+        return f"{path}: refused to unpickle {exc.name} (only tiktoken.core.Encoding is allowed)"
+    if exc.kind == "corrupt":
+        return f"{path}: not a valid tokenizer pickle ({exc.reason})"
+    return f"{path}: refused to unpickle: {exc.reason}"

@@ -1,0 +1,737 @@
+"""Walk a pickle's opcodes, without building anything, before an unpickler may see it.
+
+``torch.load(weights_only=True)`` and the tokenizer's restricted unpickler refuse the classes they
+do not know, but only once they meet them: before that they build whatever the opcodes say. A
+pickle can nest tuples a million deep (hashing or freeing them overflows the C stack: SIGSEGV),
+declare a 6 GB string in a 1 KB file, call ``bytearray(6_000_000_000)`` through an allowed name,
+or be cut off mid-opcode (``KeyError``, ``IndexError``, ``struct.error`` from deep inside). This
+module simulates the pickle machine on stand-ins (:class:`_Item`) instead:
+
+* every opcode is checked against the stack and the memo (a corrupt or truncated pickle is named
+  as such, never a stray ``KeyError``);
+* nesting depth, open marks, stack size, memo size and opcode count are bounded;
+* strings and byte arrays cannot declare more bytes than the file has (the data is read into
+  memory first, at most ``Policy.max_bytes``, so a declared size is never allocated);
+* every global must be on the policy's allowlist, and only the callable ones may be called.
+
+For torch files it also reads what ``data.pkl`` says of each tensor (dtype, shape, storage), so
+the checkpoint can be judged, and summarised, before torch runs at all (:func:`scan_torch_file`).
+"""
+
+from __future__ import annotations
+
+import io
+import pickletools
+import struct
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# --- what a torch state dict may name -----------------------------------------------------------
+
+# torch's own names for the tensor parts of its weights_only allowlist: the rebuild functions of
+# dense tensors, the dict class, and storage types / dtypes (values only: never called).
+_REBUILD_V2 = ("torch._utils", "_rebuild_tensor_v2")
+_REBUILD_V3 = ("torch._utils", "_rebuild_tensor_v3")
+_REBUILD_PARAMETER = ("torch._utils", "_rebuild_parameter")
+_ORDERED_DICT = ("collections", "OrderedDict")
+
+# Storage type -> (dtype, bytes per element). UntypedStorage holds bytes (its tensors name their
+# dtype in _rebuild_tensor_v3's arguments).
+STORAGE_TYPES: dict[tuple[str, str], tuple[str, int]] = {
+    ("torch", "FloatStorage"): ("float32", 4),
+    ("torch", "DoubleStorage"): ("float64", 8),
+    ("torch", "HalfStorage"): ("float16", 2),
+    ("torch", "BFloat16Storage"): ("bfloat16", 2),
+    ("torch", "LongStorage"): ("int64", 8),
+    ("torch", "IntStorage"): ("int32", 4),
+    ("torch", "ShortStorage"): ("int16", 2),
+    ("torch", "CharStorage"): ("int8", 1),
+    ("torch", "ByteStorage"): ("uint8", 1),
+    ("torch", "BoolStorage"): ("bool", 1),
+    ("torch", "ComplexFloatStorage"): ("complex64", 8),
+    ("torch", "ComplexDoubleStorage"): ("complex128", 16),
+    ("torch.storage", "UntypedStorage"): ("bytes", 1),
+}
+# dtype name -> bytes per element, for the dtypes torch.save spells as a global (v3 tensors).
+DTYPE_SIZES: dict[str, int] = {
+    "float32": 4,
+    "float64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "bool": 1,
+    "complex32": 4,
+    "complex64": 8,
+    "complex128": 16,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+}
+
+# Names torch can write for tensors Nanoscope cannot use, with what to tell the user.
+_SPARSE, _SUBCLASS = "a sparse tensor", "a tensor subclass"
+TORCH_REFUSED: dict[tuple[str, str], str] = {
+    ("torch._utils", "_rebuild_sparse_tensor"): _SPARSE,
+    ("torch._utils", "_rebuild_sparse_csr_tensor"): _SPARSE,
+    ("torch._utils", "_rebuild_nested_tensor"): "a nested tensor",
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"): "a meta-device tensor (it holds no values)",
+    ("torch._utils", "_rebuild_qtensor"): "a quantized tensor",
+    ("torch._utils", "_rebuild_wrapper_subclass"): _SUBCLASS,
+    ("torch._utils", "_rebuild_subclass"): _SUBCLASS,
+    ("torch._tensor", "_rebuild_from_type"): _SUBCLASS,
+    ("torch._tensor", "_rebuild_from_type_v2"): _SUBCLASS,
+    ("torch._utils", "_rebuild_parameter_with_state"): "a parameter with extra state",
+    ("torch._utils", "_rebuild_device_tensor_from_numpy"): "a tensor of another device type",
+    ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"): "a tensor of another device type",
+    ("torch._utils", "_rebuild_xla_tensor"): "a tensor of another device type",
+    ("torch._utils", "_rebuild_mtia_tensor"): "a tensor of another device type",
+    **{
+        ("torch", f"{q}Storage"): "a quantized tensor"
+        for q in ("QInt8", "QUInt8", "QInt32", "QUInt4x2", "QUInt2x4")
+    },
+    ("torch", "per_tensor_affine"): "a quantized tensor",
+    ("torch", "per_channel_affine"): "a quantized tensor",
+}
+
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+
+
+class PickleRefused(ValueError):
+    """Why a pickle was refused, in one line without the file name.
+
+    ``kind``: "corrupt" (not a well-formed pickle), "limit" (a size or nesting bound) or
+    "global" (a name not on the allowlist, in ``name``; ``reason`` then says what it stands for
+    when that is known).
+    """
+
+    def __init__(self, kind: str, reason: str, name: str = "") -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+        self.name = name
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one kind of file may contain, and how big its pickle may be."""
+
+    callables: frozenset[tuple[str, str]]  # may be called (REDUCE) or instantiated (NEWOBJ)
+    values: frozenset[tuple[str, str]] = frozenset()  # may only be passed as arguments
+    explained: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    persistent_ids: bool = False  # torch's storages
+    max_bytes: int = 64 << 20
+    max_depth: int = 32
+    max_marks: int = 32
+    max_stack: int = 1 << 20
+    max_memo: int = 1 << 20
+    max_ops: int = 1 << 22
+
+
+TORCH_POLICY = Policy(
+    callables=frozenset({_REBUILD_V2, _REBUILD_V3, _REBUILD_PARAMETER, _ORDERED_DICT}),
+    values=frozenset(STORAGE_TYPES) | frozenset(("torch", d) for d in DTYPE_SIZES),
+    explained=TORCH_REFUSED,
+    persistent_ids=True,
+)
+# nanochat's tokenizer: tiktoken.Encoding by NEWOBJ + BUILD; protocol 2 spells bytes with
+# _codecs.encode. A 2**17-token pickle is a few MB and ~0.5M opcodes.
+TOKENIZER_POLICY = Policy(
+    callables=frozenset({("tiktoken.core", "Encoding"), ("_codecs", "encode")}),
+    max_bytes=128 << 20,
+    max_memo=1 << 23,
+    max_ops=1 << 23,
+)
+# torch.distributed.checkpoint's .metadata: dataclasses, torch.Size, dtypes, layouts and a path.
+DCP_POLICY = Policy(
+    callables=frozenset(
+        {
+            (_DCP_METADATA, n)
+            for n in (
+                "Metadata",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "ChunkStorageMetadata",
+                "TensorProperties",
+                "MetadataIndex",
+                "StorageMeta",
+                "_MEM_FORMAT_ENCODING",
+            )
+        }
+        | {
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),
+            ("pathlib", "PosixPath"),
+            ("pathlib", "WindowsPath"),
+            ("pathlib", "PurePosixPath"),
+            ("pathlib", "PureWindowsPath"),
+            _ORDERED_DICT,
+        }
+    ),
+    values=frozenset(("torch", d) for d in DTYPE_SIZES),
+    max_bytes=256 << 20,
+    max_memo=1 << 22,
+    max_ops=1 << 23,
+)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as ``data.pkl`` describes it."""
+
+    dtype: str  # "float32", "bfloat16", ... (torch's name without "torch.")
+    shape: tuple[int, ...]
+    storage: str  # the record key under data/
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def nbytes(self) -> int:
+        return self.numel() * DTYPE_SIZES.get(self.dtype, 1)
+
+
+# --- the simulated pickle machine ---------------------------------------------------------------
+
+_MAX_KEPT_STR = 1024  # strings longer than this are only counted (none of the checks need them)
+_MAX_KEPT_TUPLE = 16  # tuples longer than this keep no items (tensor arguments are 6-8 long)
+_INT64 = 1 << 63
+# Opcodes that push one plain value (genops has decoded it into ``arg``; a bool for NEWTRUE /
+# NEWFALSE comes as None, which no check needs) and opcodes that remember the top of the stack.
+_ATOM_OPS = frozenset(
+    {
+        "NONE",
+        "NEWTRUE",
+        "NEWFALSE",
+        "INT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG",
+        "LONG1",
+        "LONG4",
+        "FLOAT",
+        "BINFLOAT",
+        "UNICODE",
+        "BINUNICODE",
+        "SHORT_BINUNICODE",
+        "BINUNICODE8",
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "BINBYTES",
+        "SHORT_BINBYTES",
+        "BINBYTES8",
+        "BYTEARRAY8",
+    }
+)
+_MEMO_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
+
+
+_NOUNS = {"atom": "plain value", "global": "global name", "object": "built object"}
+
+
+def noun(kind: str) -> str:
+    """How a message names an item kind: "plain value", "list", "dict", "tensor"..."""
+    return _NOUNS.get(kind, kind)
+
+
+class _Item:
+    """What an object would be, as far as the checks care: its kind, nesting depth and, for
+    short strings, small ints, tuples, globals, storages and tensors, its value."""
+
+    __slots__ = ("depth", "kind", "value")
+
+    def __init__(self, kind: str, depth: int = 0, value: object = None) -> None:
+        self.kind = kind
+        self.depth = depth
+        self.value = value
+
+
+@dataclass
+class _Storage:
+    dtype: str
+    itemsize: int
+    key: str
+    numel: int  # elements of dtype (bytes for an untyped storage)
+
+
+class _Machine:
+    def __init__(self, policy: Policy, records: Mapping[str, int] | None) -> None:
+        self.policy = policy
+        self.records = records  # storage key -> bytes in the archive (torch files)
+        self.stack: list[_Item] = []
+        self.marks: list[int] = []
+        self.memo: dict[int, _Item] = {}
+        self.handlers: dict[str, Callable[[object], None]] = {
+            name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
+        }
+
+    def run(self, data: bytes) -> _Item:
+        # Atoms and memo writes are most of a pickle (a tokenizer is ~2 of them per token), so
+        # they are handled inline; everything else goes to its op_ method.
+        stack, marks, memo, handlers = self.stack, self.marks, self.memo, self.handlers
+        max_ops, max_stack, max_memo = self.policy.max_ops, self.policy.max_stack, self.policy.max_memo
+        ops = 0
+        try:
+            for opcode, arg, pos in pickletools.genops(io.BytesIO(data)):
+                ops += 1
+                if ops > max_ops:
+                    raise PickleRefused("limit", f"the pickle has more than {max_ops} opcodes")
+                name = opcode.name
+                if name in _ATOM_OPS:
+                    if len(stack) >= max_stack:
+                        raise PickleRefused("limit", f"the pickle holds more than {max_stack} items at once")
+                    kind = type(arg)
+                    keep = (kind is int and -1 < arg < _INT64) or (kind is str and len(arg) <= _MAX_KEPT_STR)
+                    stack.append(_Item("atom", 0, arg if keep or kind is float or kind is bool else None))
+                    continue
+                if name in _MEMO_OPS:
+                    if not stack or (marks and len(stack) <= marks[-1]):
+                        raise PickleRefused("corrupt", f"{name} at byte {pos} finds nothing to remember")
+                    memo[len(memo) if arg is None else arg] = stack[-1]
+                    if len(memo) > max_memo:
+                        raise PickleRefused("limit", f"the pickle remembers more than {max_memo} objects")
+                    continue
+                if name == "STOP":
+                    return self._stop(pos)
+                handler = handlers.get(name)
+                if handler is None:
+                    raise PickleRefused("corrupt", f"opcode {name} at byte {pos} is not allowed")
+                try:
+                    handler(arg)
+                except IndexError:
+                    raise PickleRefused("corrupt", f"{name} at byte {pos} finds too few items") from None
+        except PickleRefused:
+            raise
+        except (ValueError, UnicodeDecodeError) as exc:  # genops: cut off, unknown opcode, bad text
+            raise PickleRefused("corrupt", _genops_reason(exc)) from None
+        raise PickleRefused("corrupt", "the pickle ends without a STOP opcode")
+
+    def _stop(self, pos: int | None) -> _Item:
+        if len(self.stack) != 1 or self.marks:
+            raise PickleRefused(
+                "corrupt", f"the pickle stops at byte {pos} with {len(self.stack)} items left"
+            )
+        return self.stack[0]
+
+    # -- helpers --
+
+    def push(self, item: _Item) -> None:
+        if item.depth > self.policy.max_depth:
+            raise PickleRefused(
+                "limit", f"the pickle nests containers deeper than {self.policy.max_depth} levels"
+            )
+        self.stack.append(item)
+        if len(self.stack) > self.policy.max_stack:
+            raise PickleRefused("limit", f"the pickle holds more than {self.policy.max_stack} items at once")
+
+    def pop(self) -> _Item:
+        if not self.stack or (self.marks and len(self.stack) <= self.marks[-1]):
+            raise IndexError
+        return self.stack.pop()
+
+    def pop_mark(self) -> list[_Item]:
+        if not self.marks:
+            raise PickleRefused("corrupt", "the pickle closes a MARK it never opened")
+        start = self.marks.pop()
+        items = self.stack[start:]
+        del self.stack[start:]
+        return items
+
+    def top(self) -> _Item:
+        if not self.stack or (self.marks and len(self.stack) <= self.marks[-1]):
+            raise IndexError
+        return self.stack[-1]
+
+    def container(self, kind: str, items: list[_Item]) -> _Item:
+        depth = 1 + max((i.depth for i in items), default=0)
+        value = tuple(items) if kind == "tuple" and len(items) <= _MAX_KEPT_TUPLE else None
+        return _Item(kind, depth, value)
+
+    def grow(self, target: _Item, kinds: tuple[str, ...], items: list[_Item], opname: str) -> None:
+        if target.kind not in kinds:
+            raise PickleRefused("corrupt", f"{opname} adds items to a {noun(target.kind)}, not a {kinds[0]}")
+        depth = 1 + max((i.depth for i in items), default=0)
+        if depth > target.depth:
+            target.depth = depth
+            if depth > self.policy.max_depth:
+                raise PickleRefused(
+                    "limit", f"the pickle nests containers deeper than {self.policy.max_depth} levels"
+                )
+
+    def check_global(self, module: object, name: object) -> _Item:
+        if not isinstance(module, str) or not isinstance(name, str):
+            raise PickleRefused("corrupt", "a global's module or name is not text")
+        key = (module, name)
+        if key in self.policy.callables or key in self.policy.values:
+            return _Item("global", 0, key)
+        reason = self.policy.explained.get(key, "")
+        raise PickleRefused("global", reason, f"{module}.{name}")
+
+    def call(self, func: _Item, args: _Item, opname: str) -> _Item:
+        if func.kind != "global":
+            raise PickleRefused("global", "", f"a computed {noun(func.kind)} (called by {opname})")
+        if func.value not in self.policy.callables:
+            module, name = func.value  # type: ignore[misc]
+            raise PickleRefused("global", "only allowed as a value, never called", f"{module}.{name}")
+        if args.kind != "tuple":
+            raise PickleRefused("corrupt", f"{opname} arguments are a {noun(args.kind)}, not a tuple")
+        if func.value == _ORDERED_DICT:
+            return _Item("dict", 1 + args.depth, [])
+        if func.value in (_REBUILD_V2, _REBUILD_V3):
+            return _Item("tensor", 1 + args.depth, self.tensor(func.value, args))
+        if func.value == _REBUILD_PARAMETER:
+            data = args.value[0] if args.value else None  # type: ignore[index]
+            if data is None or data.kind != "tensor":
+                raise PickleRefused("corrupt", "a parameter is rebuilt from something that is not a tensor")
+            return _Item("tensor", 1 + args.depth, data.value)
+        return _Item("object", 1 + args.depth)
+
+    def tensor(self, func: object, args: _Item) -> TensorInfo:
+        """Check a ``_rebuild_tensor_v2/v3`` call's arguments against its storage."""
+        parts = args.value
+        v3 = func == _REBUILD_V3
+        if not isinstance(parts, tuple) or len(parts) not in ((7, 8) if v3 else (6, 7)):
+            raise PickleRefused("corrupt", "a tensor is rebuilt with the wrong number of arguments")
+        storage, offset, size, stride = (p.value for p in parts[:4])
+        if not isinstance(storage, _Storage):
+            raise PickleRefused("corrupt", "a tensor is rebuilt from something that is not a storage")
+        shape, strides = _int_tuple(size), _int_tuple(stride)
+        if shape is None or strides is None or len(shape) != len(strides) or not _small_int(offset):
+            raise PickleRefused("corrupt", "a tensor has a malformed size, stride or offset")
+        dtype, itemsize, numel = storage.dtype, storage.itemsize, storage.numel
+        if v3:
+            named = parts[6].value
+            if parts[6].kind != "global" or named[0] != "torch" or named[1] not in DTYPE_SIZES:  # type: ignore[index]
+                raise PickleRefused("corrupt", "a tensor names no dtype")
+            dtype, itemsize = named[1], DTYPE_SIZES[named[1]]  # type: ignore[index]
+            numel = storage.numel * storage.itemsize // itemsize
+        if 0 not in shape:
+            last = offset + sum((s - 1) * st for s, st in zip(shape, strides, strict=True))  # type: ignore[operator]
+            if last >= numel:
+                raise PickleRefused(
+                    "corrupt",
+                    f"a tensor of shape {list(shape)} reaches element {last} of storage "
+                    f"'{storage.key}', which holds {numel}",
+                )
+        return TensorInfo(dtype, shape, storage.key)
+
+    def storage(self, pid: _Item) -> _Item:
+        parts = pid.value
+        if pid.kind != "tuple" or not isinstance(parts, tuple) or len(parts) != 5:
+            raise PickleRefused("corrupt", "a persistent id is not torch's 5-part storage tuple")
+        tag, kind, key, _location, numel = (p.value for p in parts)
+        if tag != "storage" or parts[1].kind != "global" or kind not in STORAGE_TYPES:
+            raise PickleRefused("corrupt", "a persistent id is not a torch storage")
+        if not isinstance(key, str) or not _small_int(numel):
+            raise PickleRefused("corrupt", "a storage has a malformed key or size")
+        dtype, itemsize = STORAGE_TYPES[kind]  # type: ignore[index]
+        available = (self.records or {}).get(key)
+        if available is None:
+            raise PickleRefused("corrupt", f"storage '{key}' has no data record in the archive")
+        if numel * itemsize > available:  # type: ignore[operator]
+            raise PickleRefused(
+                "corrupt",
+                f"storage '{key}' declares {numel * itemsize} bytes but its record holds {available}",  # type: ignore[operator]
+            )
+        return _Item("storage", 0, _Storage(dtype, itemsize, key, numel))  # type: ignore[arg-type]
+
+    # -- opcodes (op_<NAME>(arg)); STOP is handled in run() --
+
+    def op_PROTO(self, arg: object) -> None:
+        if not isinstance(arg, int) or arg > 5:
+            raise PickleRefused("corrupt", f"unknown pickle protocol {arg}")
+
+    def op_FRAME(self, arg: object) -> None:
+        pass  # genops reads the frame's contents as ordinary opcodes; sizes are checked by each
+
+    def op_MARK(self, arg: object) -> None:
+        self.marks.append(len(self.stack))
+        if len(self.marks) > self.policy.max_marks:
+            raise PickleRefused("limit", f"the pickle opens more than {self.policy.max_marks} nested MARKs")
+
+    def op_POP_MARK(self, arg: object) -> None:
+        self.pop_mark()
+
+    def op_POP(self, arg: object) -> None:
+        self.pop()
+
+    def op_DUP(self, arg: object) -> None:
+        self.push(self.top())
+
+    def op_EMPTY_TUPLE(self, arg: object) -> None:
+        self.push(_Item("tuple", 1, ()))
+
+    def op_EMPTY_LIST(self, arg: object) -> None:
+        self.push(_Item("list", 1))
+
+    def op_EMPTY_DICT(self, arg: object) -> None:
+        self.push(_Item("dict", 1, []))
+
+    def op_EMPTY_SET(self, arg: object) -> None:
+        self.push(_Item("set", 1))
+
+    def op_TUPLE(self, arg: object) -> None:
+        self.push(self.container("tuple", self.pop_mark()))
+
+    def _tuple_n(self, n: int) -> None:
+        items = [self.pop() for _ in range(n)][::-1]
+        self.push(self.container("tuple", items))
+
+    def op_TUPLE1(self, arg: object) -> None:
+        self._tuple_n(1)
+
+    def op_TUPLE2(self, arg: object) -> None:
+        self._tuple_n(2)
+
+    def op_TUPLE3(self, arg: object) -> None:
+        self._tuple_n(3)
+
+    def op_LIST(self, arg: object) -> None:
+        self.push(self.container("list", self.pop_mark()))
+
+    def op_FROZENSET(self, arg: object) -> None:
+        self.push(self.container("frozenset", self.pop_mark()))
+
+    def op_DICT(self, arg: object) -> None:
+        items = self.pop_mark()
+        if len(items) % 2:
+            raise PickleRefused("corrupt", "DICT has a key without a value")
+        item = self.container("dict", items)
+        item.value = self._entries(items)
+        self.push(item)
+
+    def op_APPEND(self, arg: object) -> None:
+        value = self.pop()
+        self.grow(self.top(), ("list",), [value], "APPEND")
+
+    def op_APPENDS(self, arg: object) -> None:
+        items = self.pop_mark()
+        self.grow(self.top(), ("list",), items, "APPENDS")
+
+    def op_ADDITEMS(self, arg: object) -> None:
+        items = self.pop_mark()
+        self.grow(self.top(), ("set",), items, "ADDITEMS")
+
+    def op_SETITEM(self, arg: object) -> None:
+        value = self.pop()
+        key = self.pop()
+        self._set_items(self.top(), [key, value], "SETITEM")
+
+    def op_SETITEMS(self, arg: object) -> None:
+        items = self.pop_mark()
+        if len(items) % 2:
+            raise PickleRefused("corrupt", "SETITEMS has a key without a value")
+        self._set_items(self.top(), items, "SETITEMS")
+
+    def _set_items(self, target: _Item, items: list[_Item], opname: str) -> None:
+        self.grow(target, ("dict",), items, opname)
+        entries = self._entries(items)
+        if entries is not None and isinstance(target.value, list):
+            target.value.extend(entries)
+
+    def _entries(self, items: list[_Item]) -> list[tuple[object, _Item]] | None:
+        """(key, value) pairs where the policy reads entries (torch: the state dict's tensors)."""
+        if not self.policy.persistent_ids:
+            return None
+        return [
+            (items[i].value if items[i].kind == "atom" else None, items[i + 1])
+            for i in range(0, len(items), 2)
+        ]
+
+    def op_GET(self, arg: object) -> None:
+        item = self.memo.get(arg)  # type: ignore[call-overload]
+        if item is None:
+            raise PickleRefused("corrupt", f"the pickle reads memo slot {arg}, which was never written")
+        self.push(item)
+
+    op_BINGET = op_LONG_BINGET = op_GET
+
+    def op_GLOBAL(self, arg: object) -> None:
+        module, _, name = str(arg).partition(" ")
+        self.push(self.check_global(module, name))
+
+    def op_STACK_GLOBAL(self, arg: object) -> None:
+        name = self.pop()
+        module = self.pop()
+        self.push(self.check_global(module.value, name.value))
+
+    def op_INST(self, arg: object) -> None:
+        module, _, name = str(arg).partition(" ")
+        func = self.check_global(module, name)
+        self.push(self.call(func, self.container("tuple", self.pop_mark()), "INST"))
+
+    def op_OBJ(self, arg: object) -> None:
+        items = self.pop_mark()
+        if not items:
+            raise PickleRefused("corrupt", "OBJ has no class")
+        self.push(self.call(items[0], self.container("tuple", items[1:]), "OBJ"))
+
+    def op_REDUCE(self, arg: object) -> None:
+        args = self.pop()
+        func = self.pop()
+        self.push(self.call(func, args, "REDUCE"))
+
+    def op_NEWOBJ(self, arg: object) -> None:
+        args = self.pop()
+        cls = self.pop()
+        self.push(self.call(cls, args, "NEWOBJ"))
+
+    def op_NEWOBJ_EX(self, arg: object) -> None:
+        kwargs = self.pop()
+        args = self.pop()
+        cls = self.pop()
+        result = self.call(cls, args, "NEWOBJ_EX")
+        result.depth = max(result.depth, 1 + kwargs.depth)
+        self.push(result)
+
+    def op_BUILD(self, arg: object) -> None:
+        state = self.pop()
+        target = self.top()
+        if target.kind != "object":
+            raise PickleRefused("corrupt", f"BUILD sets the state of a {noun(target.kind)}")
+        target.depth = max(target.depth, 1 + state.depth)
+        if target.depth > self.policy.max_depth:
+            raise PickleRefused(
+                "limit", f"the pickle nests containers deeper than {self.policy.max_depth} levels"
+            )
+
+    def op_BINPERSID(self, arg: object) -> None:
+        pid = self.pop()
+        if not self.policy.persistent_ids:
+            raise PickleRefused("corrupt", "persistent ids are not allowed in this file")
+        self.push(self.storage(pid))
+
+    def op_PERSID(self, arg: object) -> None:
+        raise PickleRefused("corrupt", "text persistent ids are not allowed")
+
+    def _extension(self, arg: object) -> None:
+        raise PickleRefused("global", "", f"extension code {arg}")
+
+    op_EXT1 = op_EXT2 = op_EXT4 = _extension
+
+    def _buffer(self, arg: object) -> None:
+        raise PickleRefused("corrupt", "out-of-band buffers are not allowed")
+
+    op_NEXT_BUFFER = op_READONLY_BUFFER = _buffer
+
+
+def _small_int(value: object) -> bool:
+    """A non-negative int that fits in 64 bits (bool excluded)."""
+    return type(value) is int and 0 <= value < 1 << 63
+
+
+def _int_tuple(item: object) -> tuple[int, ...] | None:
+    if not isinstance(item, tuple) or not all(isinstance(i, _Item) and _small_int(i.value) for i in item):
+        return None
+    return tuple(i.value for i in item)  # type: ignore[misc]
+
+
+def _genops_reason(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    if "exhausted" in text or "but only" in text or "not enough data" in text:
+        return f"the pickle is cut off ({text[:160]})"
+    if "digits" in text:
+        return "the pickle holds a number with thousands of digits"
+    return f"the pickle is malformed ({text[:160]})"
+
+
+# --- the files ------------------------------------------------------------------------------------
+
+
+def scan_bytes(data: bytes, policy: Policy, records: Mapping[str, int] | None = None) -> _Item:
+    """Check one pickle held in memory; raises :class:`PickleRefused`. Returns its top object."""
+    if len(data) > policy.max_bytes:
+        raise PickleRefused("limit", f"the pickle is {len(data)} bytes (limit {policy.max_bytes})")
+    return _Machine(policy, records).run(data)
+
+
+def read_limited(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, refusing a file over ``limit`` before reading it."""
+    with open(path, "rb") as f:
+        size = _size_of(f)
+        if size > limit:
+            raise PickleRefused("limit", f"{size} bytes is too large for this file (limit {limit})")
+        return f.read(limit + 1)
+
+
+def _size_of(f: io.BufferedReader) -> int:
+    import os
+
+    return os.fstat(f.fileno()).st_size
+
+
+def scan_tokenizer_pickle(path: Path) -> bytes:
+    """Check a ``tokenizer.pkl``; returns its bytes (for the unpickler, so the file is read once)."""
+    data = read_limited(path, TOKENIZER_POLICY.max_bytes)
+    scan_bytes(data, TOKENIZER_POLICY)
+    return data
+
+
+def scan_dcp_metadata(path: Path) -> None:
+    """Check a torch.distributed.checkpoint ``.metadata`` pickle before anything unpickles it."""
+    scan_bytes(read_limited(path, DCP_POLICY.max_bytes), DCP_POLICY)
+
+
+@dataclass(frozen=True)
+class TorchScan:
+    """What ``data.pkl`` of a torch zip checkpoint holds."""
+
+    entries: tuple[tuple[object, TensorInfo | str], ...]  # (key, tensor or the kind of non-tensor)
+    top: str  # the kind of the top object ("dict" for a state dict)
+
+
+def scan_torch_file(path: Path) -> TorchScan:
+    """Check a ``torch.save`` zip file's ``data.pkl`` and its storage records.
+
+    Refuses (``PickleRefused``) the legacy non-zip format, compressed or overlapping members,
+    and anything :data:`TORCH_POLICY` does not allow, before torch reads a byte.
+    """
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error):
+        raise PickleRefused("corrupt", "not a torch zip archive (truncated, or the legacy format)") from None
+    with archive:
+        infos = archive.infolist()
+        pickles = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
+        if len(pickles) != 1:
+            raise PickleRefused("corrupt", "the archive has no single <name>/data.pkl")
+        root = pickles[0].filename[: -len("data.pkl")]
+        size = _size_of(archive.fp)  # type: ignore[arg-type]
+        records: dict[str, int] = {}
+        for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise PickleRefused(
+                    "corrupt", f"member {info.filename} is compressed; torch never writes that"
+                )
+            if info.header_offset + info.file_size > size:
+                raise PickleRefused("corrupt", f"member {info.filename} runs past the end of the file")
+            if info.filename.startswith(root + "data/"):
+                records[info.filename[len(root) + 5 :]] = info.file_size
+        if pickles[0].file_size > TORCH_POLICY.max_bytes:
+            raise PickleRefused(
+                "limit", f"data.pkl is {pickles[0].file_size} bytes (limit {TORCH_POLICY.max_bytes})"
+            )
+        try:
+            data = archive.read(pickles[0])
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise PickleRefused("corrupt", f"data.pkl cannot be read ({exc})") from None
+    top = scan_bytes(data, TORCH_POLICY, records)
+    entries: list[tuple[object, TensorInfo | str]] = []
+    for key, item in top.value if top.kind == "dict" and isinstance(top.value, list) else ():
+        entries.append((key, item.value if item.kind == "tensor" else item.kind))
+    return TorchScan(tuple(entries), top.kind)

@@ -1,0 +1,66 @@
+"""Parse JSON that came from a file someone else wrote, with bounds (metas, tokenizer.json, settings).
+
+``json.loads`` itself raises ``RecursionError`` on deep nesting, ``ValueError`` on an integer of
+more than 4300 digits, and accepts ``NaN``, ``Infinity`` and ``1e999`` (which is inf). Here each of
+those is a :class:`JsonRefused` with one readable line, and nesting is bounded well below the
+interpreter's recursion limit, so walking the result later cannot recurse too deep either.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+MAX_DEPTH = 64
+
+
+class JsonRefused(ValueError):
+    """Why a JSON text was refused (a phrase without the file name)."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JsonRefused(f"JSON number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise JsonRefused(f"not valid JSON ({name} is not a JSON value)")
+
+
+def loads_bounded(text: str, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads(text)``, refusing NaN/Infinity, huge numbers and nesting deeper than ``max_depth``."""
+    try:
+        value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+    except JsonRefused:
+        raise
+    except json.JSONDecodeError as exc:
+        raise JsonRefused(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise JsonRefused(f"JSON nested deeper than {max_depth} levels") from None
+    except ValueError:  # int() of a number with more digits than the interpreter converts
+        limit = sys.get_int_max_str_digits()
+        raise JsonRefused(f"a JSON number has more than {limit} digits") from None
+    if depth_exceeds(value, max_depth):
+        raise JsonRefused(f"JSON nested deeper than {max_depth} levels")
+    return value
+
+
+def depth_exceeds(value: Any, max_depth: int) -> bool:
+    """True when lists/dicts nest deeper than ``max_depth`` (iterative: no recursion to overflow)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            return True
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
