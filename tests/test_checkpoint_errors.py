@@ -634,3 +634,20 @@ def test_dcp_metadata_written_by_torch_passes_the_scan_and_code_does_not(tmp_pat
     deep = hostile.write_pickle(tmp_path / "deep" / ".metadata", hostile.deep_tuples())
     with pytest.raises(pickle_scan.PickleRefused, match="deeper than 32 levels"):
         pickle_scan.scan_dcp_metadata(deep)
+
+
+@pytest.mark.parametrize(
+    ("kind", "make"),
+    [
+        ("a sparse tensor", lambda: torch.zeros(2, 2).to_sparse()),
+        ("a meta-device tensor", lambda: torch.zeros(2, 2, device="meta")),
+        ("a tensor subclass", lambda: torch.zeros(2, 2).as_subclass(hostile.TensorSubclass)),
+    ],
+)
+def test_what_torch_built_is_checked_again_before_any_math(tmp_path, kind, make):
+    """The scan decides first; this second look guards against torch building something else."""
+    from desktop.engine.pickle_scan import TensorInfo
+
+    expected = {"w": TensorInfo("float32", (2, 2), "0")}
+    message = failure(CheckpointError, ckpt_module.check_tensors, {"w": make()}, expected, tmp_path / "m.pt")
+    assert message == f"{tmp_path / 'm.pt'}: 'w' is {kind}; weights must be dense CPU tensors"
