@@ -15,7 +15,7 @@ import contextlib
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import logfile
 
@@ -83,6 +83,7 @@ async def _run(window: MainWindow, smoke: bool) -> None:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance()
+    assert app is not None  # run_app made it
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
     window.show()
@@ -117,7 +118,7 @@ def run_app(args: argparse.Namespace) -> int:
 
     from .paths import resource_path
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = cast(QApplication, QApplication.instance() or QApplication(sys.argv[:1]))
     app.setOrganizationName("Nanoscope")
     app.setApplicationName("Nanoscope")
     app.setDesktopFileName("nanoscope")

@@ -232,6 +232,7 @@ class ChatController(QObject):
         if self.slot.info is None:
             self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
             return
+        assert self.conv_id is not None  # a conversation with messages is a stored one
         parent = self.path[index - 1][0] if index > 0 else None
         user = Message.of_text("user", new_text)
         msg_id = self.store.add_message(self.conv_id, user, parent)
@@ -244,7 +245,7 @@ class ChatController(QObject):
             return
         sib = self.store.siblings(self.path[index][0])
         pos = sib.index(self.path[index][0]) + direction
-        if 0 <= pos < len(sib):
+        if 0 <= pos < len(sib) and self.conv_id is not None:
             self.store.select_branch(sib[pos])
             self.path = self.store.active_path(self.conv_id)
             self._emit_conversation()

@@ -28,7 +28,7 @@ def attach(window) -> None:
     def finish(ok: bool, text: str) -> None:
         print(f"SMOKE {'OK' if ok else 'FAIL'} {text}", flush=True)
         window.exit_code = 0 if ok else 1
-        QApplication.instance().quit()
+        QApplication.quit()
 
     def on_loaded(_info: object) -> None:
         controller.send(QUESTION, SamplingParams(temperature=0.0, top_k=0, max_tokens=64, seed=42))

@@ -560,7 +560,7 @@ class CompareController(QObject):
             if key not in self._summarizing:
                 self._summarizing.add(key)
                 future = self._executor.submit(summarize, *key)
-                future.add_done_callback(lambda f, key=key: self._summary_ready.emit(key, _result(f)))
+                future.add_done_callback(partial(self._summary_done, key))
         if missing:
             return
         selected = [self._summaries[p.selection] for p in self.panes if p.selection]
@@ -570,6 +570,10 @@ class CompareController(QObject):
         )
         ok, _needed, _available, message = self.last_memory
         self.memory_checked.emit(ok, message)
+
+    def _summary_done(self, key: tuple[Path, int], future: Future) -> None:
+        """On the summary thread: hand the result to the GUI thread (a queued signal)."""
+        self._summary_ready.emit(key, _result(future))
 
     @Slot(object, object)
     def _on_summary(self, key: tuple[Path, int], summary: CheckpointSummary | None) -> None:

@@ -27,9 +27,9 @@ class IdsOnlyTokenizer:
     """Stands in when a checkpoint has no tokenizer: benchmarks feed token ids and need no text."""
 
     kind = "ids-only"
-    path = None
+    path = Path("(no tokenizer)")
     bos_id = 0
-    stop_ids = frozenset()
+    stop_ids: frozenset[int] = frozenset()
     has_chat_tokens = False
 
     def __init__(self, vocab_size: int = 0) -> None:

@@ -154,6 +154,7 @@ def render_for_completion(tok: Tokenizer, messages: Sequence[Message], max_token
             ids.append(sp.assistant_start)
             return Rendered(ids, dropped_turns=first)
     content = tok.encode(_user_text(turns[-1], system))
+    assert max_tokens is not None  # with no limit the first attempt above always fits
     keep = max(0, max_tokens - _FRAME_TOKENS)
     ids = [sp.bos, sp.user_start, *content[len(content) - keep :], sp.user_end, sp.assistant_start]
     return Rendered(ids, dropped_turns=len(turns) - 1, truncated=True)

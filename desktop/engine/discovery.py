@@ -14,6 +14,8 @@ from .classify import classify
 from .errors import NanoscopeError
 from .hf_files import display_name, find_hf_directories, is_hf_directory
 from .hf_summary import summary_fields
+from .kf_layout import find_runs, is_kf_target
+from .kf_summary import summary_fields as kf_summary_fields
 
 # Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
 PHASES = {
@@ -88,6 +90,10 @@ def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[Checkpoin
         if all(e.path != d for e in entries):
             entries.append(CheckpointEntry("hf", display_name(d), d, [0]))
     entries.sort(key=lambda e: (SOURCE_ORDER.index(e.source), e.tag))
+    # KempnerForge runs in the watched folders, with every complete step.
+    for run, steps in find_runs([base, *(extra_dirs or [])]):
+        if all(e.path != run for e in entries):
+            entries.append(CheckpointEntry("kempnerforge", run.name, run, steps))
     return entries
 
 
@@ -130,6 +136,8 @@ def _tag_rank(entry: CheckpointEntry) -> tuple[int, float]:
 
 def summarize(directory: Path, step: int) -> CheckpointSummary:
     """Read the meta and tensor shapes (no weight data) and classify. Errors land in ``error``."""
+    if is_kf_target(directory):
+        return CheckpointSummary(path=directory, step=step, **kf_summary_fields(directory, step))
     if is_hf_directory(directory):
         try:
             return CheckpointSummary(path=directory, step=step, **summary_fields(directory))
@@ -151,7 +159,7 @@ def summarize(directory: Path, step: int) -> CheckpointSummary:
     by_dtype: dict[str, int] = {}
     for t in sd.values():
         by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes()
-    stored = "+".join(sorted(by_dtype, key=by_dtype.get, reverse=True)) if by_dtype else "?"
+    stored = "+".join(sorted(by_dtype, key=lambda d: by_dtype[d], reverse=True)) if by_dtype else "?"
     return CheckpointSummary(
         path=directory,
         step=step,

@@ -53,7 +53,7 @@ def resolve_step(directory: Path, step: int | None) -> int:
 
 
 def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> bool:
-    """mid/SFT metas of Jan 2026 lost ``window_pattern``; the base meta of the same tag has it (docs/ARCHITECTURE.md, Eras).
+    """mid/SFT metas of Jan 2026 lost ``window_pattern``; the base meta of the same tag has it.
 
     Returns True when the pattern is missing and no base meta could supply it.
     """

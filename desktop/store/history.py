@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable
 from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from desktop import paths
-from desktop.engine.messages import Message, Part
+from desktop.engine.messages import Message, Part, Role
 from desktop.store.schema import HistoryError, ensure_search_index, immediate, migrate
 
 KINDS = ("chat", "compare")
@@ -329,7 +329,7 @@ class HistoryStore:
         while node in children:
             _, node, role, parts, meta = max(children[node])
             message = Message.restore(
-                role, [Part.from_dict(p) for p in json.loads(parts)], json.loads(meta)
+                cast(Role, role), [Part.from_dict(p) for p in json.loads(parts)], json.loads(meta)
             )
             path.append((node, message))
         return path
