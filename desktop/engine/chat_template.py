@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -46,7 +46,7 @@ class _GenerationBlock(jinja2.ext.Extension):
     """``{% generation %}…{% endgeneration %}`` marks assistant text for training masks in
     transformers; rendering only needs the body."""
 
-    tags: ClassVar[set[str]] = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 (jinja2 declares it as an instance attribute)
 
     def parse(self, parser: Any) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

@@ -26,7 +26,7 @@ import logging
 import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -253,7 +253,7 @@ def export_to_hf(
     tok = select_tokenizer(tokenizer_dirs(directory, opts.base_dir), cfg.vocab_size, False, opts.tokenizer)
     if tok.kind != "tiktoken":
         raise UnsupportedFormatError(f"{tok.path}: only nanochat's tokenizer.pkl can be exported")
-    state = load_tiktoken_pickle(tok.path).__getstate__()
+    state = cast(dict[str, Any], load_tiktoken_pickle(tok.path).__getstate__())
     missing = [name for name in SPECIAL_TOKENS if name not in state["special_tokens"]]
     if missing:
         raise UnsupportedFormatError(f"{tok.path}: lacks nanochat's special tokens {', '.join(missing)}")

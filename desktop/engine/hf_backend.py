@@ -138,9 +138,11 @@ class HFBackend:
 
     def warm_up(self) -> None:
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.model.device)
-        self.model(
-            ids, KVCache(self.config, 1, 4, self.model.device, self.model.compute_dtype), last_only=True
-        )
+        self.model(ids, self._new_cache(4), last_only=True)
+
+    def _new_cache(self, capacity: int) -> KVCache:
+        # KVCache reads only the fields HFConfig shares with nanochat's ModelConfig.
+        return KVCache(self.config, 1, capacity, self.model.device, self.model.compute_dtype)  # type: ignore[arg-type]
 
     def info(self) -> ModelInfo:
         return self._info
@@ -203,7 +205,7 @@ class HFBackend:
         ids = _ids_of(prompt)
         if not options.reuse_cache or self._cache is None:
             cap = min(self.config.rope_len, len(ids) + (params.max_tokens or self.config.sequence_len))
-            self._cache = KVCache(self.config, 1, cap, self.model.device, self.model.compute_dtype)
+            self._cache = self._new_cache(cap)
         threads = torch.get_num_threads()
         if options.threads:
             torch.set_num_threads(options.threads)

@@ -189,8 +189,8 @@ def read_tensor_index(directory: Path) -> dict[str, TensorInfo]:
     if index_path.is_file():
         weight_map = read_json(index_path, "weight index")["weight_map"]
         for name, file in weight_map.items():
-            info = tensors.get(name)
-            if info is None or info.file.name != file:
+            held = tensors.get(name)
+            if held is None or held.file.name != file:
                 raise CheckpointError(f"{index_path}: {name!r} is not in {file}")
     return tensors
 
