@@ -10,23 +10,29 @@ can only record its state or rebuild a tuple, a string or a number, so nothing f
 anything else) is instantiated or called. The recorded tree is then checked field by field and
 turned into :class:`DcpMetadata`.
 
-This module imports neither torch nor anything that does: discovery reads run summaries with it.
+Before that, :mod:`.pickle_scan` walks the opcodes on stand-ins of its own (nesting, sizes,
+memo, the same allowlist), so a pickle that would exhaust memory or the C stack while being
+built is refused before anything is built. This module imports neither torch nor anything that
+does: discovery reads run summaries with it.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+from .pickle_scan import DCP_POLICY, PickleRefused, read_limited, scan_bytes
 
 METADATA_NAME = ".metadata"
 # The metadata of a 70B run with its optimizer state is a few MB; far more is not DCP metadata.
 MAX_METADATA_BYTES = 256 * 1024 * 1024
 
 _DCP = "torch.distributed.checkpoint.metadata"
+_ONLY = "a DCP .metadata holds only torch.distributed.checkpoint's metadata classes"
 _FS = "torch.distributed.checkpoint.filesystem"
 
 # torch dtype names DCP records -> their element size in bytes.
@@ -212,10 +218,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             return _FUNCTIONS[key]
         if key in _NAMES:
             return _NAMES[key]
-        raise CheckpointError(
-            f"{self._path}: refused to unpickle {module}.{name} "
-            "(a DCP .metadata holds only torch.distributed.checkpoint's metadata classes)"
-        )
+        raise CheckpointError(f"{self._path}: refused to unpickle {module}.{name} ({_ONLY})")
 
     def persistent_load(self, pid: Any) -> Any:
         raise CheckpointError(f"{self._path}: a DCP .metadata has no persistent references")
@@ -320,21 +323,27 @@ def _convert(root: object, path: Path) -> DcpMetadata:
 
 
 def read_dcp_metadata(directory: Path) -> DcpMetadata:
-    """The checked contents of ``directory/.metadata``; CheckpointError (one line) otherwise."""
+    """The checked contents of ``directory/.metadata``; CheckpointError (one line) otherwise.
+
+    The bytes are read once; :mod:`.pickle_scan` walks their opcodes (sizes, nesting, the same
+    allowlist) before the unpickler below builds anything from them.
+    """
     path = Path(directory) / METADATA_NAME
     try:
-        size = path.stat().st_size
+        data = read_limited(path, MAX_METADATA_BYTES)
+        scan_bytes(data, DCP_POLICY)
     except FileNotFoundError:
         raise CheckpointError(
             f"{directory}: no {METADATA_NAME} (DCP writes it last: the save is incomplete)"
         ) from None
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if size > MAX_METADATA_BYTES:
-        raise CheckpointError(f"{path}: {size} bytes is too large for DCP metadata")
+    except PickleRefused as exc:
+        if exc.kind == "global":
+            raise CheckpointError(f"{path}: refused to unpickle {exc.name} ({_ONLY})") from None
+        raise CheckpointError(f"{path}: not valid DCP metadata ({exc.reason})") from None
     try:
-        with path.open("rb") as f:
-            root = _MetadataUnpickler(f, path).load()
+        root = _MetadataUnpickler(io.BytesIO(data), path).load()
     except CheckpointError:
         raise
     except Exception as exc:  # corrupt data raises many kinds (UnpicklingError, EOFError, ...)

@@ -1,41 +1,42 @@
-"""Read tensors out of a DCP directory's ``*.distcp`` files, memory-mapped, with no distributed init.
+"""Read tensors out of a DCP directory's ``*.distcp`` files, with no distributed init.
 
 A DCP file (``FileSystemWriter``, the default ``torch_save`` format) is a run of records, one per
 stored chunk; :class:`~.dcp_metadata.StorageItem` gives each one's byte range. A record is a
 whole ``torch.save`` archive: a zip whose ``data.pkl`` rebuilds the tensor from the stored
-bytes in ``data/<key>``. Here that small pickle goes through an unpickler that knows only
-``_rebuild_tensor_v2``, the typed-storage names and ``OrderedDict`` (stand-ins again, nothing
-from torch is called), and the tensor is made straight from the memory-mapped file at the data
-entry's offset, after checking every size against the record and the record against the file.
-A record this reader does not understand (a compressed entry, a newer pickle layout) is handed
-to ``torch.load(weights_only=True)``, which is safe but copies.
+bytes in ``data/<key>``. That small pickle is checked by :mod:`.pickle_scan` and then read by an
+unpickler that knows only ``_rebuild_tensor_v2``, the typed-storage names and ``OrderedDict``
+(stand-ins again: nothing from torch is called). The bytes are read straight into the tensor's
+own memory at the data entry's offset, after every size is checked against the record and the
+record against the file. A record this reader does not understand (a newer pickle layout) is
+handed to ``torch.load(weights_only=True)``.
 
-Weights stay file-backed only where that changes nothing: a tensor stored in one chunk, in the
-compute dtype, at a 64-byte aligned address (where torch's allocator would put it; some CPU
-kernels round differently on other alignments). Everything else is copied.
+The weights end up in private memory, never a mapping of the file: a resumed run that saves the
+same step again rewrites its ``*.distcp`` in place, which would kill a process still mapping it
+(SIGBUS); read this way a changed file is at worst a short read, reported as truncated.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import mmap
 import pickle
 import struct
 import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from .dcp_metadata import DTYPE_BYTES, Chunk, DcpMetadata, StorageItem, TensorEntry
 from .errors import CheckpointError, UnsupportedFormatError
+from .pickle_scan import TORCH_POLICY, PickleRefused, scan_bytes
 
 logger = logging.getLogger(__name__)
 
-ALIGNMENT = 64
 _LOCAL_HEADER = b"PK\x03\x04"
+# A one-tensor data.pkl is a few hundred bytes.
+MAX_RECORD_PICKLE = 1 << 20
 _STORAGE_DTYPES = {
     "FloatStorage": "float32",
     "DoubleStorage": "float64",
@@ -59,11 +60,11 @@ class _NotUnderstood(Exception):
 
 
 class _Window(io.RawIOBase):
-    """A read-only, seekable view of ``length`` bytes at ``start`` of a memory map (no copy)."""
+    """A read-only, seekable view of ``length`` bytes at ``start`` of an open file."""
 
-    def __init__(self, mm: mmap.mmap, start: int, length: int) -> None:
+    def __init__(self, f: BinaryIO, start: int, length: int) -> None:
         super().__init__()
-        self._mm, self._start, self._length, self._pos = mm, start, length, 0
+        self._f, self._start, self._length, self._pos = f, start, length, 0
 
     def readable(self) -> bool:
         return True
@@ -80,11 +81,12 @@ class _Window(io.RawIOBase):
         return self._pos
 
     def readinto(self, buffer: Any) -> int:
-        n = max(0, min(len(buffer), self._length - self._pos))
-        begin = self._start + self._pos
-        buffer[:n] = self._mm[begin : begin + n]
-        self._pos += n
-        return n
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self._length - self._pos))
+        self._f.seek(self._start + self._pos)
+        got = self._f.readinto(view[:n]) or 0
+        self._pos += got
+        return got
 
 
 class _StorageRef:
@@ -165,51 +167,78 @@ class _TensorUnpickler(pickle.Unpickler):
 
 
 class DcpFiles:
-    """The ``*.distcp`` files of DCP directories, each memory-mapped once, checked on the way."""
+    """The ``*.distcp`` files of DCP directories, each opened once, checked on the way."""
 
     def __init__(self) -> None:
-        self._maps: dict[Path, mmap.mmap] = {}
+        self._files: dict[Path, tuple[BinaryIO, int]] = {}
 
-    def map(self, directory: Path, item: StorageItem, what: str) -> mmap.mmap:
+    def __enter__(self) -> DcpFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f, _ in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def open(self, directory: Path, item: StorageItem, what: str) -> BinaryIO:
         rel = item.relative_path
         if not rel or Path(rel).name != rel or rel in (".", ".."):
             raise CheckpointError(
                 f"{directory}: storage of {what} names {rel!r}, not a file in the checkpoint"
             )
         path = directory / rel
-        mm = self._maps.get(path)
-        if mm is None:
+        if path not in self._files:
             try:
-                with path.open("rb") as f:
-                    # Private (copy-on-write): torch may want a writable buffer; the file is never written.
-                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                f = path.open("rb")
             except FileNotFoundError:
                 raise CheckpointError(f"{path}: missing (the metadata stores {what} there)") from None
-            except (OSError, ValueError) as exc:
-                raise CheckpointError(f"{path}: cannot read ({exc})") from None
-            self._maps[path] = mm
-        if item.offset + item.length > len(mm):
+            except OSError as exc:
+                raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+            self._files[path] = (f, f.seek(0, io.SEEK_END))
+        f, size = self._files[path]
+        if item.offset + item.length > size:
             raise CheckpointError(
-                f"{path}: truncated ({len(mm)} bytes; {what} needs bytes up to {item.offset + item.length})"
+                f"{path}: truncated ({size} bytes; {what} needs bytes up to {item.offset + item.length})"
             )
-        return mm
+        return f
 
 
-def _record_tensor(mm: mmap.mmap, item: StorageItem, entry: TensorEntry, chunk: Chunk) -> torch.Tensor:
-    """The chunk stored in one ``torch.save`` record, file-backed (fast path)."""
-    window = _Window(mm, item.offset, item.length)
+def _read_exact(f: BinaryIO, position: int, buffer: memoryview) -> None:
+    f.seek(position)
+    done = 0
+    while done < len(buffer):
+        got = f.readinto(buffer[done:])
+        if not got:
+            raise CheckpointError("the file ended early (was it rewritten while being read?)")
+        done += got
+
+
+def _record_tensor(f: BinaryIO, item: StorageItem, entry: TensorEntry, chunk: Chunk) -> torch.Tensor:
+    """The chunk stored in one ``torch.save`` record, read into private memory (fast path)."""
     try:
-        zf = zipfile.ZipFile(window)
-        pkl = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
+        zf = zipfile.ZipFile(_Window(f, item.offset, item.length))
+        infos = zf.infolist()
+        pkl = next((i for i in infos if i.filename.endswith("data.pkl")), None)
         if pkl is None:
             raise _NotUnderstood("no data.pkl")
-        prefix = pkl[: -len("data.pkl")]
+        if pkl.file_size > MAX_RECORD_PICKLE:
+            raise CheckpointError(f"corrupt record (a {pkl.file_size}-byte data.pkl)")
+        prefix = pkl.filename[: -len("data.pkl")]
         if prefix + "byteorder" in zf.namelist() and zf.read(prefix + "byteorder") != b"little":
             raise UnsupportedFormatError("big-endian DCP records are not supported")
-        ref = _TensorUnpickler(io.BytesIO(zf.read(pkl))).load()
+        data = zf.read(pkl)
+        records = {
+            i.filename[len(prefix) + 5 :]: i.file_size
+            for i in infos
+            if i.filename.startswith(prefix + "data/")
+        }
+        scan_bytes(data, TORCH_POLICY, records)
+        ref = _TensorUnpickler(io.BytesIO(data)).load()
         if not isinstance(ref, _TensorRef):
             raise _NotUnderstood("record is not one tensor")
         info = zf.getinfo(f"{prefix}data/{ref.storage.key}")
+    except PickleRefused as exc:
+        raise CheckpointError(f"refused record ({exc.name or exc.reason})") from None
     except (zipfile.BadZipFile, KeyError, pickle.UnpicklingError, EOFError, ValueError) as exc:
         raise _NotUnderstood(str(exc)) from None
     if info.compress_type != zipfile.ZIP_STORED:
@@ -219,41 +248,44 @@ def _record_tensor(mm: mmap.mmap, item: StorageItem, entry: TensorEntry, chunk: 
             f"record holds {ref.storage.dtype} {list(ref.size)}, "
             f"the metadata says {entry.dtype} {list(chunk.sizes)}"
         )
-    header = mm[item.offset + info.header_offset : item.offset + info.header_offset + 30]
-    if len(header) < 30 or header[:4] != _LOCAL_HEADER:
+    header = bytearray(30)
+    _read_exact(f, item.offset + info.header_offset, memoryview(header))
+    if header[:4] != _LOCAL_HEADER:
         raise CheckpointError("corrupt record (bad zip entry header)")
     name_len, extra_len = struct.unpack("<HH", header[26:30])
     data_start = info.header_offset + 30 + name_len + extra_len
     element = DTYPE_BYTES[entry.dtype]
     if info.file_size != ref.storage.numel * element or data_start + info.file_size > item.length:
         raise CheckpointError("corrupt record (its data does not fit the stored tensor or the record)")
-    numel = chunk.numel
-    if (
-        numel
-        and ref.offset + sum((s - 1) * st for s, st in zip(ref.size, ref.stride, strict=True))
-        >= ref.storage.numel
-    ):
-        raise CheckpointError("corrupt record (the tensor reaches past its storage)")
     dtype = torch_dtype(entry.dtype)
-    if not numel:
+    if not chunk.numel:
         return torch.empty(chunk.sizes, dtype=dtype)
-    storage = torch.frombuffer(mm, dtype=dtype, count=ref.storage.numel, offset=item.offset + data_start)
-    return storage.as_strided(ref.size, ref.stride, ref.offset)
+    reach = ref.offset + sum((s - 1) * st for s, st in zip(ref.size, ref.stride, strict=True))
+    if reach >= ref.storage.numel:
+        raise CheckpointError("corrupt record (the tensor reaches past its storage)")
+    storage = torch.empty(ref.storage.numel, dtype=dtype)
+    _read_exact(f, item.offset + data_start, memoryview(storage.view(torch.uint8).numpy()))
+    t = storage.as_strided(ref.size, ref.stride, ref.offset)
+    # A view of a larger storage (DCP saves views as they are) keeps only its own elements.
+    return t if t.is_contiguous() and t.numel() == ref.storage.numel else t.contiguous().clone()
 
 
-def _fallback_tensor(mm: mmap.mmap, item: StorageItem, chunk: Chunk, entry: TensorEntry) -> torch.Tensor:
+def _fallback_tensor(f: BinaryIO, item: StorageItem, chunk: Chunk, entry: TensorEntry) -> torch.Tensor:
     """``torch.load(weights_only=True)`` of a record the fast path does not read (safe; copies)."""
     try:
-        t = torch.load(_Window(mm, item.offset, item.length), map_location="cpu", weights_only=True)
+        t = torch.load(_Window(f, item.offset, item.length), map_location="cpu", weights_only=True)
     except Exception as exc:  # weights_only refusals, corrupt zips and more: all one message
         text = " ".join(str(exc).split()) or type(exc).__name__
         raise CheckpointError(f"unreadable record ({text[:160]})") from None
     if (
-        not isinstance(t, torch.Tensor)
+        type(t) is not torch.Tensor
+        or t.layout != torch.strided
         or tuple(t.shape) != chunk.sizes
         or t.dtype != torch_dtype(entry.dtype)
     ):
-        raise CheckpointError(f"record does not hold a {entry.dtype} tensor of shape {list(chunk.sizes)}")
+        raise CheckpointError(
+            f"record does not hold a dense {entry.dtype} tensor of shape {list(chunk.sizes)}"
+        )
     return t
 
 
@@ -265,33 +297,26 @@ def _chunk_tensor(
         raise UnsupportedFormatError(
             f"{meta.path}: {key} is stored with DCP transforms ({', '.join(item.transforms)}); not supported"
         )
-    mm = files.map(meta.path.parent, item, key)
+    f = files.open(meta.path.parent, item, key)
+    where = meta.path.parent / item.relative_path
     try:
         try:
-            return _record_tensor(mm, item, entry, chunk)
+            return _record_tensor(f, item, entry, chunk)
         except _NotUnderstood as why:
-            logger.info("%s: reading %s with torch.load(weights_only=True): %s", meta.path, key, why)
-            return _fallback_tensor(mm, item, chunk, entry)
+            logger.info("%s: reading %s with torch.load(weights_only=True): %s", where, key, why)
+            return _fallback_tensor(f, item, chunk, entry)
+    except UnsupportedFormatError as exc:
+        raise UnsupportedFormatError(f"{where}: {key}: {exc}") from None
     except CheckpointError as exc:
-        if str(exc).startswith(str(meta.path.parent)):
-            raise
-        raise CheckpointError(f"{meta.path.parent / item.relative_path}: {key}: {exc}") from None
-
-
-def _aligned(t: torch.Tensor) -> bool:
-    return t.data_ptr() % ALIGNMENT == 0
+        raise CheckpointError(f"{where}: {key}: {exc}") from None
 
 
 def read_tensor(files: DcpFiles, meta: DcpMetadata, key: str, dtype: torch.dtype) -> torch.Tensor:
-    """The whole tensor ``key`` in ``dtype``: chunks assembled, file-backed where nothing changes."""
+    """The whole tensor ``key`` in ``dtype``, its chunks assembled."""
     entry = meta.tensors[key]
-    stored = torch_dtype(entry.dtype)
     chunks = entry.chunks
     if len(chunks) == 1 and chunks[0].sizes == entry.size:
-        t = _chunk_tensor(files, meta, key, entry, chunks[0])
-        if stored == dtype and t.is_contiguous() and _aligned(t):
-            return t
-        return t.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+        return _chunk_tensor(files, meta, key, entry, chunks[0]).to(dtype)
     whole = torch.empty(entry.size, dtype=dtype)
     for chunk in chunks:
         part = _chunk_tensor(files, meta, key, entry, chunk)
@@ -313,12 +338,12 @@ def read_tensors(
     """
     wanted = list(sources)
     total = sum(meta.tensors[key].nbytes for meta, key, _ in wanted)
-    files = DcpFiles()
     out: dict[str, torch.Tensor] = {}
     done = 0
-    for meta, key, name in wanted:
-        out[name] = read_tensor(files, meta, key, dtype)
-        done += meta.tensors[key].nbytes
-        if progress is not None:
-            progress(done, total)
+    with DcpFiles() as files:
+        for meta, key, name in wanted:
+            out[name] = read_tensor(files, meta, key, dtype)
+            done += meta.tensors[key].nbytes
+            if progress is not None:
+                progress(done, total)
     return out

@@ -2,9 +2,10 @@
 
 Opening a run: resolve the step (``latest`` by default) and its DCP directories (``pp<k>``
 stages merged) → the training TOML's ``[model]`` → the DCP ``.metadata`` read through the
-restricted unpickler → ``model.*`` keys and shapes checked strictly → memory checked against
-what is free → tensors read from the memory-mapped ``*.distcp`` files (the optimizer's are never
-touched, ``train_state.pt`` never opened) → finite check → the run's Hugging Face tokenizer.
+restricted unpickler → ``model.*`` keys and shapes checked strictly → the run's Hugging Face
+tokenizer → memory checked against what is free → the ``model.*`` byte ranges of the
+``*.distcp`` files read into private memory (the optimizer's are never touched,
+``train_state.pt`` never opened) → finite check.
 
 KempnerForge trains base language models without a chat format, so prompts are completions:
 the text encoded as ``AutoTokenizer.encode`` does. Replies follow its ``generate()``.
