@@ -1,4 +1,4 @@
-"""Every mismatch of checkpoint-formats spec §5.4 (and the formats of §5.1) ends in one clear line naming the file.
+"""Every mismatch of spec §5.4 (and the formats of §5.1) ends in one clear line naming the file.
 
 Nothing is silently patched, nothing hostile runs: pickled code in a model file or a tokenizer never
 executes (its marker file must never appear), and an absurd meta is refused before anything is allocated.
@@ -39,7 +39,13 @@ from tokenizer_factory import (
 from desktop.engine import checkpoint as ckpt_module
 from desktop.engine.backend import LoadOptions
 from desktop.engine.chat_format import render_for_completion
-from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError, UnsupportedFormatError
+from desktop.engine.errors import (
+    CheckpointError,
+    NanoscopeError,
+    OutOfMemoryError,
+    TokenizerError,
+    UnsupportedFormatError,
+)
 from desktop.engine.loader import load_model
 from desktop.engine.messages import Message
 from desktop.engine.nanochat_backend import NanochatBackend
@@ -122,7 +128,7 @@ def test_unexpected_key(tmp_path, era, key):
 
 
 def test_value_embedding_on_the_wrong_layer(tmp_path):
-    # E3: VE only on layers with the parity of the last one (n_layer=4: layers 1 and 3), checkpoint-formats spec §1.4.
+    # E3: VE only on layers with the parity of the last one (n_layer=4: layers 1 and 3), spec §1.4.
     ckpt = write_checkpoint(tmp_path, "E3", tokenizer=None)
     path = add_key(ckpt, "value_embeds.0.weight", torch.zeros(320, 32))
     message = failure(CheckpointError, load, ckpt)
@@ -138,7 +144,7 @@ def test_value_embedding_on_the_wrong_layer(tmp_path):
             "E4",
             "bigram_embed.embed.weight",
             (5 * 320, 64),
-        ),  # rows are 5 * unpadded V (checkpoint-formats spec §1.4)
+        ),  # rows are 5 * unpadded V (spec §1.4)
         ("E7", "smear_gate.weight", (1, 32)),
         ("fork_engram_mhc", "transformer.h.2.mhc.score_proj.weight", (9, 64)),
     ],
@@ -202,7 +208,7 @@ def test_branch_only_variants_are_unsupported(tmp_path, variant):
 
 
 def test_moe_meta_alone_is_unsupported(tmp_path):
-    # checkpoint-formats spec §5.2: num_experts in the meta identifies the MoE branch even before the keys are looked at
+    # spec §5.2: num_experts in the meta identifies the MoE branch even before the keys are looked at
     ckpt = write_checkpoint(
         tmp_path, "E5", meta_overrides={"model_config": {"num_experts": 4}}, tokenizer=None
     )
@@ -292,7 +298,7 @@ def test_bad_meta_fields(tmp_path, overrides, words):
 
 
 def test_engram_bottleneck_in_the_meta_must_match_the_weights(tmp_path):
-    # checkpoint-formats spec §5.4: "engram or mHC dims inconsistent with the meta". fork_engram_mhc's meta says
+    # spec §5.4: "engram or mHC dims inconsistent with the meta". fork_engram_mhc's meta says
     # engram_bottleneck_dim=8; here every engram tensor is consistently sized for 16 instead.
     ckpt = write_checkpoint(tmp_path, "fork_engram_mhc", tokenizer=None)
     add_key(ckpt, "transformer.h.1.engram.in_proj.weight", torch.zeros(16, 64))
@@ -363,7 +369,7 @@ def test_explicit_tokenizer_file_that_does_not_exist(tmp_path):
 
 
 def test_chat_needs_the_chat_tokens(tmp_path):
-    # checkpoint-formats spec §5.4: a chat request with a tokenizer lacking <|user_start|> etc. (the fork's C++ one)
+    # spec §5.4: a chat request with a tokenizer lacking <|user_start|> etc. (the fork's C++ one)
     ckpt = write_checkpoint(tmp_path, "fork", phase="sft", tokenizer="json")
     session = open_session(ckpt)
     assert not session.chat_mode
@@ -374,7 +380,7 @@ def test_chat_needs_the_chat_tokens(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
-# other formats (checkpoint-formats spec §5.1): recognised, refused with a clear "not supported"
+# other formats (spec §5.1): recognised, refused with a clear "not supported"
 
 
 def test_hugging_face_directory(tmp_path):
@@ -651,3 +657,107 @@ def test_what_torch_built_is_checked_again_before_any_math(tmp_path, kind, make)
     expected = {"w": TensorInfo("float32", (2, 2), "0")}
     message = failure(CheckpointError, ckpt_module.check_tensors, {"w": make()}, expected, tmp_path / "m.pt")
     assert message == f"{tmp_path / 'm.pt'}: 'w' is {kind}; weights must be dense CPU tensors"
+
+
+# ---------------------------------------------------------------------------------------------------
+# typed meta fields and memory budgets: every value from the file is checked before it is used
+
+
+@pytest.mark.parametrize(
+    ("era", "field", "value", "problem"),
+    [
+        ("fork", "window_long", "abc", "must be an integer, got 'abc'"),
+        ("fork", "rope_theta", "x", "must be a finite number, got 'x'"),
+        ("fork", "rope_theta", [1], "must be a finite number, got [1]"),
+        ("fork", "rope_theta", -5.0, "must be positive, got -5.0"),
+        ("fork_engram", "engram_layers", "x", "must be comma-separated integers, got 'x'"),
+        (
+            "fork_engram",
+            "engram_layers",
+            {"a": 1},
+            "must be a list or comma-separated integers, got {'a': 1}",
+        ),
+        (
+            "fork_engram",
+            "engram_ngram_orders",
+            "2,3,1000000000",
+            "=1000000000 is implausibly large (limit 64)",
+        ),
+        ("fork_engram", "engram_bottleneck_dim", 1.5, "must be an integer, got 1.5"),
+        ("fork_mhc", "mhc_epsilon", "x", "must be a finite number, got 'x'"),
+        ("fork_mhc", "mhc_sinkhorn_iters", 10**9, "=1000000000 is implausibly large (limit 100)"),
+        ("fork_mhc", "mhc_blend_alpha", 7, "=7 is implausibly large (limit 1)"),
+        ("fork", "activation", "gelu", "must be one of relu2, swiglu, got 'gelu'"),
+        ("fork", "mamba_enabled", "no", "must be true or false, got 'no'"),
+        ("E7", "n_layer", 10**40, "=a 41-digit number is implausibly large (limit 1024)"),
+    ],
+)
+def test_meta_fields_are_typed(tmp_path, era, field, value, problem):
+    ckpt = write_checkpoint(tmp_path, era, meta_overrides={"model_config": {field: value}}, tokenizer=None)
+    message = failure(CheckpointError, load, ckpt)
+    separator = "" if problem.startswith("=") else " "
+    assert message == f"{model_file(ckpt)}: model_config.{field}{separator}{problem}"
+
+
+def test_engram_layers_outside_the_model_are_refused(tmp_path):
+    overrides = {"model_config": {"engram_layers": [0, 99]}}
+    ckpt = write_checkpoint(tmp_path, "fork_engram", meta_overrides=overrides, tokenizer=None)
+    assert failure(CheckpointError, load, ckpt) == (
+        f"{model_file(ckpt)}: model_config.engram_layers [0, 99] names layers outside 0..2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (hostile.deep_json(), "not valid JSON (nested deeper than 64 levels)"),
+        (
+            '{"model_config": {"sequence_len": ' + "7" * 5000 + "}}",
+            "not valid JSON (a number has more than 4300 digits)",
+        ),
+        ('{"model_config": {"rope_theta": NaN}}', "not valid JSON (NaN is not a JSON value)"),
+        ('{"model_config": {"rope_theta": 1e999}}', "not valid JSON (number 1e999 is out of range)"),
+    ],
+)
+def test_meta_json_that_python_would_choke_on(tmp_path, text, problem):
+    ckpt = write_checkpoint(tmp_path, "E7", tokenizer=None)
+    _meta_path(ckpt).write_text(text, encoding="utf-8")
+    assert failure(CheckpointError, load, ckpt) == f"{_meta_path(ckpt)}: {problem}"
+
+
+def test_tables_the_meta_asks_for_must_fit_in_free_memory(tmp_path, monkeypatch):
+    """sequence_len passes its own check, but 10 x 2**20 rotary rows would not fit in 2 GB."""
+    from desktop.engine import memory
+
+    monkeypatch.setattr(memory, "available_ram", lambda: 2 << 30)
+    overrides = {"model_config": {"sequence_len": 1 << 20}}
+    ckpt = write_checkpoint(tmp_path, "E7", meta_overrides=overrides, tokenizer=None)
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    message = failure(OutOfMemoryError, load, ckpt)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 256 * 1024
+    assert message.startswith(f"{model_file(ckpt)}: loading needs about ")
+    assert message.endswith("; close other programs or use a smaller checkpoint")
+    from desktop.engine.classify import classify
+    from desktop.engine.config import table_bytes
+
+    meta = ckpt_module.read_meta(_meta_path(ckpt))
+    shapes = {k: t.shape for k, t in ckpt_module.tensor_shapes(model_file(ckpt)).items()}
+    tables = table_bytes(classify(meta, shapes, "x"), 4)
+    assert tables["rotary tables"] > 2 << 30
+    expected = ", ".join(f"{what} {memory.human(n)}" for what, n in tables.items())
+    assert f"{expected}) and 2.0 GB is free" in message
+
+
+def test_a_model_that_fits_loads_with_the_budget_on(tmp_path, monkeypatch):
+    from desktop.engine import memory
+
+    monkeypatch.setattr(memory, "available_ram", lambda: 2 << 30)
+    assert load(write_checkpoint(tmp_path, "fork_engram_mhc", tokenizer=None)).config.mhc
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -3.0])
+def test_a_softcap_override_must_be_a_positive_number(tmp_path, value):
+    ckpt = write_checkpoint(tmp_path, "E3", tokenizer=None)
+    assert failure(CheckpointError, load, ckpt, softcap=value) == (
+        f"the softcap override must be a positive number, got {value!r}"
+    )

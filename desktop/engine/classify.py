@@ -1,17 +1,27 @@
 """Tell which nanochat era or fork variant a checkpoint is, and verify its keys and shapes.
 
 Works on the meta json and the state_dict's key -> shape map only, so it can run before any
-weights are read (docs/ARCHITECTURE.md, Eras; Eras: Loading). Every mismatch raises with the offending keys listed;
-nothing is silently patched.
+weights are read (docs/ARCHITECTURE.md, Eras; Loading). Every mismatch raises with the offending
+keys listed; nothing is silently patched. Meta fields are typed by ``config.META_FIELDS``.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from .config import ModelConfig, e6_short_window, e7_short_window, has_value_embedding, padded_vocab
+from .config import (
+    MAX_NGRAM_ORDERS,
+    META_FIELDS,
+    ModelConfig,
+    e6_short_window,
+    e7_short_window,
+    has_value_embedding,
+    padded_vocab,
+    parse_meta_field,
+)
 from .errors import CheckpointError, UnsupportedFormatError
 
 Shape = tuple[int, ...]
@@ -28,55 +38,43 @@ FORK_META_KEYS = {
 }
 FORK_KEY_MARKERS = (".engram.", ".mhc.", ".attn.indexer.", ".attn.A_log", "mlp.c_gate")
 
-# Upper bounds that no real nanochat model approaches; they stop a hostile meta from making us
-# allocate terabytes (rotary tables, KV cache) before a single weight is checked.
-LIMITS = {
-    "sequence_len": 1 << 20,
-    "vocab_size": 1 << 22,
-    "n_layer": 1024,
-    "n_head": 1024,
-    "n_kv_head": 1024,
-    "n_embd": 1 << 16,
-}
-REQUIRED = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd")
-
-
-def _int_field(cfg: Mapping[str, Any], name: str, where: str) -> int:
-    value = cfg.get(name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise CheckpointError(f"{where}: model_config.{name} must be an integer, got {value!r}")
-    if value <= 0:
-        raise CheckpointError(f"{where}: model_config.{name} must be positive, got {value}")
-    if value > LIMITS[name]:
-        raise CheckpointError(
-            f"{where}: model_config.{name}={value} is implausibly large (limit {LIMITS[name]})"
-        )
-    return value
+REQUIRED = tuple(f.name for f in META_FIELDS if f.required)
 
 
 def read_model_config(meta: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Validate the meta's ``model_config`` block and return it with n_kv_head filled in."""
+    """Validate the meta's ``model_config`` block (every field Nanoscope reads, by
+    :data:`~.config.META_FIELDS`) and return it typed, n_kv_head filled in. Fields it does not read
+    are kept as they are; absent optional fields stay absent."""
     cfg = meta.get("model_config") if isinstance(meta, Mapping) else None
     if not isinstance(cfg, Mapping):
         raise CheckpointError(f"{where}: meta has no model_config object")
     missing = [k for k in REQUIRED if k not in cfg]
     if missing:
         raise CheckpointError(f"{where}: model_config is missing {', '.join(missing)}")
+    if "num_experts" in cfg:
+        raise UnsupportedFormatError(f"{where}: nanochat MoE-branch checkpoints are not supported")
     out = dict(cfg)
-    for name in REQUIRED:
-        out[name] = _int_field(cfg, name, where)
-    out["n_kv_head"] = _int_field(cfg, "n_kv_head", where) if "n_kv_head" in cfg else out["n_head"]
+    try:
+        for field in META_FIELDS:
+            if field.name in cfg:
+                out[field.name] = parse_meta_field(field, cfg[field.name], where)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    out["n_kv_head"] = out.get("n_kv_head") or out["n_head"]
     if out["n_embd"] % out["n_head"]:
         raise CheckpointError(f"{where}: n_embd={out['n_embd']} is not divisible by n_head={out['n_head']}")
     if out["n_head"] % out["n_kv_head"]:
         raise CheckpointError(
             f"{where}: n_head={out['n_head']} is not divisible by n_kv_head={out['n_kv_head']}"
         )
-    if "num_experts" in cfg:
-        raise UnsupportedFormatError(f"{where}: nanochat MoE-branch checkpoints are not supported")
-    wp = cfg.get("window_pattern", "L")
-    if not isinstance(wp, str) or not wp or any(c not in "SLsl" for c in wp):
+    wp = out.get("window_pattern", "L")
+    if not wp or any(c not in "SLsl" for c in wp):
         raise CheckpointError(f"{where}: invalid window_pattern {wp!r} (use only S and L)")
+    layers = out.get("engram_layers") or ()
+    if any(not -out["n_layer"] <= i < out["n_layer"] for i in layers):
+        raise CheckpointError(
+            f"{where}: model_config.engram_layers {list(layers)} names layers outside 0..{out['n_layer'] - 1}"
+        )
     return out
 
 
@@ -84,14 +82,6 @@ def is_fork(model_config: Mapping[str, Any], keys: Mapping[str, Shape]) -> bool:
     if any(k.startswith(FORK_META_PREFIXES) or k in FORK_META_KEYS for k in model_config):
         return True
     return any(m in k for k in keys for m in FORK_KEY_MARKERS) or any(k.startswith("mtp.") for k in keys)
-
-
-def _csv_ints(value: Any) -> list[int]:
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    if not value:
-        return []
-    return [int(v) for v in str(value).split(",") if v.strip()]
 
 
 def _layer_indices(keys: Mapping[str, Shape], pattern: str) -> set[int]:
@@ -108,7 +98,7 @@ def classify(
         k: mc[k] for k in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
     }
     V = mc["vocab_size"]
-    common["window_pattern"] = str(mc.get("window_pattern", "L")).upper()
+    common["window_pattern"] = mc.get("window_pattern", "L").upper()
     common["embed_rows"] = _embed_rows(keys, V, where)
     warnings: list[str] = []
 
@@ -124,6 +114,12 @@ def classify(
     else:
         cfg = _upstream_config(mc, keys, common, where, warnings)
     if softcap_override is not None:
+        if isinstance(softcap_override, bool) or not (
+            isinstance(softcap_override, (int, float))
+            and math.isfinite(softcap_override)
+            and 0 < softcap_override <= 1e6
+        ):
+            raise CheckpointError(f"the softcap override must be a positive number, got {softcap_override!r}")
         cfg["softcap"] = float(softcap_override)
         if cfg["era"] in ("E3", "E5"):
             warnings[:] = [w for w in warnings if not w.startswith(AMBIGUOUS_E3_E5)]  # the user decided
@@ -209,20 +205,21 @@ def _fork_config(
     L, C = mc["n_layer"], mc["n_embd"]
     if mc.get("mamba_enabled") or any(".attn.A_log" in k or ".attn.in_proj." in k for k in keys):
         raise UnsupportedFormatError(f"{where}: fork checkpoints with Mamba layers are not supported")
-    long_w = int(mc.get("window_long") or 0) or mc["sequence_len"]
+    long_w = mc.get("window_long") or mc["sequence_len"]
     cfg = dict(
         common,
         era="fork",
         softcap=15.0,
-        rope_base=float(mc.get("rope_theta") or 10000.0),
+        rope_base=mc.get("rope_theta") or 10000.0,
         rope_bf16=True,
         qk_scale=1.0,
         has_lambdas=True,
         long_window=long_w,
-        short_window=int(mc.get("window_short") or 0) or long_w // 2,
+        short_window=mc.get("window_short") or long_w // 2,
     )
     user_cfg = mc.get("user_config") or {}  # the meta's top-level user_config, passed in by classify()
-    if isinstance(user_cfg, Mapping) and user_cfg.get("xla_flash_attn"):
+    xla_flash = user_cfg.get("xla_flash_attn") if isinstance(user_cfg, Mapping) else None
+    if isinstance(xla_flash, (bool, int)) and xla_flash:
         cfg["window_pattern"] = "L"
         warnings.append("trained with XLA flash attention, which ignores windows: every layer runs as L")
     swiglu = "transformer.h.0.mlp.c_gate.weight" in keys or mc.get("activation") == "swiglu"
@@ -234,8 +231,12 @@ def _fork_config(
     engram = sorted(_layer_indices(keys, r"transformer\.h\.(\d+)\.engram\.in_proj\.weight"))
     if engram:
         # Dedupe keeping the first occurrence: order_mix.{j} belongs to the j-th listed order.
-        orders = list(dict.fromkeys(o for o in _csv_ints(mc.get("engram_ngram_orders", "2,3,4")) if o > 0))
-        declared = {(i + L if i < 0 else i) for i in _csv_ints(mc.get("engram_layers", ""))}
+        orders = list(dict.fromkeys(o for o in mc.get("engram_ngram_orders", (2, 3, 4)) if o > 0))
+        if not orders or len(orders) > MAX_NGRAM_ORDERS:
+            raise CheckpointError(
+                f"{where}: model_config.engram_ngram_orders must give 1 to {MAX_NGRAM_ORDERS} positive orders"
+            )
+        declared = {(i + L if i < 0 else i) for i in mc.get("engram_layers") or ()}
         if declared and declared != set(engram):
             raise CheckpointError(
                 f"{where}: engram weights exist for layers {engram} but the meta's "
@@ -243,7 +244,7 @@ def _fork_config(
             )
         dim = keys[f"transformer.h.{engram[0]}.engram.in_proj.weight"][0]
         if "engram_bottleneck_dim" in mc:  # 0 means the fork's default, n_embd // 4
-            declared = int(mc["engram_bottleneck_dim"] or 0) or C // 4
+            declared = mc["engram_bottleneck_dim"] or C // 4
             if declared != dim:
                 raise CheckpointError(
                     f"{where}: engram weights have bottleneck {dim} but the meta's "
@@ -253,10 +254,10 @@ def _fork_config(
     if any(".mhc." in k for k in keys):
         cfg.update(
             mhc=True,
-            mhc_sinkhorn_iters=int(mc.get("mhc_sinkhorn_iters", 5)),
-            mhc_temperature=float(mc.get("mhc_temperature", 1.0)),
-            mhc_epsilon=float(mc.get("mhc_epsilon", 1e-6)),
-            mhc_blend_alpha=float(mc.get("mhc_blend_alpha", 1.0)),
+            mhc_sinkhorn_iters=mc.get("mhc_sinkhorn_iters", 5),
+            mhc_temperature=mc.get("mhc_temperature", 1.0),
+            mhc_epsilon=mc.get("mhc_epsilon", 1e-6),
+            mhc_blend_alpha=mc.get("mhc_blend_alpha", 1.0),
         )
         warnings.append("mHC pools over the current chunk at decode, as the fork's Engine does")
     dsa = sorted(_layer_indices(keys, r"transformer\.h\.(\d+)\.attn\.indexer\.q_proj\.weight"))

@@ -9,12 +9,14 @@ from pathlib import Path
 import torch
 
 from . import checkpoint as ckpt
+from . import memory
 from .backend import Progress
 from .classify import classify, is_ignorable
-from .config import ModelConfig
+from .config import ModelConfig, table_bytes
 from .device import Precision, describe_device, pick_device, pick_precision
 from .errors import CheckpointError, OutOfMemoryError, is_out_of_memory
 from .model import GPT
+from .pickle_scan import TensorInfo
 
 
 @dataclass
@@ -78,6 +80,30 @@ def _borrow_window_pattern(directory: Path, meta: dict, warnings: list[str]) -> 
     return True
 
 
+def check_memory(
+    cfg: ModelConfig, shapes: dict[str, TensorInfo], dev: torch.device, compute: torch.dtype, where: Path
+) -> None:
+    """Refuse, before allocating, a load that cannot fit in the free RAM: the weights as read (and
+    cast, on the CPU) plus what the meta's numbers make the model allocate (rotary tables, the KV
+    cache of one context). A hostile meta's sequence_len is refused here, not by the OOM killer."""
+    free = memory.available_ram()
+    if free is None:
+        return
+    size = torch.empty((), dtype=compute).element_size()
+    need = {"weights": sum(t.nbytes() for t in shapes.values())}
+    if dev.type == "cpu":
+        name = str(compute).removeprefix("torch.")
+        need["weights"] += sum(t.numel() * size for t in shapes.values() if t.dtype != name)
+        need.update(table_bytes(cfg, size))
+    total = sum(need.values())
+    if total > free:
+        parts = ", ".join(f"{what} {memory.human(n)}" for what, n in need.items())
+        raise OutOfMemoryError(
+            f"{where}: loading needs about {memory.human(total)} of RAM ({parts}) and "
+            f"{memory.human(free)} is free; close other programs or use a smaller checkpoint"
+        )
+
+
 def load_model(
     directory: Path,
     step: int | None = None,
@@ -107,15 +133,16 @@ def load_model(
             "layer attends to the whole context, which differs from training if it used "
             "sliding windows"
         )
+    dev = pick_device(device)
+    precision = pick_precision(dev, dtype)
+    compute = precision.compute
+    check_memory(cfg, shapes, dev, compute, model_path)
     report(20, f"reading {model_path.name}")
     # Private memory, not a mapping: the file may be rewritten while the model stays loaded.
     sd = ckpt.load_state_dict(model_path, mmap=False, expected=shapes)
     report(40, "checking values")
     ckpt.check_finite(sd, model_path)
 
-    dev = pick_device(device)
-    precision = pick_precision(dev, dtype)
-    compute = precision.compute
     report(60, f"building {cfg.era} model on {dev.type}")
     with torch.device("meta"):
         model = GPT(cfg)

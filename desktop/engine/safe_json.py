@@ -17,18 +17,18 @@ MAX_DEPTH = 64
 
 
 class JsonRefused(ValueError):
-    """Why a JSON text was refused (a phrase without the file name)."""
+    """Why a JSON text was refused: a phrase to put after "not valid JSON" and the file name."""
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise JsonRefused(f"JSON number {text[:40]} is out of range")
+        raise JsonRefused(f"number {text[:40]} is out of range")
     return value
 
 
 def _no_constant(name: str) -> Any:
-    raise JsonRefused(f"not valid JSON ({name} is not a JSON value)")
+    raise JsonRefused(f"{name} is not a JSON value")
 
 
 def loads_bounded(text: str, max_depth: int = MAX_DEPTH) -> Any:
@@ -38,14 +38,14 @@ def loads_bounded(text: str, max_depth: int = MAX_DEPTH) -> Any:
     except JsonRefused:
         raise
     except json.JSONDecodeError as exc:
-        raise JsonRefused(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise JsonRefused(f"{exc.msg} at line {exc.lineno}") from None
     except RecursionError:
-        raise JsonRefused(f"JSON nested deeper than {max_depth} levels") from None
+        raise JsonRefused(f"nested deeper than {max_depth} levels") from None
     except ValueError:  # int() of a number with more digits than the interpreter converts
         limit = sys.get_int_max_str_digits()
-        raise JsonRefused(f"a JSON number has more than {limit} digits") from None
+        raise JsonRefused(f"a number has more than {limit} digits") from None
     if depth_exceeds(value, max_depth):
-        raise JsonRefused(f"JSON nested deeper than {max_depth} levels")
+        raise JsonRefused(f"nested deeper than {max_depth} levels")
     return value
 
 
