@@ -32,10 +32,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from desktop.compare_controller import cpu_cores, cpu_options
 from make_checkpoint import write_e7
 from PySide6.QtCore import QCoreApplication, QEventLoop, Qt, QTimer
 
-from desktop.compare_controller import cpu_cores, cpu_options
 from desktop.engine.bench import IdsOnlyTokenizer
 from desktop.engine.loader import load_model
 from desktop.engine.messages import Message

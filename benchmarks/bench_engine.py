@@ -43,8 +43,8 @@ from desktop.engine.bench import IdsOnlyTokenizer, measure_bandwidth, turn_ttft 
 from desktop.engine.gemv import fbgemm_available  # noqa: E402
 from desktop.engine.generation import generate_columns  # noqa: E402
 from desktop.engine.loader import load_model  # noqa: E402
-from desktop.engine.params import SamplingParams  # noqa: E402
 from desktop.engine.nanochat_backend import NanochatBackend  # noqa: E402
+from desktop.engine.params import SamplingParams  # noqa: E402
 
 STEP = 1000
 TEMPERATURE, TOP_K, SEED = 0.8, 50, 1

@@ -2,14 +2,14 @@
 
 Everything here follows /work/shared/specs/checkpoint-formats.md (the "spec"):
 
-* Directory layout and file names: checkpoint-formats spec §1.1 (``<base>/<phase>_checkpoints/<tag>/model_<step:06d>.pt``
+* Directory layout and file names: spec §1.1 (``<base>/<phase>_checkpoints/<tag>/model_<step:06d>.pt``
   holding a flat ``dict[str, Tensor]`` written by ``torch.save``, plus ``meta_<step:06d>.json``).
-* Meta fields per training script: checkpoint-formats spec §1.1 (base_train, mid_train, chat_sft, chat_rl) and §2.2 (fork
+* Meta fields per training script: spec §1.1 (base_train, mid_train, chat_sft, chat_rl) and §2.2 (fork
   base_train writes every extra except ``activation``; sft_train writes every GPTConfig field).
-* Keys and shapes per upstream era: checkpoint-formats spec §1.3 and the era table in §1.4 (E0 ... E7), branch-only variants
+* Keys and shapes per upstream era: spec §1.3 and the era table in §1.4 (E0 ... E7), branch-only variants
   at the end of §1.4 (ve branch, moe branch).
-* Fork keys and meta extras: checkpoint-formats spec §2.1 (Engram, mHC, MTP, DSA, SwiGLU).
-* Dtypes of real checkpoints (``dtype_mix``): checkpoint-formats spec §1.5 ("cuda_mixed": wte and value embeddings in bf16,
+* Fork keys and meta extras: spec §2.1 (Engram, mHC, MTP, DSA, SwiGLU).
+* Dtypes of real checkpoints (``dtype_mix``): spec §1.5 ("cuda_mixed": wte and value embeddings in bf16,
   the rest fp32) and §2.1 (fork on CUDA: everything bf16, "bf16_all").
 
 Unlike nanochat's own init (which zeroes every output projection), all weights are random and sized so the
@@ -48,7 +48,7 @@ ERAS = (
     "fork_swiglu",
 )
 FORK_ERAS = tuple(era for era in ERAS if era.startswith("fork"))
-# Branch-only experiments that a loader must reject with a clear error (checkpoint-formats spec §1.4, last part; §5.2).
+# Branch-only experiments that a loader must reject with a clear error (spec §1.4, last part; §5.2).
 UNSUPPORTED_VARIANTS = ("ve_branch", "ve_branch_single", "ve_branch_factored", "moe")
 
 UPSTREAM_PHASES = ("base", "mid", "chatsft", "chatrl")
@@ -58,7 +58,7 @@ TOKENIZER_KINDS = ("auto", "pkl", "json", "both")
 
 COMPILED_PREFIX = "_orig_mod."
 _SIX_FIELDS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
-SMEAR_GATE_CHANNELS = 24  # E7 smear gate width (checkpoint-formats spec §1.4)
+SMEAR_GATE_CHANNELS = 24  # E7 smear gate width (spec §1.4)
 
 
 class _Remove:
@@ -85,7 +85,7 @@ class TinyConfig:
     n_kv_head: int = 2
     n_embd: int = 64
     window_pattern: str = "SL"
-    # fork extras (checkpoint-formats spec §2.1); the era decides which features are switched on
+    # fork extras (spec §2.1); the era decides which features are switched on
     rope_theta: float = 10000.0
     window_long: int = 0
     window_short: int = 0
@@ -238,12 +238,12 @@ def default_config(era: str, **overrides: Any) -> TinyConfig:
 
 
 def has_value_embedding(layer: int, n_layer: int) -> bool:
-    """Upstream E3+ rule (checkpoint-formats spec §1.4): VE on layers with the same parity as the last layer."""
+    """Upstream E3+ rule (spec §1.4): VE on layers with the same parity as the last layer."""
     return layer % 2 == (n_layer - 1) % 2
 
 
 def engram_layer_set(cfg: TinyConfig) -> set[int]:
-    """Fork rule (checkpoint-formats spec §2.1): csv of layer indices, negative ones counted from the end."""
+    """Fork rule (spec §2.1): csv of layer indices, negative ones counted from the end."""
     layers = set()
     for raw in cfg.engram_layers.split(","):
         if raw.strip():
@@ -253,7 +253,7 @@ def engram_layer_set(cfg: TinyConfig) -> set[int]:
 
 
 def engram_orders(cfg: TinyConfig) -> tuple[int, ...]:
-    """Fork rule (checkpoint-formats spec §2.1): csv orders, first occurrence kept, non-positive dropped, default 2,3,4."""
+    """Fork rule (spec §2.1): csv orders, first occurrence kept, non-positive dropped, default 2,3,4."""
     orders: list[int] = []
     for raw in cfg.engram_ngram_orders.split(","):
         if raw.strip() and int(raw) > 0 and int(raw) not in orders:
@@ -316,7 +316,7 @@ def _add_attention(sd: dict[str, torch.Tensor], prefix: str, cfg: TinyConfig, w:
 
 
 def make_state_dict(era: str, cfg: TinyConfig | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A random fp32 state dict with exactly the keys and shapes ``era`` stores (checkpoint-formats spec §1.3, §1.4, §2.1).
+    """A random fp32 state dict with exactly the keys and shapes ``era`` stores (spec §1.3, §1.4, §2.1).
 
     The same ``(era, cfg, seed)`` always gives the same tensors.
     """
@@ -375,7 +375,7 @@ def make_state_dict(era: str, cfg: TinyConfig | None = None, seed: int = 0) -> d
     sd["lm_head.weight"] = w.matrix(rows, C, gain=4.0)
 
     if lay.bigram:
-        sd["bigram_embed.embed.weight"] = w.normal(5 * V, C, std=0.5)  # unpadded V (checkpoint-formats spec §1.4 E4)
+        sd["bigram_embed.embed.weight"] = w.normal(5 * V, C, std=0.5)  # unpadded V (spec §1.4 E4)
     if lay.ve_gate_width:
         for i in range(L):
             if has_value_embedding(i, L):
@@ -402,7 +402,7 @@ def make_state_dict(era: str, cfg: TinyConfig | None = None, seed: int = 0) -> d
 
 
 def _fork_model_config(era: str, cfg: TinyConfig, *, with_activation: bool) -> dict[str, Any]:
-    """Every fork GPTConfig field (checkpoint-formats spec §2.1); base_train leaves out ``activation`` (checkpoint-formats spec §2.2)."""
+    """Every fork GPTConfig field (spec §2.1); base_train leaves out ``activation`` (spec §2.2)."""
     lay = _layout(era)
     config: dict[str, Any] = {
         "sequence_len": cfg.sequence_len,
@@ -475,7 +475,7 @@ def _user_config(era: str, cfg: TinyConfig, step: int) -> dict[str, Any]:
         "num_iterations": step,
     }
     if _layout(era).fork:
-        config["xla_flash_attn"] = False  # checkpoint-formats spec §2.2: TPU Pallas runs ignored the windows
+        config["xla_flash_attn"] = False  # spec §2.2: TPU Pallas runs ignored the windows
     return config
 
 
@@ -497,7 +497,7 @@ def _base_train_meta(era: str, cfg: TinyConfig, step: int, model_config: dict[st
 def make_meta(
     era: str, cfg: TinyConfig | None = None, *, phase: str = "base", step: int = 10
 ) -> dict[str, Any]:
-    """The meta JSON that ``phase``'s script of ``era`` writes (checkpoint-formats spec §1.1 and §2.2).
+    """The meta JSON that ``phase``'s script of ``era`` writes (spec §1.1 and §2.2).
 
     The fork (diverged 2026-01-15) kept upstream's mid_train, chat_sft and chat_rl of that date, so those
     phases write upstream's forms of then; its own base_train and sft_train write the fork fields.
@@ -515,7 +515,7 @@ def make_meta(
     else:
         model_config = _upstream_model_config(era, cfg)
     if phase == "mid":
-        # mid_train listed the six fields by hand: never window_pattern, never fork extras (checkpoint-formats spec §1.1).
+        # mid_train listed the six fields by hand: never window_pattern, never fork extras (spec §1.1).
         six = {k: model_config[k] for k in _SIX_FIELDS}
         return {
             "step": step,
@@ -526,7 +526,7 @@ def make_meta(
     if phase == "base":
         return _base_train_meta(era, cfg, step, model_config)
     if phase == "chatrl":
-        return {"model_config": model_config}  # no step at all (checkpoint-formats spec §1.1)
+        return {"model_config": model_config}  # no step at all (spec §1.1)
     if phase == "chatsft" and (lay.legacy_chat_sft or lay.fork):
         return {
             "step": step,
@@ -542,7 +542,7 @@ def make_meta(
             "model_config": model_config,
             "user_config": _user_config(era, cfg, step),
         }
-    # The fork's sft_train / gspo / rl write vars(GPTConfig) (checkpoint-formats spec §2.2); their other fields are not
+    # The fork's sft_train / gspo / rl write vars(GPTConfig) (spec §2.2); their other fields are not
     # documented, so only the step travels with it.
     return {"step": step, "model_config": model_config}
 
@@ -571,7 +571,7 @@ def _apply_overrides(meta: dict[str, Any], overrides: dict[str, Any] | None) -> 
 
 
 def apply_dtype_mix(sd: dict[str, torch.Tensor], dtype_mix: str) -> dict[str, torch.Tensor]:
-    """Cast like a real save (checkpoint-formats spec §1.5): "cuda_mixed" = embeddings bf16, "bf16_all" = fork on CUDA."""
+    """Cast like a real save (spec §1.5): "cuda_mixed" = embeddings bf16, "bf16_all" = fork on CUDA."""
     if dtype_mix == "fp32":
         return dict(sd)
     if dtype_mix == "bf16_all":
@@ -604,7 +604,7 @@ def write_tokenizer(base_dir: Path, kind: str, vocab_size: int) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     if kind in ("pkl", "both"):
-        # nanochat's tokenizer dir also holds token_bytes.pt (checkpoint-formats spec §1.1, §1.8)
+        # nanochat's tokenizer dir also holds token_bytes.pt (spec §1.1, §1.8)
         written.append(
             Path(factory.write_tiktoken_pkl(directory, vocab_size=vocab_size, with_token_bytes=True))
         )

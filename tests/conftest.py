@@ -2,6 +2,9 @@
 
 Every test runs with NANOSCOPE_HOME in its own tmp folder and NANOCHAT_BASE_DIR pointing at an
 empty one, so nothing reads or writes the developer's real settings, history or checkpoints.
+
+"spec §N" in the tests cites the team's checkpoint-format spec (shared/specs/checkpoint-formats.md,
+outside this repo); docs/ARCHITECTURE.md summarises what the app relies on.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """An independent re-implementation of nanochat's ``Engine.generate`` loop, for equivalence tests.
 
 Written from nanochat's ``engine.py`` (the fork's copy, lines ~135-306, in
-/work/shared/seeds/003_nanochat_fork_source.txt) and checkpoint-formats spec §1.9, sharing no code with ``desktop/engine``:
+/work/shared/seeds/003_nanochat_fork_source.txt) and spec §1.9, sharing no code with ``desktop/engine``:
 
 * one batch-1 "prefill" of the prompt, its last logits expanded to ``num_samples`` rows;
 * ``sample_next_token``: argmax at temperature 0, else softmax over the top-k (or all) logits divided

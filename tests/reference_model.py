@@ -23,7 +23,7 @@ Spec sections (/work/shared/specs/checkpoint-formats.md) each piece follows:
 
 mHC pools over the *whole* sequence (its training-time behaviour), so fork eras with mHC are not causal
 here: earlier positions see later tokens through the pooled branch scores. In practice the Sinkhorn weights
-are ~1/N whatever the scores (checkpoint-formats spec §2.1), so the effect is tiny.
+are ~1/N whatever the scores (spec §2.1), so the effect is tiny.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _COMPILED_PREFIX = "_orig_mod."
 
 @dataclass(frozen=True)
 class EraMath:
-    """The per-era switches of the forward pass (checkpoint-formats spec §1.4 and §5.2)."""
+    """The per-era switches of the forward pass (spec §1.4 and §5.2)."""
 
     softcap: float
     rope_base: float | None  # None: the meta's rope_theta (fork)
@@ -99,7 +99,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def layer_windows(era: str, meta_cfg: dict[str, Any]) -> list[int | None]:
-    """Left window per layer (``None`` = unlimited causal), checkpoint-formats spec §1.4, §1.6 and §2.1."""
+    """Left window per layer (``None`` = unlimited causal), spec §1.4, §1.6 and §2.1."""
     math_ = era_math(era)
     n_layer, seq = int(meta_cfg["n_layer"]), int(meta_cfg["sequence_len"])
     if math_.short_window == "none":
@@ -114,7 +114,7 @@ def layer_windows(era: str, meta_cfg: dict[str, Any]) -> list[int | None]:
     else:  # fork: dedicated fields, 0 meaning "derive"
         long_window = int(meta_cfg.get("window_long") or 0) or seq
         short_window = int(meta_cfg.get("window_short") or 0) or long_window // 2
-    # Missing window_pattern is what checkpoint_manager patches to "L" (checkpoint-formats spec §1.2 step 4).
+    # Missing window_pattern is what checkpoint_manager patches to "L" (spec §1.2 step 4).
     pattern = str(meta_cfg.get("window_pattern") or "L").upper()
     windows: list[int | None] = [
         short_window if pattern[i % len(pattern)] == "S" else long_window for i in range(n_layer)
@@ -127,7 +127,7 @@ def rope_tables(
     n_pos: int, head_dim: int, base: float, bf16: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[n_pos, head_dim/2]`` in fp32 math. Up to E4 (and in the fork) nanochat rounds them to
-    bf16; from 2026-03-04 (E5 onwards) they are cast to COMPUTE_DTYPE, which is fp32 on CPU (checkpoint-formats spec §1.3)."""
+    bf16; from 2026-03-04 (E5 onwards) they are cast to COMPUTE_DTYPE, which is fp32 on CPU (spec §1.3)."""
     channel_range = torch.arange(0, head_dim, 2, dtype=torch.float32)
     inv_freq = 1.0 / (base ** (channel_range / head_dim))
     t = torch.arange(n_pos, dtype=torch.float32)
@@ -146,7 +146,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def bigram_hash(ids: Sequence[int], vocab_size: int) -> list[int]:
-    """E4 hash (checkpoint-formats spec §1.4): h[0] = 5V-1; h[t] = ((36313*cur) ^ (27191*prev)) % (5V-1)."""
+    """E4 hash (spec §1.4): h[0] = 5V-1; h[t] = ((36313*cur) ^ (27191*prev)) % (5V-1)."""
     modulus = 5 * vocab_size - 1
     hashes = [modulus]
     for t in range(1, len(ids)):
@@ -190,7 +190,7 @@ def mhc_weights(
     epsilon: float,
     sinkhorn_iters: int,
 ) -> torch.Tensor:
-    """mHC mixing weights ``[N]`` for branches ``[T, C]`` each (checkpoint-formats spec §2.1, fork mhc.py)."""
+    """mHC mixing weights ``[N]`` for branches ``[T, C]`` each (spec §2.1, fork mhc.py)."""
     pooled = torch.stack(branches, dim=0).mean(dim=1)  # [N, C]: mean over *all* time steps
     scores = (torch.tanh(pooled @ score_proj.T) @ score_out.T).squeeze(-1)  # [N]
     raw = (scores[:, None] + scores[None, :]) / max(temperature, epsilon)

@@ -195,7 +195,7 @@ def test_source_tag_step_resolution(capsys, nanochat_env, spec, extra, step):
 
 
 def test_source_picks_the_largest_model_tag(capsys, nanochat_env):
-    # "sft" holds d2 (the trap) and d4: nanochat's find_largest_model picks d4 (checkpoint-formats spec §1.1).
+    # "sft" holds d2 (the trap) and d4: nanochat's find_largest_model picks d4 (spec §1.1).
     _, done, _ = generate_json(capsys, "sft", "--tokens", tokens_arg(chat_prompt("hi")), "--max-tokens", "2")
     assert done["era"] == "E7"
 

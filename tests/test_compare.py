@@ -10,19 +10,19 @@ import math
 import threading
 from pathlib import Path
 
+import backend_helpers
 import pytest
 import torch
 from checkpoint_factory import write_checkpoint
 
-import backend_helpers
 from desktop.compare.analysis import cpu_threads, first_divergence, sweep_steps, token_diff
 from desktop.compare.controller import CompareController
 from desktop.engine import memory
+from desktop.engine.backend import LoadOptions
 from desktop.engine.discovery import CheckpointEntry, summarize
 from desktop.engine.messages import Message
-from desktop.engine.params import SamplingParams
-from desktop.engine.backend import LoadOptions
 from desktop.engine.nanochat_backend import NanochatBackend
+from desktop.engine.params import SamplingParams
 from desktop.settings import Settings
 from desktop.store import HistoryStore
 from desktop.store.export import from_json
@@ -226,7 +226,9 @@ def test_overlay_probabilities_equal_a_direct_log_softmax(qtbot, controller, vie
         pane.token.connect(lambda ev: emitted.append(ev))
     shared = {"temperature": 0.0, "max_tokens": 12, "seed": 1}
     run(qtbot, controller, shared)
-    assert emitted and all(ev.logprob is None and ev.top is None for ev in emitted)  # overlay off: none computed
+    assert emitted and all(
+        ev.logprob is None and ev.top is None for ev in emitted
+    )  # overlay off: none computed
     assert all(lp is None for p in controller.panes for lp in p.run.trace.logprobs)
 
     view.overlay_box.setChecked(True)

@@ -1,5 +1,5 @@
 """Finding checkpoints under a nanochat base dir, summarising them without building a model, and
-resolving ``SOURCE[/TAG[/STEP]]`` specs (checkpoint-formats spec §1.1, §2.2)."""
+resolving ``SOURCE[/TAG[/STEP]]`` specs (spec §1.1, §2.2)."""
 
 from __future__ import annotations
 

@@ -13,15 +13,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import backend_helpers
 import pytest
 from checkpoint_factory import default_config, write_checkpoint
 
-import backend_helpers
+from desktop.engine.backend import LoadOptions
 from desktop.engine.generation import GenerationStats
 from desktop.engine.messages import Message
-from desktop.engine.params import SamplingParams
-from desktop.engine.backend import LoadOptions
 from desktop.engine.nanochat_backend import NanochatBackend
+from desktop.engine.params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """Generation against an independent copy of nanochat's Engine loop, plus sampling, streaming and caching.
 
-``nanochat_engine_mimic.mimic_generate`` re-implements ``Engine.generate`` (checkpoint-formats spec §1.9) on top of the
+``nanochat_engine_mimic.mimic_generate`` re-implements ``Engine.generate`` (spec §1.9) on top of the
 reference forward; ``generate_columns`` must give the same token ids for greedy and seeded sampling. A
 "calculator trap" checkpoint (its greedy chain spells ``<|python_start|>7*6<|python_end|>``) makes the
 forced ``<|output_start|>42<|output_end|>`` path run for real.
@@ -12,6 +12,7 @@ import itertools
 import pickle
 import threading
 
+import backend_helpers
 import pytest
 import torch
 from checkpoint_factory import read_checkpoint, write_checkpoint
@@ -26,16 +27,15 @@ from nanochat_engine_mimic import (
 from reference_model import reference_greedy, reference_logits
 from tokenizer_factory import make_tiktoken_encoding
 
-import backend_helpers
+from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import ContextError
 from desktop.engine.generation import GenerationStats, generate_columns, stream_reply
 from desktop.engine.kvcache import KVCache
 from desktop.engine.loader import load_model
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message
+from desktop.engine.nanochat_backend import NanochatBackend
 from desktop.engine.params import SamplingParams
 from desktop.engine.sampling import sample_next
-from desktop.engine.backend import LoadOptions
-from desktop.engine.nanochat_backend import NanochatBackend
 from desktop.engine.tokenizer import load_tokenizer
 
 EQUIVALENCE_ERAS = ("E2", "E4", "E7", "fork_engram")
@@ -290,7 +290,7 @@ def test_greedy_matches_reference_greedy(models, era):
 
 def test_prompt_must_fit_the_rotary_table(models):
     fx = models["E2"]
-    limit = 10 * fx.mc["sequence_len"]  # nanochat's rotary table (checkpoint-formats spec §1.3)
+    limit = 10 * fx.mc["sequence_len"]  # nanochat's rotary table (spec §1.3)
     params = SamplingParams(temperature=0.0, max_tokens=2)
     with pytest.raises(ContextError):
         list(generate_columns(fx.model, fx.tok, [1] * limit, params))

@@ -540,7 +540,9 @@ def test_a_version_1_database_moves_its_tokens_to_the_one_encoding(tmp_path: Pat
         conn.execute(statement)
     conn.execute("PRAGMA user_version = 1")
     conn.execute("INSERT INTO conversations (id, title, created, updated) VALUES (1, 'chat', 1, 1)")
-    conn.execute("INSERT INTO conversations (id, title, kind, created, updated) VALUES (2, 'cmp', 'compare', 1, 1)")
+    conn.execute(
+        "INSERT INTO conversations (id, title, kind, created, updated) VALUES (2, 'cmp', 'compare', 1, 1)"
+    )
     text = '[{"kind": "text", "text": "hi"}]'
     rows = [
         (1, 1, None, "user", "{}"),
@@ -593,6 +595,6 @@ def test_a_reply_round_trips_its_token_trace(store: HistoryStore) -> None:
     ):
         reply.add_event(ev)
     msg = store.add_message(conv, reply)
-    (_, again), = [(i, m) for i, m in store.active_path(conv) if i == msg]
+    ((_, again),) = [(i, m) for i, m in store.active_path(conv) if i == msg]
     assert again.tokens == reply.tokens and again.parts == reply.parts
     assert again.tokens.texts == ["Hel", "lo"] and again.tokens.logprobs[1] is None

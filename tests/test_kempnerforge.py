@@ -1,4 +1,4 @@
-"""KempnerForge runs (checkpoint-formats spec §3): written by DCP itself from KempnerForge's model
+"""KempnerForge runs (spec §3): written by DCP itself from KempnerForge's model
 restated in ``kf_reference``, loaded with no distributed init, and checked against the
 reference's own forward and ``generate()``.
 """

@@ -1,4 +1,4 @@
-"""KV-cache decoding equals full-forward decoding for every era (checkpoint-formats spec §1.7, §5.3, §5.5 (c)).
+"""KV-cache decoding equals full-forward decoding for every era (spec §1.7, §5.3, §5.5 (c)).
 
 Three computations are compared: incremental decoding through ``KVCache``, the same model recomputing the
 whole sequence every step, and the independent reference forward. Prompts are longer than every attention

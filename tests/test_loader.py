@@ -29,7 +29,7 @@ from reference_model import layer_windows, reference_logits
 from desktop.engine import gemv
 from desktop.engine.loader import load_model
 
-# E6/E7 get a longer context so that their short window (128 for both, checkpoint-formats spec §1.4) is shorter than "L".
+# E6/E7 get a longer context so that their short window (128 for both, spec §1.4) is shorter than "L".
 CFG_OVERRIDES = {"E6": {"sequence_len": 256}, "E7": {"sequence_len": 256}}
 EXPECTED_ERA = {era: era for era in ERAS} | {"E0pad": "E0", "E5": "E3"} | dict.fromkeys(FORK_ERAS, "fork")
 ATOL = 1e-4
@@ -66,9 +66,9 @@ def test_classifies_every_era(era_dirs, era):
     assert cfg.era == EXPECTED_ERA[era]
     assert loaded.step == 10
     assert loaded.precision.compute == torch.float32 and str(loaded.device) == "cpu"
-    # checkpoint-formats spec §1.3: wte/lm_head rows are V before vocab padding (E0), the padded vocab after
+    # spec §1.3: wte/lm_head rows are V before vocab padding (E0), the padded vocab after
     assert cfg.embed_rows == (tiny.vocab_size if era == "E0" else tiny.padded_vocab)
-    # checkpoint-formats spec §5.2 era parameters
+    # spec §5.2 era parameters
     assert cfg.softcap == 15.0
     expected_base = {"E6": 1e5, "E7": 1e5}.get(era, tiny.rope_theta if era in FORK_ERAS else 1e4)
     assert cfg.rope_base == expected_base
@@ -88,7 +88,7 @@ def test_windows_follow_the_spec(era_dirs, era):
 
 @pytest.mark.parametrize("era", ["E0", "E0pad", "E1"])
 def test_pre_window_eras_attend_over_the_whole_rotary_table(era_dirs, era):
-    # E0/E1 were trained before sliding windows existed: plain causal attention (checkpoint-formats spec §1.4, §1.6).
+    # E0/E1 were trained before sliding windows existed: plain causal attention (spec §1.4, §1.6).
     cfg = load_model(era_dirs[era], device="cpu").config
     assert all(w >= cfg.rope_len - 1 for w in cfg.window_sizes())
 
@@ -111,7 +111,7 @@ def test_fork_features(era_dirs, era):
     [("E3", "softcap"), ("E5", "softcap"), ("E4", "bigram"), ("fork_mtp_dsa", "DSA"), ("fork_mhc", "mHC")],
 )
 def test_spec_warnings(era_dirs, era, topic):
-    # checkpoint-formats spec §5.4 "Warnings only": E3/E5 ambiguity, E4 bigram at decode, DSA dense, mHC pooling scope.
+    # spec §5.4 "Warnings only": E3/E5 ambiguity, E4 bigram at decode, DSA dense, mHC pooling scope.
     warnings = load_model(era_dirs[era], device="cpu").warnings
     assert any(topic in w for w in warnings), warnings
 
@@ -137,7 +137,7 @@ def test_softcap_20_makes_an_e3_shaped_checkpoint_e5(era_dirs):
 def test_upstream_phases_load(tmp_path, phase):
     ckpt = write_checkpoint(tmp_path, "E2", phase=phase, step=37, tokenizer=None)
     loaded = load_model(ckpt, device="cpu")
-    assert loaded.step == 37  # chatrl's meta has no step: it comes from the file name (checkpoint-formats spec §1.1)
+    assert loaded.step == 37  # chatrl's meta has no step: it comes from the file name (spec §1.1)
     assert loaded.config.era in ("E1", "E2")  # mid never wrote window_pattern, so it reads as E1
     assert loaded.directory == ckpt
 
@@ -200,7 +200,7 @@ def test_optimizer_files_are_ignored(tmp_path, era):
 @pytest.mark.parametrize("phase", ["mid", "chatsft"])
 @pytest.mark.parametrize("era", ["E2", "E3"])
 def test_missing_window_pattern_is_borrowed_from_the_base_meta(tmp_path, era, phase):
-    # checkpoint-formats spec §1.6: mid metas never had window_pattern; SFT metas of 2026-01-31..02-01 lost it.
+    # spec §1.6: mid metas never had window_pattern; SFT metas of 2026-01-31..02-01 lost it.
     cfg = default_config(era, n_layer=4, window_pattern="SSSL")
     write_checkpoint(tmp_path, era, phase="base", cfg=cfg, tokenizer=None)
     overrides = {"model_config": {"window_pattern": REMOVE}}
@@ -223,7 +223,7 @@ def test_missing_window_pattern_is_borrowed_from_the_base_meta(tmp_path, era, ph
     [("E2", "mid"), ("E2", "chatsft"), ("E3", "mid"), ("E3", "chatsft"), ("E7", "chatsft")],
 )
 def test_missing_window_pattern_without_a_base_meta_warns(tmp_path, era, phase):
-    # checkpoint-formats spec §1.6 mitigation: "take window_pattern from base_checkpoints/<same tag> if it exists,
+    # spec §1.6 mitigation: "take window_pattern from base_checkpoints/<same tag> if it exists,
     # otherwise warn"; the checkpoint then runs every layer as "L". Any checkpoint with lambdas
     # (E1 onwards, 2026-01-11) may have lost it: E1 and E2 keys are identical, and E1 was on master
     # for three hours before windows arrived, so an E2 mid checkpoint reads as E1 here.
@@ -241,7 +241,7 @@ def test_pre_lambda_checkpoints_lose_no_window_pattern(tmp_path):
 
 
 def test_xla_flash_attention_runs_every_layer_as_long(tmp_path):
-    # checkpoint-formats spec §2.2: TPU runs with --xla_flash_attn ignored the windows; meta.user_config says so.
+    # spec §2.2: TPU runs with --xla_flash_attn ignored the windows; meta.user_config says so.
     ckpt = write_checkpoint(tmp_path, "fork", meta_overrides={"user_config": {"xla_flash_attn": True}})
     _, meta = read_checkpoint(ckpt)
     assert meta["user_config"]["xla_flash_attn"] is True

@@ -55,7 +55,7 @@ def _fixture(era: str, **cfg_overrides):
 
 
 def _spec_shapes(era: str, mc: dict) -> dict[str, tuple[int, ...]]:
-    """Keys and shapes that checkpoint-formats spec §1.3/§1.4/§2.1 require for ``era`` with meta model_config ``mc``."""
+    """Keys and shapes that spec §1.3/§1.4/§2.1 require for ``era`` with meta model_config ``mc``."""
     C, L, V, H, Hkv = mc["n_embd"], mc["n_layer"], mc["vocab_size"], mc["n_head"], mc["n_kv_head"]
     hd = C // H
     rows = V if era == "E0" else math.ceil(V / 64) * 64
@@ -156,7 +156,7 @@ def test_base_meta_fields(era):
     if era in FORK_ERAS:
         extras = {"rope_theta", "window_long", "window_short", "engram_enabled", "mhc_enabled"}
         assert extras | {"mtp_enabled", "dsa_enabled", "engram_layers", "mhc_num_branches"} <= set(mc)
-        assert "activation" not in mc  # fork base_train never writes it (checkpoint-formats spec §2.2)
+        assert "activation" not in mc  # fork base_train never writes it (spec §2.2)
         assert meta["user_config"]["xla_flash_attn"] is False
     else:
         assert set(mc) <= SIX_KEYS | {"window_pattern"}
@@ -200,7 +200,7 @@ def test_fork_sft_train_meta_has_every_field_including_activation():
 
 
 def test_meta_overrides_merge_and_remove(tmp_path):
-    # The 2026-01-31 chat_sft rewrite lost window_pattern (checkpoint-formats spec §1.6 "known mislabels").
+    # The 2026-01-31 chat_sft rewrite lost window_pattern (spec §1.6 "known mislabels").
     ckpt = write_checkpoint(
         tmp_path,
         "E3",

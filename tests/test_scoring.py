@@ -10,20 +10,20 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import backend_helpers
 import pytest
 import torch
 from checkpoint_factory import write_checkpoint
 
-import backend_helpers
 from desktop.engine import memory
+from desktop.engine.backend import LoadOptions
 from desktop.engine.discovery import CheckpointSummary, summarize
 from desktop.engine.errors import ContextError
 from desktop.engine.kvcache import KVCache
 from desktop.engine.messages import Message
+from desktop.engine.nanochat_backend import NanochatBackend
 from desktop.engine.params import SamplingParams
 from desktop.engine.scoring import score_reply
-from desktop.engine.backend import LoadOptions
-from desktop.engine.nanochat_backend import NanochatBackend
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QObject, Signal
 from checkpoint_factory import truncate_file, write_checkpoint
+from PySide6.QtCore import QObject, Signal
 
 from desktop.engine.backend import LoadOptions, ModelInfo, Prompt, StreamOptions
 from desktop.engine.messages import Message, TokenEvent

@@ -10,7 +10,7 @@ Public helpers -- every one writes a file and returns its path:
     :data:`SPECIAL_TOKENS` as the last nine ids. ``vocab_size`` is exact (ranks = vocab - 9);
     ``n_merges=`` may be given instead. ``with_token_bytes=True`` also writes ``token_bytes.pt``.
 ``write_cpp_tokenizer_json(dirpath, vocab_size=400, tool_result_token=False)``
-    ``<dirpath>/tokenizer.json`` shaped like the fork's C++ tokenizer (checkpoint-formats spec §2.4): a HF
+    ``<dirpath>/tokenizer.json`` shaped like the fork's C++ tokenizer (spec §2.4): a HF
     ``tokenizers`` BPE with :data:`CPP_CONTROL_TOKENS` at ids 0-19 (id 19 is ``<RESERVED_19>``,
     or ``<TOOL_RESULT>`` with ``tool_result_token=True``), :data:`CPP_KEYWORDS` and newline
     tokens as added special tokens, a C++ punctuation ``Split`` + ``WhitespaceSplit``

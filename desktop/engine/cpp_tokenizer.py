@@ -1,4 +1,6 @@
-"""The fork's C++ tokenizer (``tokenizer.json``, docs/ARCHITECTURE.md, Eras: Tokenizers): HF encode, rebuilt spacing on decode.
+"""The fork's C++ tokenizer (``tokenizer.json``): HF encode, rebuilt spacing on decode.
+
+See docs/ARCHITECTURE.md, Eras: Tokenizers.
 
 Its pre-tokenizer throws whitespace away, so the fork decodes by re-inserting spaces with
 BERT-like heuristics for C++ (``CppTokenizer.decode`` in apstenku123/nanochat). Models trained
