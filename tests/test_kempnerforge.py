@@ -17,7 +17,9 @@ from kf_reference import (
     MarkerOnLoad,
     RefConfig,
     generate,
+    make_model,
     write_run,
+    write_step,
     write_tokenizer,
     write_toml,
 )
@@ -366,3 +368,152 @@ def write_tokenizer_eos(tokenizer_dir: Path) -> int:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).token_to_id(EOS)
+
+
+# --- hand-built DCP variants (written with DCP's own metadata classes) -------------------------
+
+
+def rewrite_metadata(step_dir: Path, edit) -> None:
+    """Load the metadata this test's own dcp.save wrote, let ``edit`` change it, write it back."""
+    with open(step_dir / ".metadata", "rb") as f:
+        md = pickle.load(f)  # our own file, just written by dcp.save
+    edit(md)
+    with open(step_dir / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+
+
+def split_into_chunks(
+    step_dir: Path, key: str, tensor: torch.Tensor, *, dim: int, at: int, file: str
+) -> None:
+    """Store ``key`` as two chunks split at ``at`` along ``dim``, in another .distcp ``file`` (as
+    the ranks of a sharded save would)."""
+    import io
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    parts = tensor.split([at, tensor.shape[dim] - at], dim=dim)
+    blobs, chunks, offset = b"", [], 0
+    for i, part in enumerate(parts):
+        buffer = io.BytesIO()
+        torch.save(part.contiguous(), buffer)
+        offsets = [0] * tensor.dim()
+        offsets[dim] = 0 if i == 0 else at
+        chunks.append((torch.Size(offsets), torch.Size(part.shape), offset, len(buffer.getvalue())))
+        blobs += buffer.getvalue()
+        offset += len(buffer.getvalue())
+    (step_dir / file).write_bytes(blobs)
+
+    def edit(md) -> None:
+        entry = md.state_dict_metadata[key]
+        entry.chunks = [ChunkStorageMetadata(offsets=o, sizes=s) for o, s, _, _ in chunks]
+        for index in [i for i in md.storage_data if i.fqn == key]:
+            del md.storage_data[index]
+        for o, _, start, length in chunks:
+            md.storage_data[MetadataIndex(key, o)] = _StorageInfo(file, start, length)
+
+    rewrite_metadata(step_dir, edit)
+
+
+def test_sharded_tensors_are_assembled_from_their_chunks(tmp_path, tokenizer_dir):
+    cfg = CONFIGS["gqa-qknorm"]
+    run, ref = write_run(tmp_path, cfg, tokenizer=tokenizer_dir)
+    sd, step = ref.state_dict(), run / "step_10"
+    q, up = "layers.0.attention.q_proj.weight", "layers.1.mlp.up_proj.weight"
+    split_into_chunks(step, f"model.{q}", sd[q], dim=0, at=14, file="__1_0.distcp")
+    split_into_chunks(step, f"model.{up}", sd[up], dim=1, at=9, file="__2_0.distcp")
+    ids = torch.tensor([list(open_cpu(run).render(PROMPT, None).ids)])
+    with torch.no_grad():
+        assert torch.equal(open_cpu(run).model(ids), ref(ids))
+
+
+def test_storage_outside_the_checkpoint_or_past_the_file_end_is_refused(tmp_path, tokenizer_dir):
+    run, _ = write_run(tmp_path, RefConfig(), tokenizer=tokenizer_dir)
+    step = run / "step_10"
+
+    def escape(md) -> None:
+        for info in md.storage_data.values():
+            info.relative_path = "../../../outside.distcp"
+
+    original = (step / ".metadata").read_bytes()
+    rewrite_metadata(step, escape)
+    assert "not a file in the checkpoint" in failure(CheckpointError, open_cpu, run)
+    (step / ".metadata").write_bytes(original)
+    from desktop.engine.dcp_metadata import read_dcp_metadata
+
+    storage = read_dcp_metadata(step).storage
+    model_end = max(i.offset + i.length for (key, _), i in storage.items() if key.startswith("model."))
+    data = (step / "__0_0.distcp").read_bytes()
+    (step / "__0_0.distcp").write_bytes(data[: model_end - 10])
+    assert "truncated" in failure(CheckpointError, open_cpu, run)
+
+
+def test_optimizer_records_are_never_read(tmp_path, tokenizer_dir):
+    from desktop.engine.dcp_metadata import read_dcp_metadata
+
+    run, ref = write_run(tmp_path, RefConfig(), tokenizer=tokenizer_dir)
+    step = run / "step_10"
+    meta = read_dcp_metadata(step)
+    data = bytearray((step / "__0_0.distcp").read_bytes())
+    optimizer = [item for (key, _), item in meta.storage.items() if key.startswith("optimizer.")]
+    assert optimizer
+    for item in optimizer:
+        data[item.offset : item.offset + item.length] = b"\xff" * item.length
+    (step / "__0_0.distcp").write_bytes(bytes(data))
+    ids = torch.tensor([list(open_cpu(run).render(PROMPT, None).ids)])
+    with torch.no_grad():
+        assert torch.equal(open_cpu(run).model(ids), ref(ids))
+
+
+def test_non_finite_weights_and_too_little_memory_are_refused(tmp_path, tokenizer_dir, monkeypatch):
+    from desktop.engine import kempnerforge
+    from desktop.engine.errors import OutOfMemoryError
+
+    run, _ = write_run(tmp_path, RefConfig(), tokenizer=tokenizer_dir)
+    monkeypatch.setattr(kempnerforge, "available_ram", lambda: 1000)
+    message = failure(OutOfMemoryError, open_cpu, run)
+    assert "of RAM as float32" in message and "1000 B is free" in message
+    monkeypatch.undo()
+    model = make_model(RefConfig(), seed=3)
+    with torch.no_grad():
+        model.layers["1"].mlp.down_proj.weight[0, 0] = float("nan")
+    write_step(run, model, 20)
+    assert "non-finite" in failure(CheckpointError, open_cpu, run)
+
+
+def test_the_remembered_config_is_found_from_a_step_directory(tmp_path):
+    from desktop.engine.kf_config import ConfigMemory
+
+    run = tmp_path / "run"
+    (run / "step_5").mkdir(parents=True)
+    toml = tmp_path / "train.toml"
+    toml.write_text("[model]\n")
+    memory = ConfigMemory(tmp_path / "cache" / "kf.json")
+    assert memory.get(run) is None
+    memory.remember(run, toml)
+    assert memory.get(run / "step_5") == toml.resolve()
+    assert memory.get(run / "latest") == toml.resolve()
+    (tmp_path / "cache" / "kf.json").write_text("{not json")
+    assert memory.get(run) is None
+
+
+def test_the_tokenizer_json_post_processor_decides_as_in_autotokenizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from desktop.engine.kf_tokenizer import KFTokenizer
+
+    directory = write_tokenizer(tmp_path / "tok")
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": EOS, "bos_token": EOS, "add_bos_token": True, "add_eos_token": True})
+    )
+    ours = KFTokenizer(directory)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
+    assert ours.encode_prompt(PROMPT) == theirs.encode(PROMPT)
+
+
+def test_nanoscope_list_shows_the_runs(tmp_path, tokenizer_dir, capsys):
+    from desktop.cli import main
+
+    run, _ = write_run(tmp_path / "base", RefConfig(), steps=(5, 10), tokenizer=tokenizer_dir)
+    assert main(["--home", str(tmp_path / "home"), "list", "--base-dir", str(tmp_path / "base")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "kempnerforge" in x)
+    assert "tiny" in line and "[5, 10]" in line and "KempnerForge dense" in line and str(run) in line

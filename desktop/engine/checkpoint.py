@@ -70,7 +70,8 @@ def detect_unsupported(path: Path) -> None:
         or any(path.glob("pp*/.metadata"))
     ):
         raise UnsupportedFormatError(
-            f"{path}: KempnerForge DCP checkpoints are not supported yet (they also need the training TOML)"
+            f"{path}: KempnerForge DCP checkpoints are not supported by the nanochat loader "
+            "(open the run or its step folder as a model)"
         )
     if any(path.glob("dist_ckpt_*")) and not model_steps(path):
         raise UnsupportedFormatError(

@@ -191,7 +191,7 @@ def _path(*parts: object) -> str:
     """A ``pathlib`` path (the checkpoint id DCP records), as text; never a Path object."""
     if not all(isinstance(p, str) for p in parts):
         raise pickle.UnpicklingError("a pickled path holds something other than text")
-    return "/".join(parts)
+    return "/".join(str(p) for p in parts)
 
 
 _FUNCTIONS: dict[tuple[str, str], _Rebuild] = {

@@ -7,8 +7,7 @@ bytes in ``data/<key>``. That small pickle is checked by :mod:`.pickle_scan` and
 unpickler that knows only ``_rebuild_tensor_v2``, the typed-storage names and ``OrderedDict``
 (stand-ins again: nothing from torch is called). The bytes are read straight into the tensor's
 own memory at the data entry's offset, after every size is checked against the record and the
-record against the file. A record this reader does not understand (a newer pickle layout) is
-handed to ``torch.load(weights_only=True)``.
+record against the file.
 
 The weights end up in private memory, never a mapping of the file: a resumed run that saves the
 same step again rewrites its ``*.distcp`` in place, which would kill a process still mapping it
@@ -24,7 +23,7 @@ import struct
 import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
@@ -56,13 +55,13 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 class _NotUnderstood(Exception):
-    """A record in a form the fast path does not read (handed to torch.load(weights_only=True))."""
+    """A record in a form this reader does not read (only what torch.save writes for a tensor)."""
 
 
 class _Window(io.RawIOBase):
     """A read-only, seekable view of ``length`` bytes at ``start`` of an open file."""
 
-    def __init__(self, f: BinaryIO, start: int, length: int) -> None:
+    def __init__(self, f: io.BufferedReader, start: int, length: int) -> None:
         super().__init__()
         self._f, self._start, self._length, self._pos = f, start, length, 0
 
@@ -170,7 +169,7 @@ class DcpFiles:
     """The ``*.distcp`` files of DCP directories, each opened once, checked on the way."""
 
     def __init__(self) -> None:
-        self._files: dict[Path, tuple[BinaryIO, int]] = {}
+        self._files: dict[Path, tuple[io.BufferedReader, int]] = {}
 
     def __enter__(self) -> DcpFiles:
         return self
@@ -180,7 +179,7 @@ class DcpFiles:
             f.close()
         self._files.clear()
 
-    def open(self, directory: Path, item: StorageItem, what: str) -> BinaryIO:
+    def open(self, directory: Path, item: StorageItem, what: str) -> io.BufferedReader:
         rel = item.relative_path
         if not rel or Path(rel).name != rel or rel in (".", ".."):
             raise CheckpointError(
@@ -203,7 +202,7 @@ class DcpFiles:
         return f
 
 
-def _read_exact(f: BinaryIO, position: int, buffer: memoryview) -> None:
+def _read_exact(f: io.BufferedReader, position: int, buffer: memoryview) -> None:
     f.seek(position)
     done = 0
     while done < len(buffer):
@@ -213,7 +212,7 @@ def _read_exact(f: BinaryIO, position: int, buffer: memoryview) -> None:
         done += got
 
 
-def _record_tensor(f: BinaryIO, item: StorageItem, entry: TensorEntry, chunk: Chunk) -> torch.Tensor:
+def _record_tensor(f: io.BufferedReader, item: StorageItem, entry: TensorEntry, chunk: Chunk) -> torch.Tensor:
     """The chunk stored in one ``torch.save`` record, read into private memory (fast path)."""
     try:
         zf = zipfile.ZipFile(_Window(f, item.offset, item.length))
@@ -264,29 +263,10 @@ def _record_tensor(f: BinaryIO, item: StorageItem, entry: TensorEntry, chunk: Ch
     if reach >= ref.storage.numel:
         raise CheckpointError("corrupt record (the tensor reaches past its storage)")
     storage = torch.empty(ref.storage.numel, dtype=dtype)
-    _read_exact(f, item.offset + data_start, memoryview(storage.view(torch.uint8).numpy()))
+    _read_exact(f, item.offset + data_start, storage.view(torch.uint8).numpy().data)
     t = storage.as_strided(ref.size, ref.stride, ref.offset)
     # A view of a larger storage (DCP saves views as they are) keeps only its own elements.
     return t if t.is_contiguous() and t.numel() == ref.storage.numel else t.contiguous().clone()
-
-
-def _fallback_tensor(f: BinaryIO, item: StorageItem, chunk: Chunk, entry: TensorEntry) -> torch.Tensor:
-    """``torch.load(weights_only=True)`` of a record the fast path does not read (safe; copies)."""
-    try:
-        t = torch.load(_Window(f, item.offset, item.length), map_location="cpu", weights_only=True)
-    except Exception as exc:  # weights_only refusals, corrupt zips and more: all one message
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        raise CheckpointError(f"unreadable record ({text[:160]})") from None
-    if (
-        type(t) is not torch.Tensor
-        or t.layout != torch.strided
-        or tuple(t.shape) != chunk.sizes
-        or t.dtype != torch_dtype(entry.dtype)
-    ):
-        raise CheckpointError(
-            f"record does not hold a dense {entry.dtype} tensor of shape {list(chunk.sizes)}"
-        )
-    return t
 
 
 def _chunk_tensor(
@@ -300,11 +280,12 @@ def _chunk_tensor(
     f = files.open(meta.path.parent, item, key)
     where = meta.path.parent / item.relative_path
     try:
-        try:
-            return _record_tensor(f, item, entry, chunk)
-        except _NotUnderstood as why:
-            logger.info("%s: reading %s with torch.load(weights_only=True): %s", where, key, why)
-            return _fallback_tensor(f, item, chunk, entry)
+        return _record_tensor(f, item, entry, chunk)
+    except _NotUnderstood as why:
+        raise UnsupportedFormatError(
+            f"{where}: {key}: a torch.save record this reader does not know ({why}); "
+            "convert the run with torch.distributed.checkpoint.format_utils.dcp_to_torch_save"
+        ) from None
     except UnsupportedFormatError as exc:
         raise UnsupportedFormatError(f"{where}: {key}: {exc}") from None
     except CheckpointError as exc:

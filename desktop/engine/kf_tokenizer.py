@@ -3,9 +3,9 @@
 KempnerForge loads it with ``transformers.AutoTokenizer.from_pretrained(tokenizer_path)``: a
 local directory or a Hugging Face hub id. A hub id is resolved here from the local Hugging Face
 cache only (``HF_HUB_CACHE``, ``HF_HOME``; the ``models--org--name/snapshots/<rev>/`` layout),
-never from the network. The encoding is what ``AutoTokenizer.encode`` gives (its post-processor,
-which transformers rebuilds from ``add_bos_token`` / ``add_eos_token`` when
-``tokenizer_config.json`` sets them), and generation stops at its ``eos_token``.
+never from the network. The encoding is what ``AutoTokenizer.encode`` gives for a
+``tokenizer.json``: its own post-processor adds BOS where the tokenizer does (transformers 5
+keeps it, whatever ``add_bos_token`` says for such a file). Generation stops at its ``eos_token``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
-from tokenizers import processors
 
 from .errors import TokenizerError
 
@@ -81,7 +80,6 @@ class KFTokenizer:
         self.bos_id = bos if bos is not None else (self.eos_id if self.eos_id is not None else -1)
         self.stop_ids = frozenset({self.eos_id} if self.eos_id is not None else ())
         self.has_chat_tokens = False
-        self._apply_bos_eos_flags(config, bos_text)
 
     def _find_eos(self, config: dict[str, Any], special_map: dict[str, Any]) -> int | None:
         text = _token_text(config.get("eos_token")) or _token_text(special_map.get("eos_token"))
@@ -101,26 +99,6 @@ class KFTokenizer:
             f"{self.directory}: no eos_token; replies stop only at max tokens or the context"
         )
         return None
-
-    def _apply_bos_eos_flags(self, config: dict[str, Any], bos_text: str | None) -> None:
-        """transformers rebuilds the post-processor when the config sets either flag."""
-        if "add_bos_token" not in config and "add_eos_token" not in config:
-            return
-        add_bos = bool(config.get("add_bos_token")) and bos_text is not None
-        eos_text = _token_text(config.get("eos_token"))
-        add_eos = bool(config.get("add_eos_token")) and self.eos_id is not None
-        single = f"{bos_text + ':0 ' if add_bos else ''}$A:0{' ' + str(eos_text) + ':0' if add_eos else ''}"
-        bos_b = f" {bos_text}:1" if add_bos else ""
-        eos_b = f" {eos_text}:1" if add_eos else ""
-        pair = f"{single}{bos_b} $B:1{eos_b}"
-        specials = []
-        if add_bos:
-            specials.append((bos_text, self.bos_id))
-        if add_eos:
-            specials.append((eos_text, self.eos_id))
-        self._tok.post_processor = processors.TemplateProcessing(
-            single=single, pair=pair, special_tokens=specials
-        )
 
     def encode_prompt(self, text: str) -> list[int]:
         """What ``AutoTokenizer.encode(text)`` gives (and KempnerForge's generate script feeds)."""
