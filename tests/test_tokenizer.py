@@ -468,3 +468,159 @@ def test_the_scanned_pickle_is_the_one_tiktoken_builds(tmp_path):
     assert load_tokenizer(path).encode("hello world") == make_tiktoken_encoding(300).encode_ordinary(
         "hello world"
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# tokenizer.json is read as JSON and checked before the Rust library sees it
+
+
+def _edited_json(tmp_path: Path, edit) -> Path:
+    path = write_cpp_tokenizer_json(tmp_path / "t", vocab_size=JSON_VOCAB)
+    return hostile.edit_tokenizer_json(path, edit)
+
+
+def _padding(length):
+    return lambda d: d.update(
+        padding={
+            "strategy": {"Fixed": length},
+            "direction": "Right",
+            "pad_id": 0,
+            "pad_type_id": 0,
+            "pad_token": "<PAD>",
+            "pad_to_multiple_of": None,
+        }
+    )
+
+
+def _normalizer(node):
+    return lambda d: d.update(normalizer=node)
+
+
+def _split_regex(pattern):
+    def edit(d):
+        d["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": pattern}
+
+    return edit
+
+
+_REPLACE_A = {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (_padding(10**10), "the padding length is 10000000000, outside 0..1048576"),
+        (_padding(3 * 10**8), "the padding length is 300000000, outside 0..1048576"),
+        (
+            lambda d: d.update(truncation={"max_length": 10**12, "stride": 0, "strategy": "LongestFirst"}),
+            "the truncation length is 1000000000000, outside 0..1048576",
+        ),
+        (
+            _normalizer({"type": "Replace", "pattern": {"String": "a"}, "content": "x" * 10_000}),
+            "the normalizer can make a text over 256 times longer",
+        ),
+        (
+            _normalizer({"type": "Sequence", "normalizers": [_REPLACE_A] * 40}),
+            "the normalizer can make a text over 256 times longer",
+        ),
+        (
+            _normalizer({"type": "Precompiled", "precompiled_charsmap": "AAAA"}),
+            "the normalizer has normalizer type 'Precompiled', which Nanoscope does not run",
+        ),
+        (
+            _split_regex(r"(\w+)+;"),
+            "the pre_tokenizer.pretokenizers[0] (Split): the split pattern repeats a group that itself "
+            "repeats, which can take exponential time",
+        ),
+        (lambda d: d.pop("model"), "it has no model object"),
+    ],
+)
+def test_tokenizer_json_settings_that_abort_or_explode_are_refused(tmp_path, edit, problem):
+    path = _edited_json(tmp_path, edit)
+    with pytest.raises(TokenizerError) as err:
+        load_tokenizer(path)
+    assert str(err.value) == f"{path}: refused tokenizer.json: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (hostile.deep_json(), "nested deeper than 64 levels"),
+        (hostile.huge_int_json(), "a number has more than 4300 digits"),
+        ('{"model": {"dropout": NaN}}', "NaN is not a JSON value"),
+    ],
+)
+def test_tokenizer_json_that_python_would_choke_on(tmp_path, text, problem):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(TokenizerError) as err:
+        load_tokenizer(path)
+    assert str(err.value) == f"{path}: not a valid tokenizer.json ({problem})"
+
+
+def test_padding_and_truncation_are_ignored_with_a_warning(tmp_path, cpp):
+    path = _edited_json(
+        tmp_path,
+        lambda d: (
+            _padding(64)(d),
+            d.update(truncation={"max_length": 3, "stride": 0, "strategy": "LongestFirst"}),
+        ),
+    )
+    tok = load_tokenizer(path)
+    text = "int main ( ) { return 0 ; }"
+    assert tok.encode(text) == cpp.encode(text)
+    assert tok.warnings == [
+        "tokenizer.json asks for padding; Nanoscope encodes prompts unpadded and ignores it",
+        "tokenizer.json truncates encodings to 3 tokens; Nanoscope never cuts a prompt there and ignores it",
+    ]
+
+
+def test_a_panic_inside_the_library_is_a_tokenizer_error(tmp_path, monkeypatch):
+    """A PanicException is a BaseException: uncaught, it used to end the worker thread without a
+    signal. The load-time check refuses the nested pattern that causes this one, so the library
+    object is swapped in behind the check's back."""
+    tok = load_tokenizer(write_cpp_tokenizer_json(tmp_path / "t", vocab_size=JSON_VOCAB))
+    raw = _edited_json(tmp_path / "raw", _split_regex(r"(a+)+;"))
+    monkeypatch.setattr(tok, "_hf", HFTokenizer.from_file(str(raw)))
+    with pytest.raises(TokenizerError) as err:
+        tok.encode("a" * 5000)
+    assert str(err.value).startswith(f"{tok.path}: the tokenizer crashed while encoding (Onig: ")
+
+
+def test_a_lone_surrogate_encodes_as_the_replacement_character(cpp, tik):
+    for tok in (cpp, tik):
+        assert tok.encode("int a\ud800b;") == tok.encode("int a\ufffdb;")
+
+
+_LINES = st.lists(
+    st.text(alphabet=st.sampled_from(list("abc xyz(){};=+\n\t 12é世")), max_size=60),
+    min_size=300,
+    max_size=400,
+)
+
+
+@settings(max_examples=15, deadline=None)
+@given(lines=_LINES)
+def test_long_texts_encode_in_chunks_to_the_same_ids(tik, cpp, lines):
+    from desktop.engine.tokenizer_checks import CHUNK_CHARS, text_chunks
+
+    unit = "\n".join(lines) + "\nend;\n"
+    text = unit * (2 * CHUNK_CHARS // len(unit) + 2)
+    assert len(list(text_chunks(text))) > 1
+    assert "".join(text_chunks(text)) == text
+    whole = tik._enc.encode_ordinary(text)
+    assert tik.encode(text) == whole
+    assert cpp.encode(text) == cpp._encode(text)
+
+
+def test_stop_reaches_a_long_encoding(tik):
+    import threading
+
+    from desktop.engine.tokenizer_checks import EncodingCancelled
+
+    cancel = threading.Event()
+    cancel.set()
+    text = "word word\n" * 5000
+    with pytest.raises(EncodingCancelled):
+        tik.encode(text, cancel)
+    assert tik.encode("short text", cancel) == tik._enc.encode_ordinary("short text")

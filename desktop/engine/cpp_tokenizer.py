@@ -19,6 +19,7 @@ Two deliberate differences from the fork:
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import TokenizerError
 from .special_tokens import CHAT_TOKENS
+from .tokenizer_checks import checked_tokenizer_json, clean_text, encode_in_chunks, rust_errors
 
 # Angle-bracket names of control tokens (<BOS>, <RESERVED_19>, nanochat-style <|bos|>). Operators
 # such as <=> are added tokens too but are ordinary text.
@@ -229,19 +231,22 @@ class CppTokenizer:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.warnings: list[str] = []
-        if not self.path.is_file():
-            raise TokenizerError(f"{self.path}: tokenizer file not found")
-        try:
-            self._hf = HFTokenizer.from_file(str(self.path))
-        except Exception as exc:  # tokenizers raises plain Exception for bad JSON or models
-            detail = " ".join(str(exc).split())
-            raise TokenizerError(f"{self.path}: not a valid tokenizer.json ({detail})") from exc
-        vocab = self._hf.get_vocab(with_added_tokens=True)
+        # Read and checked as plain JSON first: some settings abort the process inside Rust.
+        text, warnings = checked_tokenizer_json(self.path)
+        self.warnings: list[str] = warnings
+        with rust_errors(self.path, "reading tokenizer.json"):
+            try:
+                self._hf = HFTokenizer.from_str(text)
+            except Exception as exc:  # tokenizers raises plain Exception for bad JSON or models
+                detail = " ".join(str(exc).split())[:200]
+                raise TokenizerError(f"{self.path}: not a valid tokenizer.json ({detail})") from None
+            vocab = self._hf.get_vocab(with_added_tokens=True)
+            added = self._hf.get_added_tokens_decoder()
+        with rust_errors(self.path, "encoding a test text"):  # fail at load, not mid-chat
+            self._hf.encode("int main() { return a->b + 1; }\n", add_special_tokens=False)
         if not vocab:
             raise TokenizerError(f"{self.path}: tokenizer.json has an empty vocabulary")
         self._id_to_token = {i: t for t, i in vocab.items()}
-        added = self._hf.get_added_tokens_decoder()
         self._added_ids = frozenset(added)
         self._controls = {t.content: i for i, t in added.items() if _CONTROL_NAME.fullmatch(t.content)}
         self._control_names = {i: name for name, i in self._controls.items()}
@@ -260,7 +265,11 @@ class CppTokenizer:
         self.has_chat_tokens = all(self._controls.get(name) is not None for name in CHAT_TOKENS)
         self._tool_result_warned = False
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
+        with rust_errors(self.path, "encoding"):
+            return encode_in_chunks(self._encode, clean_text(text), cancel, self.path)
+
+    def _encode(self, text: str) -> list[int]:
         if self._control_pattern is None:
             return self._hf.encode(text, add_special_tokens=False).ids
         ids: list[int] = []

@@ -295,9 +295,12 @@ class _Machine:
                 if name in _ATOM_OPS:
                     if len(stack) >= max_stack:
                         raise PickleRefused("limit", f"the pickle holds more than {max_stack} items at once")
-                    kind = type(arg)
-                    keep = (kind is int and -1 < arg < _INT64) or (kind is str and len(arg) <= _MAX_KEPT_STR)
-                    stack.append(_Item("atom", 0, arg if keep or kind is float or kind is bool else None))
+                    keep = (
+                        (type(arg) is int and -1 < arg < _INT64)
+                        or (type(arg) is str and len(arg) <= _MAX_KEPT_STR)
+                        or type(arg) in (float, bool)
+                    )
+                    stack.append(_Item("atom", 0, arg if keep else None))
                     continue
                 if name in _MEMO_OPS:
                     if not stack or (marks and len(stack) <= marks[-1]):
@@ -386,8 +389,8 @@ class _Machine:
         if func.kind != "global":
             raise PickleRefused("global", "", f"a computed {noun(func.kind)} (called by {opname})")
         if func.value not in self.policy.callables:
-            module, name = func.value  # type: ignore[misc]
-            raise PickleRefused("global", "only allowed as a value, never called", f"{module}.{name}")
+            named: tuple[str, str] = func.value  # type: ignore[assignment]
+            raise PickleRefused("global", "only allowed as a value, never called", ".".join(named))
         if args.kind != "tuple":
             raise PickleRefused("corrupt", f"{opname} arguments are a {noun(args.kind)}, not a tuple")
         if func.value == _ORDERED_DICT:

@@ -8,10 +8,15 @@ Two kinds exist in the nanochat family (docs/ARCHITECTURE.md, Eras: Tokenizers):
 
 Both sit behind :class:`Tokenizer` so generation never branches on the kind, except to ask
 :meth:`Tokenizer.special_id` for the tokens its state machine reacts to.
+
+Both are Rust libraries: every call goes through :func:`.tokenizer_checks.rust_errors`, so a
+panic is a :class:`TokenizerError` (never a ``BaseException`` that ends the worker), and long
+texts are encoded a chunk at a time (:func:`.tokenizer_checks.encode_in_chunks`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +27,7 @@ from .cpp_tokenizer import CppTokenizer
 from .errors import TokenizerError
 from .safe_pickle import load_tiktoken_pickle
 from .special_tokens import ASSISTANT_END, BOS, CHAT_TOKENS
+from .tokenizer_checks import clean_text, encode_in_chunks, rust_errors
 
 PKL_NAME = "tokenizer.pkl"
 JSON_NAME = "tokenizer.json"
@@ -38,8 +44,12 @@ class Tokenizer(Protocol):
     has_chat_tokens: bool  # <|user_start|>, <|assistant_start|> and <|assistant_end|> all exist
     warnings: list[str]  # things the user should know about this file, shown once at load time
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of ordinary text; special-token names written in ``text`` stay ordinary text."""
+    def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
+        """Ids of ordinary text; special-token names written in ``text`` stay ordinary text.
+
+        A long text is encoded a chunk at a time; ``cancel`` set between two chunks raises
+        :class:`~.tokenizer_checks.EncodingCancelled`. Lone surrogates encode as U+FFFD.
+        """
         ...
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -75,12 +85,14 @@ class TiktokenTokenizer:
         self.stop_ids = frozenset(i for i in (self._specials.get(ASSISTANT_END), bos) if i is not None)
         self.has_chat_tokens = all(name in self._specials for name in CHAT_TOKENS)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
         # encode_ordinary never turns "<|bos|>" typed by a user into the special token.
-        return self._enc.encode_ordinary(text)
+        with rust_errors(self.path, "encoding"):
+            return encode_in_chunks(self._enc.encode_ordinary, clean_text(text), cancel, self.path)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._enc.decode(list(ids))
+        with rust_errors(self.path, "decoding"):
+            return self._enc.decode(list(ids))
 
     def special_id(self, name: str) -> int | None:
         return self._specials.get(name)
@@ -95,7 +107,6 @@ def load_tokenizer(path: Path) -> Tokenizer:
     if path.suffix == ".pkl":
         return TiktokenTokenizer(load_tiktoken_pickle(path), path)
     if path.suffix == ".json":
-
         return CppTokenizer(path)
     raise TokenizerError(f"{path}: not a tokenizer file (expected tokenizer.pkl or tokenizer.json)")
 

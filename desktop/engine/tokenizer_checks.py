@@ -12,12 +12,17 @@ retry limit in ``tokenizers``). So:
 * :func:`pattern_problem` looks at a split regex for nested repetition (exponential
   backtracking) and, for tiktoken, for matches of the empty string;
 * :func:`rust_errors` turns a panic (or any library error) inside a call into a
-  :class:`TokenizerError`.
+  :class:`TokenizerError`;
+* :func:`text_chunks` cuts a long text where neither tokenizer's pieces can cross, so a pattern
+  that is quadratic in the length of what it scans costs linear time, and encoding can stop
+  between chunks when asked to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,6 +60,56 @@ _PROBES = ("", "a", " ", "\n", "1", "!", "hello world\n\n  x = 12;\r\n", "héllo
 
 class TokenizerLibraryError(TokenizerError):
     """The tokenizer library failed (or panicked) on an input."""
+
+
+class EncodingCancelled(TokenizerError):
+    """Stop was pressed while a long prompt was being encoded."""
+
+
+# Texts longer than this are encoded a chunk at a time.
+CHUNK_CHARS = 4096
+# A line break followed by a non-space character. Neither nanochat's split pattern (GPT-4 style:
+# no piece runs from a newline into a following non-space character) nor the fork's (its newline
+# tokens are whole runs of line breaks, its words never span one) puts a piece across it, and
+# encoding restarts there in the same state, so chunked and whole encodings are the same ids.
+_BOUNDARY = re.compile(r"\n(?=\S)")
+
+
+def text_chunks(text: str) -> Iterator[str]:
+    """``text`` in pieces of about :data:`CHUNK_CHARS`, cut only at a :data:`_BOUNDARY`.
+
+    A text with no such boundary (one enormous line) stays whole.
+    """
+    start = 0
+    while len(text) - start > 2 * CHUNK_CHARS:
+        found = _BOUNDARY.search(text, start + CHUNK_CHARS)
+        if found is None:
+            break
+        yield text[start : found.end()]
+        start = found.end()
+    yield text[start:]
+
+
+def encode_in_chunks(
+    encode: Callable[[str], list[int]], text: str, cancel: threading.Event | None, path: Path
+) -> list[int]:
+    """``encode`` over :func:`text_chunks`, checking ``cancel`` between chunks."""
+    ids: list[int] = []
+    for i, chunk in enumerate(text_chunks(text)):
+        if i and cancel is not None and cancel.is_set():
+            raise EncodingCancelled(f"{path}: stopped while encoding the prompt")
+        ids.extend(encode(chunk))
+    return ids
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates (which no UTF-8 encoder accepts) replaced by U+FFFD, the way
+    tiktoken itself repairs them; anything else is returned unchanged."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _one_line(exc: BaseException) -> str:
