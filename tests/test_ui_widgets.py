@@ -326,7 +326,7 @@ def test_long_chat_builds_widgets_lazily_and_loads_older_on_scroll(qtbot):
     messages = [Message.of_text("user" if i % 2 == 0 else "assistant", f"message {i}") for i in range(200)]
     view.set_messages(messages)
     assert len(view.widgets) == BATCH and view.widgets[-1].message is messages[-1]
-    bar = view.scroll.verticalScrollBar()
+    bar = view.scroll_area.verticalScrollBar()
     qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
 
     def scrolled_to_the_first() -> None:
@@ -345,7 +345,7 @@ def test_auto_scroll_follows_until_the_user_scrolls_up(qtbot):
     view.set_messages([Message.of_text("user", f"line {i}\n" * 3) for i in range(12)])
     reply = Message("assistant")
     view.begin_assistant(reply)
-    bar = view.scroll.verticalScrollBar()
+    bar = view.scroll_area.verticalScrollBar()
 
     def stream(ev: TokenEvent) -> None:
         reply.add_event(ev)
@@ -385,7 +385,7 @@ def test_empty_state_and_mode_notice(qtbot):
     view.set_mode_notice(None)
     assert view.notice.isHidden()
     view.set_messages([Message.of_text("user", "hi")])
-    assert view.stack.currentWidget() is view.scroll
+    assert view.stack.currentWidget() is view.scroll_area
     view.clear()
     assert view.stack.currentWidget() is view.placeholder and view.widgets == []
 

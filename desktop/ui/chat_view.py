@@ -91,17 +91,17 @@ class ChatView(QWidget):
         self.notice.hide()
 
         self.column = _Column()
-        self.scroll = QScrollArea()
-        self.scroll.setObjectName("ChatScroll")
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setWidget(self.column)
+        self.scroll_area = QScrollArea()
+        self.scroll_area.setObjectName("ChatScroll")
+        self.scroll_area.setWidgetResizable(True)
+        self.scroll_area.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll_area.setWidget(self.column)
 
         self.placeholder = self._build_placeholder()
         self.stack = QStackedWidget()
         self.stack.addWidget(self.placeholder)
-        self.stack.addWidget(self.scroll)
+        self.stack.addWidget(self.scroll_area)
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
@@ -119,7 +119,7 @@ class ChatView(QWidget):
         self.jump_btn.clicked.connect(self.scroll_to_bottom)
         self.jump_btn.hide()
 
-        bar = self.scroll.verticalScrollBar()
+        bar = self.scroll_area.verticalScrollBar()
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
 
@@ -184,12 +184,12 @@ class ChatView(QWidget):
             self.column.box.removeWidget(w)
         self.widgets = []
         for i in range(first, len(messages)):
-            w = keep.get(i)
-            if w is None:
-                w = self._create(i)
-            else:
+            if i in keep:
+                w = keep[i]
                 w.set_message(messages[i])
                 w.set_sibling(*self.siblings[i])
+            else:
+                w = self._create(i)
             self.column.box.insertWidget(i - first, w)
             self.widgets.append(w)
         self._first = first
@@ -206,7 +206,8 @@ class ChatView(QWidget):
         view only re-renders it. ``siblings`` is its (index, count) among regenerated replies.
         """
         self.messages.append(message)
-        self.siblings.append(tuple(siblings))
+        index, count = siblings
+        self.siblings.append((index, count))
         w = self._create(len(self.messages) - 1, streaming=True)
         self.column.box.insertWidget(len(self.widgets), w)
         self.widgets.append(w)
@@ -240,21 +241,26 @@ class ChatView(QWidget):
             w.set_raw_tokens(self._raw_of(w.message))
         return w
 
+    def _sender_index(self) -> int:
+        sender = self.sender()
+        assert isinstance(sender, MessageWidget)  # these slots are connected only in _create
+        return sender.index
+
     def _on_regenerate(self) -> None:
-        self.regenerate_requested.emit(self.sender().index)
+        self.regenerate_requested.emit(self._sender_index())
 
     def _on_edit(self, text: str) -> None:
-        self.edit_requested.emit(self.sender().index, text)
+        self.edit_requested.emit(self._sender_index(), text)
 
     def _on_branch(self, direction: int) -> None:
-        self.branch_requested.emit(self.sender().index, direction)
+        self.branch_requested.emit(self._sender_index(), direction)
 
     def _pin_last(self) -> None:
         for w in self.widgets:
             w.set_actions_pinned(w is self.widgets[-1])
 
     def _update_page(self) -> None:
-        self.stack.setCurrentWidget(self.scroll if self.messages else self.placeholder)
+        self.stack.setCurrentWidget(self.scroll_area if self.messages else self.placeholder)
         self._place_jump_button()
 
     # ----- raw tokens ------------------------------------------------------------------------
@@ -281,7 +287,7 @@ class ChatView(QWidget):
     def scroll_to_bottom(self) -> None:
         self._follow = True
         self._anchor = None
-        bar = self.scroll.verticalScrollBar()
+        bar = self.scroll_area.verticalScrollBar()
         self._set_value(bar.maximum())
         self._place_jump_button()
 
@@ -290,13 +296,13 @@ class ChatView(QWidget):
 
     def _set_value(self, value: int) -> None:
         self._adjusting = True
-        self.scroll.verticalScrollBar().setValue(value)
+        self.scroll_area.verticalScrollBar().setValue(value)
         self._adjusting = False
 
     def _on_scrolled(self, value: int) -> None:
         if self._adjusting:
             return
-        bar = self.scroll.verticalScrollBar()
+        bar = self.scroll_area.verticalScrollBar()
         self._follow = value >= bar.maximum() - FOLLOW_SLACK_PX
         self._anchor = None
         self._place_jump_button()
@@ -312,7 +318,7 @@ class ChatView(QWidget):
         self._maybe_load_older()
 
     def _maybe_load_older(self) -> None:
-        near_top = self.scroll.verticalScrollBar().value() <= LOAD_OLDER_PX
+        near_top = self.scroll_area.verticalScrollBar().value() <= LOAD_OLDER_PX
         if self._first > 0 and near_top:
             self._load_older_soon()
 
@@ -322,7 +328,7 @@ class ChatView(QWidget):
             return
         top = self.widgets[0]
         if not self._follow:
-            self._anchor = (top, top.y() - self.scroll.verticalScrollBar().value())
+            self._anchor = (top, top.y() - self.scroll_area.verticalScrollBar().value())
         start = max(0, self._first - BATCH)
         older = [self._create(i) for i in range(start, self._first)]
         for k, w in enumerate(older):
@@ -331,8 +337,8 @@ class ChatView(QWidget):
         self._first = start
 
     def _place_jump_button(self) -> None:
-        bar = self.scroll.verticalScrollBar()
-        show = not self._follow and bar.maximum() > 0 and self.stack.currentWidget() is self.scroll
+        bar = self.scroll_area.verticalScrollBar()
+        show = not self._follow and bar.maximum() > 0 and self.stack.currentWidget() is self.scroll_area
         self.jump_btn.setVisible(show)
         if show:
             self.jump_btn.move((self.width() - self.jump_btn.width()) // 2, self.height() - 52)

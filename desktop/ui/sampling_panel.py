@@ -57,14 +57,17 @@ class _KnobRow(QWidget):
         self.label = QLabel(knob.label)
         self.note = QLabel()
         self.note.setObjectName("Muted")
+        # An open lower bound (top-p 0 keeps no token) starts one step above it.
+        lo = knob.lo + (knob.step if knob.lo_open else 0)
         if knob.decimals:
-            self.box: QSpinBox | QDoubleSpinBox = QDoubleSpinBox()
-            self.box.setDecimals(knob.decimals)
-            self.box.setSingleStep(knob.step)
+            decimal_box = QDoubleSpinBox()
+            decimal_box.setDecimals(knob.decimals)
+            decimal_box.setSingleStep(knob.step)
+            decimal_box.setRange(lo, knob.hi)
+            self.box: QSpinBox | QDoubleSpinBox = decimal_box
         else:
             self.box = QSpinBox()
-        # An open lower bound (top-p 0 keeps no token) starts one step above it.
-        self.box.setRange(knob.lo + (knob.step if knob.lo_open else 0), knob.hi)
+            self.box.setRange(int(lo), int(knob.hi))  # a knob without decimals has whole bounds
         self.box.setFixedWidth(78)
         self.box.setAlignment(Qt.AlignmentFlag.AlignRight)
         self.box.setButtonSymbols(QAbstractSpinBox.ButtonSymbols.NoButtons)
@@ -93,7 +96,7 @@ class _KnobRow(QWidget):
 
     def _from_slider(self, position: int) -> None:
         value = position / self.scale
-        self.box.setValue(round(value, self.knob.decimals) if self.knob.decimals else round(value))
+        self._set_box(round(value, self.knob.decimals) if self.knob.decimals else round(value))
 
     def _from_box(self, _value: float) -> None:
         self._sync_slider()
@@ -116,9 +119,15 @@ class _KnobRow(QWidget):
     def set_value(self, value: float) -> None:
         """Set without emitting ``changed``."""
         self.box.blockSignals(True)
-        self.box.setValue(value)
+        self._set_box(value)
         self.box.blockSignals(False)
         self._sync_slider()
+
+    def _set_box(self, value: float) -> None:
+        if isinstance(self.box, QSpinBox):
+            self.box.setValue(int(value))  # what Qt did with a float: truncate
+        else:
+            self.box.setValue(value)
 
 
 class SamplingPanel(QFrame):
@@ -192,17 +201,17 @@ class SamplingPanel(QFrame):
         col.addWidget(self.reset_btn)
         col.addStretch(1)
 
-        self.scroll = QScrollArea()
-        self.scroll.setObjectName("PanelScroll")
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setWidget(self.body)
+        self.scroll_area = QScrollArea()
+        self.scroll_area.setObjectName("PanelScroll")
+        self.scroll_area.setWidgetResizable(True)
+        self.scroll_area.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll_area.setWidget(self.body)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.setSpacing(0)
         outer.addLayout(header)
-        outer.addWidget(self.scroll, 1)
+        outer.addWidget(self.scroll_area, 1)
         self._filler = QWidget()  # keeps the header at the top while the panel is folded
         self._filler.hide()
         outer.addWidget(self._filler, 1)
@@ -405,13 +414,13 @@ class SamplingPanel(QFrame):
     # ----- folding ---------------------------------------------------------------------------
 
     def is_collapsed(self) -> bool:
-        return self.scroll.isHidden()
+        return self.scroll_area.isHidden()
 
     def set_collapsed(self, collapsed: bool) -> None:
         """Fold to a thin strip holding only the unfold button (or unfold)."""
         if collapsed == self.is_collapsed():
             return
-        self.scroll.setVisible(not collapsed)
+        self.scroll_area.setVisible(not collapsed)
         self.title.setVisible(not collapsed)
         self._filler.setVisible(collapsed)
         self.setMinimumWidth(COLLAPSED_WIDTH if collapsed else EXPANDED_MIN_WIDTH)
