@@ -8,8 +8,9 @@ for a few seconds; the store only marks the chat deleted, so Undo is cheap.
 from __future__ import annotations
 
 import time
+from functools import partial
 
-from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QAction, QColor, QFont, QKeySequence, QPainter, QPainterPath
 from PySide6.QtWidgets import (
     QFrame,
@@ -61,11 +62,13 @@ class _RowDelegate(QStyledItemDelegate):
 
     PAD_X, PAD_Y, GAP = 10, 7, 2
 
-    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> QSize:
         fm = option.fontMetrics
         return QSize(120, 2 * self.PAD_Y + fm.height() * 2 + self.GAP)
 
-    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+    def paint(
+        self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> None:
         c = theme.colors()
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
@@ -114,7 +117,9 @@ class _RowDelegate(QStyledItemDelegate):
                 break
             marked = not marked
 
-    def updateEditorGeometry(self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+    def updateEditorGeometry(
+        self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> None:
         rect = option.rect.adjusted(self.PAD_X - 4, self.PAD_Y - 3, -self.PAD_X + 2, 0)
         rect.setHeight(option.fontMetrics.height() + 8)
         editor.setGeometry(rect)
@@ -356,7 +361,7 @@ class HistorySidebar(QFrame):
         menu.addAction("Rename", lambda: self.rename(conv_id)).setShortcut(QKeySequence("F2"))
         export = menu.addMenu("Export as")
         for fmt, label in EXPORT_FORMATS:
-            export.addAction(label, lambda fmt=fmt: self.export_requested.emit(conv_id, fmt))
+            export.addAction(label, partial(self.export_requested.emit, conv_id, fmt))
         menu.addSeparator()
         menu.addAction("Delete", lambda: self.delete(conv_id)).setShortcut(QKeySequence.StandardKey.Delete)
         menu.exec(self.list.viewport().mapToGlobal(pos))

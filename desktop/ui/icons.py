@@ -40,6 +40,10 @@ def _dot(p: QPainter, x: float, y: float, r: float = 1.2) -> None:
 
 
 def _draw(name: str, p: QPainter) -> None:
+    # The branches share these names, and the grid takes half units as well as whole ones.
+    x: float
+    y: float
+    outline: tuple[tuple[float, float], ...]
     if name == "copy":
         p.drawRoundedRect(QRectF(9, 9, 12, 12), 2, 2)
         _poly(p, (5, 15), (4, 15), (3, 14), (3, 4), (4, 3), (14, 3), (15, 4), (15, 5))

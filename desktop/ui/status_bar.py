@@ -45,7 +45,7 @@ class StatusBar(QStatusBar):
         self.context_bar.setProperty("level", "ok")
         for w in (self.device, self.dtype, self.attention, self.speed, self.ttft, self.context):
             w.setAccessibleName(w.toolTip())
-        for w in (
+        for widget in (
             self.device,
             self.dtype,
             self.attention,
@@ -54,7 +54,7 @@ class StatusBar(QStatusBar):
             self.context,
             self.context_bar,
         ):
-            self.addPermanentWidget(w)
+            self.addPermanentWidget(widget)
         self.dtype.hide()
         self.attention.hide()
 

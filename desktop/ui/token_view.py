@@ -26,6 +26,7 @@ from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
+    QHelpEvent,
     QLinearGradient,
     QPainter,
     QTextCharFormat,
@@ -422,6 +423,7 @@ class TokenView(QTextEdit):
 
     def viewportEvent(self, event: QEvent) -> bool:
         if event.type() == QEvent.Type.ToolTip:
+            assert isinstance(event, QHelpEvent)  # what Qt sends a ToolTip as
             offset = QPointF(self.horizontalScrollBar().value(), self.verticalScrollBar().value())
             hit = (
                 self.document()
