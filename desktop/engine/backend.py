@@ -153,6 +153,9 @@ class GenerationStats:
     ttft_ms: float = 0.0
     decode_tok_s: float = 0.0
     stopped: str = ""  # "stop_token" | "max_tokens" | "cancelled" | "context"
+    # Steps whose distribution could not be sampled (NaN, nothing kept by top-p, an overflowing
+    # temperature) and took the most likely token instead (engine/sampling.py); 0 normally.
+    greedy_fallbacks: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

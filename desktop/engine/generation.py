@@ -131,8 +131,10 @@ def generate_columns(
     cancel: threading.Event | None = None,
     logprobs: int = 0,
     calculator: Calculator = calculate,
+    stats: GenerationStats | None = None,
 ) -> Iterator[Column]:
-    """Yield one :class:`Column` per step. ``cache`` may already hold a prefix of ``prompt``."""
+    """Yield one :class:`Column` per step. ``cache`` may already hold a prefix of ``prompt``.
+    ``stats.greedy_fallbacks`` counts steps whose distribution could not be sampled."""
     check_context(model, len(prompt), params.max_tokens)
     device = model.device
     rng = torch.Generator(device=device)
@@ -152,6 +154,10 @@ def generate_columns(
         logits = logits.expand(num_samples, -1)
     rows = [Row() for _ in range(num_samples)]
     generated = 0
+
+    def on_greedy(_rows: int) -> None:
+        if stats is not None:
+            stats.greedy_fallbacks += 1
     while True:
         if params.max_tokens is not None and generated >= params.max_tokens:
             break
@@ -160,7 +166,7 @@ def generate_columns(
         if cache.pos >= cfg.rope_len:
             break
         history = cache.tokens[:, : cache.pos] if params.repetition_penalty != 1.0 else None
-        sampled = sample_next(logits, rng, params, history)[:, 0].tolist()
+        sampled = sample_next(logits, rng, params, history, on_greedy)[:, 0].tolist()
         column, forced = [], []
         for i, row in enumerate(rows):
             is_forced = bool(row.forced)
@@ -251,7 +257,9 @@ def stream_reply(
     t0 = time.perf_counter()
     t_first = None
     stats.stopped = "max_tokens"
-    for col in generate_columns(model, tok, prompt, params, cache=cache, cancel=cancel, logprobs=logprobs):
+    for col in generate_columns(
+        model, tok, prompt, params, cache=cache, cancel=cancel, logprobs=logprobs, stats=stats
+    ):
         now = time.perf_counter()
         if t_first is None:
             t_first = now

@@ -9,6 +9,13 @@ tokens nanochat gives. A chat window starts on :data:`CHAT_DEFAULTS` instead, th
 preset (temperature 0.8, top-k 50): what nanochat's own chat web UI starts with, and the 0.7-0.8
 that LM Studio and GPT4All users are used to. A person chatting wants fluent replies; a person
 checking a checkpoint against nanochat wants the raw distribution. Both come from this module.
+
+Infinity. ``temperature=inf`` would make every token equally likely and ``repetition_penalty=inf``
+would forbid every token already seen (or, for negative logits, make it infinitely likely); neither
+is a setting anyone means, so both are refused with a message, like NaN. Values that are valid but
+extreme (a temperature of 1e-30, a top-p of 1e-300) are accepted: the sampler falls back to the
+most likely token where the distribution they give cannot be sampled, and says so in the reply's
+stats (``GenerationStats.greedy_fallbacks``).
 """
 
 from __future__ import annotations
@@ -129,24 +136,41 @@ FILTER_KEYS: tuple[str, ...] = ("temperature", "top_k", "top_p", "min_p", "repet
 INT_KEYS = frozenset(k.key for k in KNOBS if k.decimals == 0)
 
 
+def _bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _shown(value: float | int) -> str:
+    """A value for a message (a 400-digit int is not echoed)."""
+    if isinstance(value, int) and abs(value) >= 10**20:
+        return f"a {int(abs(value).bit_length() * 0.30103) + 1}-digit number"
+    return repr(value)
+
+
 def _check(knob: Knob, value: Any) -> float | int:
     """``value`` as the knob's type, or ValueError with one readable line."""
     name = knob.key
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise ValueError(
+            f"{name} must be a number, got {_shown(value) if isinstance(value, int) else repr(value)[:60]}"
+        )
     if knob.key in INT_KEYS:
         if isinstance(value, float):
             if not value.is_integer():
                 raise ValueError(f"{name} must be a whole number, got {value!r}")
             value = int(value)
     else:
+        if isinstance(value, int) and abs(value) > 1e300:
+            value = math.inf if value > 0 else -math.inf
         value = float(value)
         if math.isnan(value):
             raise ValueError(f"{name} must be a number, got nan")
+        if math.isinf(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
     low_ok = value > knob.lo if knob.lo_open else value >= knob.lo
     if not low_ok or value > knob.hi:
-        lo = f"({knob.lo:g}" if knob.lo_open else f"[{knob.lo:g}"
-        raise ValueError(f"{name} must be in {lo}, {knob.hi:g}], got {value!r}")
+        lo = f"({_bound(knob.lo)}" if knob.lo_open else f"[{_bound(knob.lo)}"
+        raise ValueError(f"{name} must be in {lo}, {_bound(knob.hi)}], got {_shown(value)}")
     return value
 
 

@@ -3,14 +3,26 @@
 With top-p, min-p and the repetition penalty off, this is nanochat's ``sample_next_token`` op for
 op (same torch calls in the same order, the same Generator use), so a seed reproduces nanochat's
 tokens exactly. The extra filters are applied only when they are switched on.
+
+A distribution that cannot be sampled never reaches ``torch.multinomial``: a temperature of 1e-30
+overflows the logits to inf (softmax then gives NaN), a top-p of 1e-300 rounds to zero and keeps no
+token, a tiny repetition penalty overflows the penalised logits, and a model can emit NaN itself.
+Such a row takes its most likely token instead (the one-hot row is still drawn by the same
+``multinomial`` call, so the Generator advances as it would have), and ``on_greedy`` is told how
+many rows fell back, for the reply's stats.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .params import SamplingParams
+
+# Called with the number of rows of this step that fell back to their most likely token.
+GreedyFallback = Callable[[int], None]
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -31,26 +43,45 @@ def _filter_probs(probs: torch.Tensor, top_p: float, min_p: float) -> torch.Tens
     return probs
 
 
+def _draw(
+    probs: torch.Tensor, scores: torch.Tensor, rng: torch.Generator, on_greedy: GreedyFallback | None
+) -> torch.Tensor:
+    """``multinomial(probs)``, where a row that is not a distribution (NaN, inf, all zero) is
+    replaced by the one-hot of its highest ``scores`` entry (NaN counting as lowest)."""
+    usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
+    if not bool(usable.all()):
+        best = torch.nan_to_num(scores, nan=-torch.inf).argmax(dim=-1, keepdim=True)
+        one_hot = torch.zeros_like(probs).scatter(1, best, 1.0)
+        probs = torch.where(usable.unsqueeze(-1), probs, one_hot)
+        if on_greedy is not None:
+            on_greedy(int((~usable).sum()))
+    return torch.multinomial(probs, num_samples=1, generator=rng)
+
+
 def sample_next(
-    logits: torch.Tensor, rng: torch.Generator, params: SamplingParams, history: torch.Tensor | None = None
+    logits: torch.Tensor,
+    rng: torch.Generator,
+    params: SamplingParams,
+    history: torch.Tensor | None = None,
+    on_greedy: GreedyFallback | None = None,
 ) -> torch.Tensor:
     """Sample one token per row from ``logits`` (B, V) float32. Returns (B, 1) int64."""
     if params.repetition_penalty != 1.0 and history is not None and history.numel():
         logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
     temperature, top_k = params.temperature, params.top_k
     if temperature == 0.0:
-        return torch.argmax(logits, dim=-1, keepdim=True)
+        return torch.nan_to_num(logits, nan=-torch.inf).argmax(dim=-1, keepdim=True)
     if top_k > 0:
         k = min(top_k, logits.size(-1))
         vals, idx = torch.topk(logits, k, dim=-1)
-        vals = vals / temperature
-        probs = F.softmax(vals, dim=-1)
+        scaled = vals / temperature
+        probs = F.softmax(scaled, dim=-1)
         if not params.plain:
             probs = _filter_probs(probs, params.top_p, params.min_p)
-        choice = torch.multinomial(probs, num_samples=1, generator=rng)
+        choice = _draw(probs, vals, rng, on_greedy)
         return idx.gather(1, choice)
-    logits = logits / temperature
-    probs = F.softmax(logits, dim=-1)
+    scaled = logits / temperature
+    probs = F.softmax(scaled, dim=-1)
     if not params.plain:
         probs = _filter_probs(probs, params.top_p, params.min_p)
-    return torch.multinomial(probs, num_samples=1, generator=rng)
+    return _draw(probs, logits, rng, on_greedy)
