@@ -43,6 +43,8 @@ CONFIGS = {
     "relu-mha": RefConfig(activation="relu", n_layers=3, norm_eps=1e-6, ffn_hidden_dim=40),
 }
 PROMPT = "Once upon a time there was"
+# The files of the gpt2 hub repo that decide its tokenizer: no eos_token, the GPT-2 class names it.
+GPT2_LIKE = {"tokenizer_config.json": {"model_max_length": 1024}, "config.json": {"model_type": "gpt2"}}
 
 
 def failure(exc_type: type[NanoscopeError], call, *args, **kwargs) -> str:
@@ -209,6 +211,8 @@ def test_a_hub_id_resolves_from_the_local_cache(tmp_path, tokenizer_dir, monkeyp
     cache = tmp_path / "hf" / "hub"
     snapshot = cache / "models--acme--tiny-tok" / "snapshots" / "0123abcd"
     write_tokenizer(snapshot)
+    for name, content in GPT2_LIKE.items():  # as the gpt2 repo's files are
+        (snapshot / name).write_text(json.dumps(content))
     (cache / "models--acme--tiny-tok" / "refs").mkdir(parents=True)
     (cache / "models--acme--tiny-tok" / "refs" / "main").write_text("0123abcd")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
@@ -305,7 +309,7 @@ def test_chat_is_refused_and_completion_keeps_the_end_of_a_long_text(tmp_path, t
     run, _ = write_run(tmp_path, RefConfig(max_seq_len=32), tokenizer=tokenizer_dir)
     backend = open_cpu(run)
     assert not backend.info().capabilities.chat
-    assert "without a chat format" in failure(
+    assert "no chat template" in failure(
         TokenizerError, backend.render, [Message.of_text("user", "hi")], 8, chat=True
     )
     long = " ".join(["the quick brown fox"] * 20)
@@ -314,15 +318,59 @@ def test_chat_is_refused_and_completion_keeps_the_end_of_a_long_text(tmp_path, t
     assert list(prompt.ids) == backend.tok.encode_prompt(long)[-24:]
 
 
-def test_encoding_matches_autotokenizer(tokenizer_dir):
+TEMPLATE = (
+    "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def test_a_chat_template_renders_to_the_ids_of_apply_chat_template(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from desktop.engine.messages import Message
+
+    tok = write_tokenizer(tmp_path / "tok")
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS, "chat_template": TEMPLATE}))
+    run, _ = write_run(tmp_path, RefConfig(max_seq_len=64), tokenizer=tok)
+    backend = open_cpu(run)
+    assert backend.info().capabilities.chat
+    turns = [("user", "Once upon a time"), ("assistant", "there was a fox."), ("user", "And then?")]
+    messages = [Message.of_text(role, text) for role, text in turns]  # type: ignore[arg-type]
+    prompt = backend.render(messages, None)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(tok))
+    want = theirs.apply_chat_template(
+        [{"role": r, "content": t} for r, t in turns],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    assert list(prompt.ids) == list(want)
+    short = backend.render(messages, 48)  # room for a reply: the oldest pair goes
+    assert short.dropped_turns == 2 and short.tokens <= 64 - 16
+    assert reply_ids(backend, prompt, temperature=0.0, max_tokens=4)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {},  # eos_token in tokenizer_config.json
+        GPT2_LIKE,  # the gpt2 hub files: the tokenizer class names <|endoftext|>
+        {"tokenizer_config.json": {"model_max_length": 1024}},  # no EOS at all
+        {"tokenizer_config.json": {"model_max_length": 1024, "tokenizer_class": "GPT2Tokenizer"}},
+    ],
+)
+def test_encoding_and_eos_match_autotokenizer(tmp_path, files):
     transformers = pytest.importorskip("transformers")
     from desktop.engine.kf_tokenizer import KFTokenizer
 
-    ours = KFTokenizer(tokenizer_dir)
-    theirs = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    directory = write_tokenizer(tmp_path / "tok")
+    for name, content in files.items():
+        (directory / name).write_text(json.dumps(content))
+    ours = KFTokenizer(directory)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
     for text in (PROMPT, "  spaced  out\n\nlines", "emoji 🙂 and <|endoftext|> inline"):
         assert ours.encode_prompt(text) == theirs.encode(text)
     assert ours.eos_id == theirs.eos_token_id
+    assert ours.stop_ids == ({theirs.eos_token_id} if theirs.eos_token_id is not None else set())
 
 
 # --- discovery and the command line ------------------------------------------------------------
@@ -517,3 +565,15 @@ def test_nanoscope_list_shows_the_runs(tmp_path, tokenizer_dir, capsys):
     assert main(["--home", str(tmp_path / "home"), "list", "--base-dir", str(tmp_path / "base")]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "kempnerforge" in x)
     assert "tiny" in line and "[5, 10]" in line and "KempnerForge dense" in line and str(run) in line
+
+
+def test_hostile_toml_and_tokenizer_files_get_one_line(tmp_path, tokenizer_dir):
+    cfg = RefConfig()
+    run, _ = write_run(tmp_path, cfg, toml=False)
+    deep = run / "deep.toml"
+    deep.write_text("a = " + "[" * 50_000 + "]" * 50_000)
+    assert "nested too deeply" in failure(CheckpointError, open_cpu, run, config=deep)
+    tok = write_tokenizer(tmp_path / "tok")
+    (tok / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    write_toml(run / "train.toml", cfg, str(tok))
+    assert "tokenizer_config.json" in failure(TokenizerError, open_cpu, run)

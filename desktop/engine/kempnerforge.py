@@ -8,7 +8,8 @@ tokenizer → memory checked against what is free → the ``model.*`` byte range
 ``train_state.pt`` never opened) → finite check.
 
 KempnerForge trains base language models without a chat format, so prompts are completions:
-the text encoded as ``AutoTokenizer.encode`` does. Replies follow its ``generate()``.
+the text encoded as ``AutoTokenizer.encode`` does (a tokenizer with a chat template renders
+conversations through it). Replies follow its ``generate()``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from . import checkpoint as ckpt
 from .backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
+from .chat_template import message_dicts
 from .dcp_metadata import DcpMetadata, read_dcp_metadata
 from .dcp_reader import read_tensors
 from .device import describe_device, dtype_name, pick_device, pick_dtype
@@ -154,7 +156,7 @@ class KempnerForgeBackend:
             device=str(model.device),
             device_name=describe_device(model.device),
             precision=dtype_name(model.compute_dtype),
-            capabilities=Capabilities(sampling=SAMPLING, chat=False),
+            capabilities=Capabilities(sampling=SAMPLING, chat=tok.template is not None),
             era="dense" + (f" · {checkpoint.stages} pipeline stages" if checkpoint.stages else ""),
             attention=cfg.describe(),
             tokenizer=str(tok.path),
@@ -243,30 +245,47 @@ class KempnerForgeBackend:
     def render(
         self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
     ) -> Prompt:
-        """The completion prompt: the text (a conversation's messages joined) encoded as
-        KempnerForge's script encodes it. With ``max_tokens`` its end is kept to leave room."""
-        if chat:
+        """A completion (text, or a conversation's messages joined) encoded as KempnerForge's
+        script encodes it, its end kept to leave room for the reply; or, where the tokenizer has a
+        chat template, a conversation rendered through it, the oldest turns dropped to fit."""
+        template = self.tok.template
+        if chat and template is None:
             raise TokenizerError(
-                f"{self.checkpoint.run}: KempnerForge trains base models without a chat format; "
-                "use completion (--prompt)"
+                f"{self.checkpoint.run}: KempnerForge trains base models and this tokenizer has no chat "
+                "template; use completion (--prompt)"
             )
         seq = self.model.config.max_seq_len
+        budget = None if max_tokens is None else max(1, seq - min(max_tokens, seq // REPLY_SHARE))
         if isinstance(conversation, str):
-            messages: tuple[Message, ...] = ()
-            text = conversation
-        else:
-            messages = tuple(conversation)
-            text = "".join(m.plain_text() for m in messages if m.role != "system")
+            return self._completion((), conversation, budget)
+        if chat or (chat is None and template is not None):
+            return self._chat(list(conversation), budget)
+        text = "".join(m.plain_text() for m in conversation if m.role != "system")
+        return self._completion(tuple(conversation), text, budget)
+
+    def _completion(self, messages: tuple[Message, ...], text: str, budget: int | None) -> Prompt:
         ids = self.tok.encode_prompt(text)
-        truncated = False
-        if max_tokens is not None:
-            budget = max(1, seq - min(max_tokens, seq // REPLY_SHARE))
-            if len(ids) > budget:
-                lead = next((i for i, t in enumerate(ids) if self.tok.special_name(t) is None), len(ids))
-                lead = min(lead, budget - 1)
-                ids = ids[:lead] + ids[len(ids) - (budget - lead) :]
-                truncated = True
-        return Prompt(messages, tuple(ids), len(ids), seq, truncated=truncated)
+        truncated = budget is not None and len(ids) > budget
+        if budget is not None and truncated:
+            # Keep what the tokenizer puts in front (BOS), then the end of the text.
+            lead = next((i for i, t in enumerate(ids) if self.tok.special_name(t) is None), len(ids))
+            lead = min(lead, budget - 1)
+            ids = ids[:lead] + ids[len(ids) - (budget - lead) :]
+        return Prompt(messages, tuple(ids), len(ids), self.model.config.max_seq_len, truncated=truncated)
+
+    def _chat(self, messages: list[Message], budget: int | None) -> Prompt:
+        """What ``apply_chat_template(..., add_generation_prompt=True)`` gives, oldest turns dropped."""
+        template = self.tok.template
+        assert template is not None
+        system = messages[:1] if messages and messages[0].role == "system" else []
+        turns = messages[len(system) :]
+        for first in range(0, max(1, len(turns)), 2):
+            kept = [*system, *turns[first:]]
+            text = template.render(message_dicts(kept), add_generation_prompt=True)
+            ids = self.tok.encode_rendered(text)
+            if budget is None or len(ids) <= budget:
+                return Prompt(tuple(kept), tuple(ids), len(ids), self.model.config.max_seq_len, first)
+        raise ContextError(f"{self.checkpoint.run}: the last message alone does not fit the context")
 
     def stream(
         self,

@@ -149,6 +149,8 @@ def read_toml(path: Path) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         text = " ".join(str(exc).split())
         raise CheckpointError(f"{path}: not valid TOML ({text[:160]})") from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise CheckpointError(f"{path}: not valid TOML (nested too deeply)") from None
 
 
 def _value(table: dict[str, Any], name: str, path: Path) -> Any:

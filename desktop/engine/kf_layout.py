@@ -12,13 +12,13 @@ DCP writes ``.metadata`` last, so a step without it is an unfinished save and is
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .dcp_metadata import METADATA_NAME
 from .errors import CheckpointError
+from .safe_json import loads_bounded
 
 STEP_RE = re.compile(r"step_(\d+)")
 STAGE_RE = re.compile(r"pp(\d+)")
@@ -128,8 +128,9 @@ def _step_of_dir(step_dir: Path) -> int | None:
     if m:
         return int(m.group(1))
     try:
-        data = json.loads((step_dir / "metadata.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open(step_dir / "metadata.json", "rb") as f:
+            data = loads_bounded(f.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError):  # absent, unreadable, not UTF-8 or not (bounded) JSON
         return None
     step = data.get("step") if isinstance(data, dict) else None
     return step if type(step) is int else None

@@ -6,21 +6,26 @@ cache only (``HF_HUB_CACHE``, ``HF_HOME``; the ``models--org--name/snapshots/<re
 never from the network. The encoding is what ``AutoTokenizer.encode`` gives for a
 ``tokenizer.json``: its own post-processor adds BOS where the tokenizer does (transformers 5
 keeps it, whatever ``add_bos_token`` says for such a file). Generation stops at its ``eos_token``.
+A chat template in the tokenizer's files (rare for the base models KempnerForge trains) is
+rendered in the sandbox of :mod:`.chat_template`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from .chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source
 from .errors import TokenizerError
+from .safe_json import JsonRefused, loads_bounded
+from .tokenizer_checks import EncodingCancelled, checked_tokenizer_json, clean_text, rust_errors
 
 logger = logging.getLogger(__name__)
 
@@ -28,18 +33,27 @@ JSON_NAME = "tokenizer.json"
 CONFIG_NAME = "tokenizer_config.json"
 MAX_JSON_BYTES = 64 * 1024 * 1024
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)?")
-# transformers' GPT-2 tokenizer class names it by default; its hub files do not.
-_DEFAULT_EOS = "<|endoftext|>"
+# transformers' GPT-2 and GPT-NeoX tokenizer classes name their special tokens themselves (the
+# gpt2 hub files do not); AutoTokenizer picks the class from tokenizer_class or config.json.
+_GPT2_TOKENS = {k: "<|endoftext|>" for k in ("bos_token", "eos_token", "unk_token")}
+_GPT2_CLASSES = ("GPT2Tokenizer", "GPTNeoXTokenizer")
+_GPT2_MODEL_TYPES = frozenset({"gpt2", "gpt_neox"})
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A small JSON file of the tokenizer's folder ({} when absent); bounded depth and size."""
     try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise TokenizerError(f"{path}: too large")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise TokenizerError(f"{path}: too large")
+    try:
+        data = loads_bounded(raw.decode("utf-8"))
+    except (UnicodeDecodeError, JsonRefused) as exc:
         raise TokenizerError(f"{path}: not readable JSON ({exc})") from None
     return data if isinstance(data, dict) else {}
 
@@ -53,6 +67,14 @@ def _token_text(value: object) -> str | None:
     return None
 
 
+def _class_defaults(config: dict[str, Any], directory: Path) -> dict[str, Any]:
+    cls = config.get("tokenizer_class")
+    if isinstance(cls, str):
+        return dict(_GPT2_TOKENS) if cls.startswith(_GPT2_CLASSES) else {}
+    model_type = _read_json(directory / "config.json").get("model_type")
+    return dict(_GPT2_TOKENS) if model_type in _GPT2_MODEL_TYPES else {}
+
+
 class KFTokenizer:
     """A ``tokenizer.json`` (plus its config) behind the engine's Tokenizer interface."""
 
@@ -62,58 +84,70 @@ class KFTokenizer:
         self.directory = directory
         self.path = directory / JSON_NAME
         self.warnings: list[str] = []
-        try:
-            self._tok = RustTokenizer.from_file(str(self.path))
-        except Exception as exc:  # the Rust side raises plain Exceptions for bad files
-            text = " ".join(str(exc).split()) or type(exc).__name__
-            raise TokenizerError(f"{self.path}: not a valid tokenizer.json ({text[:160]})") from None
+        text, warnings = checked_tokenizer_json(self.path)  # bounded JSON, nothing unsafe to run
+        self.warnings.extend(warnings)
+        with rust_errors(self.path, "loading"):
+            self._tok = RustTokenizer.from_str(text)
         config = _read_json(directory / CONFIG_NAME)
-        special_map = _read_json(directory / "special_tokens_map.json")
+        # What transformers' tokenizer would name each special token: the files, then its class.
+        named = {**_class_defaults(config, directory), **_read_json(directory / "special_tokens_map.json")}
+        named.update({k: v for k, v in config.items() if k in SPECIAL_TOKEN_KEYS})
+        special = {k: t for k in SPECIAL_TOKEN_KEYS if (t := _token_text(named.get(k))) is not None}
         self._specials = {
             int(i): t.content for i, t in self._tok.get_added_tokens_decoder().items() if t.special
         }
         self._by_name = {name: i for i, name in self._specials.items()}
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eos_id = self._find_eos(config, special_map)
-        bos_text = _token_text(config.get("bos_token")) or _token_text(special_map.get("bos_token"))
+        self.eos_id = self._find_eos(special.get("eos_token"))
+        bos_text = special.get("bos_token")
         bos = self._tok.token_to_id(bos_text) if bos_text else None
         self.bos_id = bos if bos is not None else (self.eos_id if self.eos_id is not None else -1)
         self.stop_ids = frozenset({self.eos_id} if self.eos_id is not None else ())
         self.has_chat_tokens = False
+        source = template_source(config, directory)
+        self.template = ChatTemplate(source[0], source[1], special) if source else None
 
-    def _find_eos(self, config: dict[str, Any], special_map: dict[str, Any]) -> int | None:
-        text = _token_text(config.get("eos_token")) or _token_text(special_map.get("eos_token"))
-        if text is None and _DEFAULT_EOS in self._by_name:
-            text = _DEFAULT_EOS
-        if text is not None:
-            eos = self._tok.token_to_id(text)
-            if eos is None:
-                raise TokenizerError(f"{self.directory}: eos_token {text!r} is not in {JSON_NAME}")
-            return eos
-        for name in ("generation_config.json", "config.json"):
-            value = _read_json(self.directory / name).get("eos_token_id")
-            value = value[0] if isinstance(value, list) and value else value
-            if type(value) is int:
-                return value
-        self.warnings.append(
-            f"{self.directory}: no eos_token; replies stop only at max tokens or the context"
-        )
-        return None
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        # One call, never chunks: a Metaspace or prefix-space tokenizer would encode a chunk's
+        # start differently, and these ids must be transformers' own.
+        with rust_errors(self.path, "encoding"):
+            return list(self._tok.encode(clean_text(text), add_special_tokens=add_special_tokens).ids)
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """A rendered chat template: its special-token names are the tokens, nothing is added
+        (``apply_chat_template`` encodes with ``add_special_tokens=False``)."""
+        return self._encode(text, add_special_tokens=False)
+
+    def _find_eos(self, text: str | None) -> int | None:
+        """KempnerForge stops at ``tokenizer.eos_token_id``: None when the tokenizer names none."""
+        if text is None:
+            self.warnings.append(
+                f"{self.directory}: no eos_token; replies stop only at max tokens or the context"
+            )
+            return None
+        eos = self._tok.token_to_id(text)
+        if eos is None:
+            raise TokenizerError(f"{self.directory}: eos_token {text!r} is not in {JSON_NAME}")
+        return eos
 
     def encode_prompt(self, text: str) -> list[int]:
         """What ``AutoTokenizer.encode(text)`` gives (and KempnerForge's generate script feeds)."""
-        return list(self._tok.encode(text, add_special_tokens=True).ids)
+        return self._encode(text, add_special_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of ordinary text: no BOS/EOS added, special-token names stay text."""
+    def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
+        """Ids of ordinary text: no BOS/EOS added, special-token names stay text. Encoded in one
+        call (see ``_encode``), so ``cancel`` is looked at only before it starts."""
+        if cancel is not None and cancel.is_set():
+            raise EncodingCancelled(f"{self.path}: stopped before encoding")
         self._tok.encode_special_tokens = True
         try:
-            return list(self._tok.encode(text, add_special_tokens=False).ids)
+            return self._encode(text, add_special_tokens=False)
         finally:
             self._tok.encode_special_tokens = False
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+        with rust_errors(self.path, "decoding"):
+            return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def special_id(self, name: str) -> int | None:
         return self._by_name.get(name)
