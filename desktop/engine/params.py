@@ -31,8 +31,8 @@ MAX_TOKENS_MAX = 1 << 20
 
 @dataclass(frozen=True)
 class Knob:
-    """One sampling knob. ``lo``/``hi`` bound what is valid; ``ui_hi`` is where a slider stops
-    (a typed value may go beyond it up to ``hi``). ``off`` is the value that switches it off."""
+    """One sampling knob. ``lo``/``hi`` bound what is valid; a slider spans ``slider_lo`` to
+    ``ui_hi`` (a typed value may go beyond, within ``lo``/``hi``). ``off`` switches it off."""
 
     key: str
     label: str
@@ -44,6 +44,11 @@ class Knob:
     off: float | None
     tip: str
     lo_open: bool = False  # lo itself is not valid (top-p 0 would keep no token)
+    ui_lo: float | None = None  # where a slider starts, when not at lo
+
+    @property
+    def slider_lo(self) -> float:
+        return self.lo if self.ui_lo is None else self.ui_lo
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -104,6 +109,7 @@ KNOBS: tuple[Knob, ...] = (
         1.0,
         "Make tokens that already appeared less likely. 1 turns it off.",
         lo_open=True,
+        ui_lo=1.0,  # below 1 it rewards repetition: allowed when typed, not offered on the slider
     ),
     Knob(
         "max_tokens",

@@ -73,7 +73,7 @@ class _KnobRow(QWidget):
         self.box.setButtonSymbols(QAbstractSpinBox.ButtonSymbols.NoButtons)
         self.box.setKeyboardTracking(False)  # typing "0.7" does not pass through 0 on the way
         self.slider = QSlider(Qt.Orientation.Horizontal)
-        self.slider.setRange(round(knob.lo * self.scale), round(knob.ui_hi * self.scale))
+        self.slider.setRange(round(knob.slider_lo * self.scale), round(knob.ui_hi * self.scale))
         self.slider.setPageStep(max(1, (self.slider.maximum() - self.slider.minimum()) // 10))
         for w in (self.label, self.box, self.slider):
             w.setToolTip(knob.tip)
