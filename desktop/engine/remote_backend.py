@@ -274,11 +274,8 @@ class RemoteBackend:
         usage = reader.usage
         if isinstance(usage.get("prompt_tokens"), int):
             stats.prompt_tokens = stats.prefilled_tokens = usage["prompt_tokens"]
-        count = (
-            usage.get("completion_tokens")
-            if isinstance(usage.get("completion_tokens"), int)
-            else reader.tokens
-        )
+        completion = usage.get("completion_tokens")
+        count = completion if isinstance(completion, int) else reader.tokens
         stats.new_tokens = count
         if t_first is not None and t_last is not None and count > 1 and t_last > t_first:
             stats.decode_tok_s = (count - 1) / (t_last - t_first)

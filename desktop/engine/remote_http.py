@@ -198,7 +198,8 @@ def parse_models(doc: Any) -> list[ServedModel]:
 
 def context_of(item: dict[str, Any]) -> int:
     """The context length a model entry states, in its own field or in llama-server's ``meta``."""
-    for source in (item, item.get("meta") if isinstance(item.get("meta"), dict) else {}):
+    meta = item.get("meta")
+    for source in (item, meta if isinstance(meta, dict) else {}):
         for key in (*CONTEXT_FIELDS, "n_ctx_train"):
             value = source.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
