@@ -45,7 +45,7 @@ class IdsOnlyTokenizer:
     def decode(self, _ids) -> str:
         return ""
 
-    def encode(self, _text: str) -> list[int]:
+    def encode(self, _text: str, cancel: threading.Event | None = None) -> list[int]:
         return []
 
 

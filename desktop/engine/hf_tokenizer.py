@@ -17,6 +17,7 @@ tokens (``<|python_start|>``...) by name, which is how the port's calculator kee
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,8 @@ class HFTokenizer:
         self.template = ChatTemplate(found[0], found[1], self.special_tokens) if found else None
         self.has_chat_tokens = self.template is not None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
+        # One call to the library: there is no point between chunks where ``cancel`` is looked at.
         return list(self._plain.encode(text, add_special_tokens=False).ids)
 
     def encode_rendered(self, text: str) -> list[int]:
