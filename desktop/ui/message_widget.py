@@ -185,7 +185,7 @@ class RichText(QTextBrowser):
     def wheelEvent(self, event) -> None:
         event.ignore()  # let the conversation scroll
 
-    def loadResource(self, _type: int, _name: QUrl) -> None:
+    def loadResource(self, _type: int, _name: QUrl | str) -> None:
         return None  # never fetch images or files named by (untrusted) model output
 
     def _on_anchor(self, url: QUrl) -> None:
@@ -297,8 +297,8 @@ class FoldBlock(QFrame):
         lay.addLayout(header)
         lay.addWidget(self.body)
         lay.addLayout(result_row)
-        self.toggle.clicked.connect(lambda: self.set_open(not self._open))
         self._open = False
+        self.toggle.clicked.connect(lambda: self.set_open(not self._open))
         self._result: str | None = None
         self.refresh_colors()
         self.set_open(not thought)  # thoughts start folded; tool calls start open
@@ -487,8 +487,8 @@ class MessageWidget(QFrame):
         for w in (self.prev_btn, self.branch_label, self.next_btn):
             header.addWidget(w)
 
-        self.actions = QWidget()
-        actions = QHBoxLayout(self.actions)
+        self.action_bar = QWidget()
+        actions = QHBoxLayout(self.action_bar)
         actions.setContentsMargins(6, 0, 0, 0)
         actions.setSpacing(2)
         self.raw_btn = widgets.flat_button("tokens", "Show raw tokens", checkable=True)
@@ -508,11 +508,11 @@ class MessageWidget(QFrame):
             self.edit_btn = widgets.flat_button("edit", "Edit and resend (keeps this version)")
             self.edit_btn.clicked.connect(self.start_edit)
             actions.addWidget(self.edit_btn)
-        policy = self.actions.sizePolicy()
+        policy = self.action_bar.sizePolicy()
         policy.setRetainSizeWhenHidden(True)  # no layout jump when the actions appear on hover
-        self.actions.setSizePolicy(policy)
-        self.actions.hide()
-        header.addWidget(self.actions)
+        self.action_bar.setSizePolicy(policy)
+        self.action_bar.hide()
+        header.addWidget(self.action_bar)
         return header
 
     # ----- hover actions ---------------------------------------------------------------------
@@ -520,14 +520,14 @@ class MessageWidget(QFrame):
     def set_actions_pinned(self, pinned: bool) -> None:
         """Keep the action buttons visible without hovering (the chat pins the last message)."""
         self._pinned = pinned
-        self.actions.setVisible(pinned or self.underMouse())
+        self.action_bar.setVisible(pinned or self.underMouse())
 
     def enterEvent(self, event: QEnterEvent) -> None:
-        self.actions.show()
+        self.action_bar.show()
         super().enterEvent(event)
 
     def leaveEvent(self, event: QEvent) -> None:
-        self.actions.setVisible(self._pinned)
+        self.action_bar.setVisible(self._pinned)
         super().leaveEvent(event)
 
     # ----- content ---------------------------------------------------------------------------
@@ -672,7 +672,9 @@ class MessageWidget(QFrame):
         self.edit_box = EditBox(self.message.plain_text())
         self.edit_box.submitted.connect(self._on_edit_submitted)
         self.edit_box.cancelled.connect(self._end_edit)
-        self.bubble.layout().addWidget(self.edit_box)
+        bubble_lay = self.bubble.layout()
+        assert bubble_lay is not None  # the bubble's QVBoxLayout, made in __init__
+        bubble_lay.addWidget(self.edit_box)
         self.flush()
         self.edit_box.editor.setFocus()
 
