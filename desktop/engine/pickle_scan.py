@@ -239,6 +239,23 @@ _ATOM_OPS = frozenset(
     }
 )
 _MEMO_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
+_CODE2OP = {op.code.encode("latin-1")[0]: op for op in pickletools.opcodes}
+# Opcodes decoded inline: code -> (name, bytes of the little-endian argument, and for strings
+# whether the argument is the length of "unicode" text or of "bytes" that follow).
+_FAST_ARGS: dict[int, tuple[str, int, str]] = {
+    ord("C"): ("SHORT_BINBYTES", 1, "bytes"),
+    ord("B"): ("BINBYTES", 4, "bytes"),
+    0x8C: ("SHORT_BINUNICODE", 1, "unicode"),
+    ord("X"): ("BINUNICODE", 4, "unicode"),
+    ord("K"): ("BININT1", 1, ""),
+    ord("M"): ("BININT2", 2, ""),
+    ord("J"): ("BININT", 4, ""),
+    ord("q"): ("BINPUT", 1, ""),
+    ord("r"): ("LONG_BINPUT", 4, ""),
+    ord("h"): ("BINGET", 1, ""),
+    ord("j"): ("LONG_BINGET", 4, ""),
+    0x94: ("MEMOIZE", 0, ""),
+}
 
 
 _NOUNS = {"atom": "plain value", "global": "global name", "object": "built object"}
@@ -261,6 +278,10 @@ class _Item:
         self.value = value
 
 
+# Every bytes object is the same stand-in: atoms are never changed, and no check needs their value.
+_BYTES = _Item("atom")
+
+
 @dataclass
 class _Storage:
     dtype: str
@@ -281,46 +302,99 @@ class _Machine:
         }
 
     def run(self, data: bytes) -> _Item:
-        # Atoms and memo writes are most of a pickle (a tokenizer is ~2 of them per token), so
-        # they are handled inline; everything else goes to its op_ method.
+        # Length-prefixed strings, small ints and memo reads/writes are most of a pickle (a
+        # tokenizer is ~3 of them per token), so they are decoded here directly; every other
+        # opcode is decoded by pickletools' own argument readers and goes to its op_ method.
         stack, marks, memo, handlers = self.stack, self.marks, self.memo, self.handlers
         max_ops, max_stack, max_memo = self.policy.max_ops, self.policy.max_stack, self.policy.max_memo
-        ops = 0
+        reader = io.BytesIO(data)
+        pos, end, ops = 0, len(data), 0
         try:
-            for opcode, arg, pos in pickletools.genops(io.BytesIO(data)):
+            while pos < end:
+                code, at = data[pos], pos
                 ops += 1
                 if ops > max_ops:
                     raise PickleRefused("limit", f"the pickle has more than {max_ops} opcodes")
-                name = opcode.name
+                # The three opcodes of every tokenizer entry (bytes key, memo, int rank) first.
+                # Anything unusual (cut off, a limit reached) falls through to the general path,
+                # which says what is wrong.
+                if code == 0x43 and pos + 1 < end:  # SHORT_BINBYTES
+                    stop = pos + 2 + data[pos + 1]
+                    if stop <= end and len(stack) < max_stack:
+                        stack.append(_BYTES)
+                        pos = stop
+                        continue
+                elif code == 0x94:  # MEMOIZE
+                    if stack and not (marks and len(stack) <= marks[-1]) and len(memo) < max_memo:
+                        memo[len(memo)] = stack[-1]
+                        pos += 1
+                        continue
+                elif code == 0x4D and pos + 2 < end and len(stack) < max_stack:  # BININT2
+                    stack.append(_Item("atom", 0, data[pos + 1] | data[pos + 2] << 8))
+                    pos += 3
+                    continue
+                fast = _FAST_ARGS.get(code)
+                if fast is not None:
+                    name, width, what = fast
+                    start = pos + 1 + width
+                    if start > end:
+                        raise PickleRefused("corrupt", f"the pickle is cut off (in {name} at byte {pos})")
+                    arg: object = int.from_bytes(data[pos + 1 : start], "little", signed=name == "BININT")
+                    if what:  # a string: arg was its length
+                        size = arg
+                        pos = start + size  # type: ignore[operator]
+                        if pos > end:
+                            raise PickleRefused(
+                                "corrupt",
+                                f"the pickle is cut off (expected {size} bytes in a {what}, "
+                                f"but only {end - start} remain)",
+                            )
+                        arg = data[start:pos].decode("utf-8", "surrogatepass") if what == "unicode" else None
+                    else:
+                        pos = start
+                else:
+                    opcode = _CODE2OP.get(code)
+                    if opcode is None:
+                        raise PickleRefused(
+                            "corrupt", f"the pickle is malformed (unknown opcode {code:#04x} at byte {pos})"
+                        )
+                    name = opcode.name
+                    if opcode.arg is None:
+                        arg = None
+                        pos += 1
+                    else:
+                        reader.seek(pos + 1)
+                        arg = opcode.arg.reader(reader)
+                        pos = reader.tell()
                 if name in _ATOM_OPS:
                     if len(stack) >= max_stack:
                         raise PickleRefused("limit", f"the pickle holds more than {max_stack} items at once")
                     keep = (
-                        (type(arg) is int and -1 < arg < _INT64)
-                        or (type(arg) is str and len(arg) <= _MAX_KEPT_STR)
+                        (type(arg) is int and -1 < arg < _INT64)  # type: ignore[operator]
+                        or (type(arg) is str and len(arg) <= _MAX_KEPT_STR)  # type: ignore[arg-type]
                         or type(arg) in (float, bool)
                     )
                     stack.append(_Item("atom", 0, arg if keep else None))
                     continue
                 if name in _MEMO_OPS:
                     if not stack or (marks and len(stack) <= marks[-1]):
-                        raise PickleRefused("corrupt", f"{name} at byte {pos} finds nothing to remember")
-                    memo[len(memo) if arg is None else arg] = stack[-1]
+                        raise PickleRefused("corrupt", f"{name} at byte {at} finds nothing to remember")
+                    memo[len(memo) if arg is None else arg] = stack[-1]  # type: ignore[index]
                     if len(memo) > max_memo:
                         raise PickleRefused("limit", f"the pickle remembers more than {max_memo} objects")
                     continue
                 if name == "STOP":
-                    return self._stop(pos)
+                    return self._stop(at)
                 handler = handlers.get(name)
                 if handler is None:
-                    raise PickleRefused("corrupt", f"opcode {name} at byte {pos} is not allowed")
+                    raise PickleRefused("corrupt", f"opcode {name} at byte {at} is not allowed")
                 try:
                     handler(arg)
                 except IndexError:
-                    raise PickleRefused("corrupt", f"{name} at byte {pos} finds too few items") from None
+                    raise PickleRefused("corrupt", f"{name} at byte {at} finds too few items") from None
         except PickleRefused:
             raise
-        except (ValueError, UnicodeDecodeError) as exc:  # genops: cut off, unknown opcode, bad text
+        except (ValueError, UnicodeDecodeError) as exc:  # an argument reader: cut off, bad text
             raise PickleRefused("corrupt", _genops_reason(exc)) from None
         raise PickleRefused("corrupt", "the pickle ends without a STOP opcode")
 

@@ -2,15 +2,19 @@
 
 ``json.loads`` itself raises ``RecursionError`` on deep nesting, ``ValueError`` on an integer of
 more than 4300 digits, and accepts ``NaN``, ``Infinity`` and ``1e999`` (which is inf). Here each of
-those is a :class:`JsonRefused` with one readable line, and nesting is bounded well below the
-interpreter's recursion limit, so walking the result later cannot recurse too deep either.
+those is a :class:`JsonRefused` with one readable line. Nesting is measured on the text before
+parsing (the C parser recurses once per level, and a worker thread's stack can be small), and is
+bounded well below the interpreter's recursion limit, so walking the result cannot recurse too
+deep either.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
+from itertools import accumulate
 from typing import Any
 
 MAX_DEPTH = 64
@@ -31,8 +35,21 @@ def _no_constant(name: str) -> Any:
     raise JsonRefused(f"{name} is not a JSON value")
 
 
+_STRINGS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included
+_BRACKETS = re.compile(r"[\[\]{}]")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def text_depth(text: str) -> int:
+    """How deep brackets nest in a JSON text, strings left out (C-speed loops only)."""
+    brackets = _BRACKETS.findall(_STRINGS.sub("", text))
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
 def loads_bounded(text: str, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads(text)``, refusing NaN/Infinity, huge numbers and nesting deeper than ``max_depth``."""
+    if text_depth(text) > max_depth:
+        raise JsonRefused(f"nested deeper than {max_depth} levels")
     try:
         value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
     except JsonRefused:
@@ -44,23 +61,4 @@ def loads_bounded(text: str, max_depth: int = MAX_DEPTH) -> Any:
     except ValueError:  # int() of a number with more digits than the interpreter converts
         limit = sys.get_int_max_str_digits()
         raise JsonRefused(f"a number has more than {limit} digits") from None
-    if depth_exceeds(value, max_depth):
-        raise JsonRefused(f"nested deeper than {max_depth} levels")
     return value
-
-
-def depth_exceeds(value: Any, max_depth: int) -> bool:
-    """True when lists/dicts nest deeper than ``max_depth`` (iterative: no recursion to overflow)."""
-    pending = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > max_depth:
-            return True
-        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False

@@ -329,9 +329,9 @@ def _check_pre_tokenizer(node: Any, where: str) -> None:
             raise _Refused(f"{where} (Metaspace) replacement must be a short text")
 
 
-def _ignored_lengths(doc: dict[str, Any], warnings: list[str]) -> None:
+def _ignored_lengths(doc: dict[str, Any], warnings: list[str]) -> bool:
     """Padding and truncation are dropped: prompts are encoded whole and unpadded. Absurd values
-    are refused all the same (they betray a broken or hostile file)."""
+    are refused all the same (they betray a broken or hostile file). True when there were any."""
     padding, truncation = doc.get("padding"), doc.get("truncation")
     if padding is not None:
         if not isinstance(padding, dict):
@@ -353,6 +353,7 @@ def _ignored_lengths(doc: dict[str, Any], warnings: list[str]) -> None:
         )
     doc["padding"] = None
     doc["truncation"] = None
+    return padding is not None or truncation is not None
 
 
 def checked_tokenizer_json(path: Path) -> tuple[str, list[str]]:
@@ -368,7 +369,8 @@ def checked_tokenizer_json(path: Path) -> tuple[str, list[str]]:
     if len(raw) > MAX_JSON_BYTES:
         raise TokenizerError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MB; not a tokenizer.json")
     try:
-        doc = loads_bounded(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        doc = loads_bounded(text)
     except UnicodeDecodeError:
         raise TokenizerError(f"{path}: not a valid tokenizer.json (not UTF-8 text)") from None
     except JsonRefused as exc:
@@ -377,7 +379,7 @@ def checked_tokenizer_json(path: Path) -> tuple[str, list[str]]:
     try:
         if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
             raise _Refused("it has no model object")
-        _ignored_lengths(doc, warnings)
+        edited = _ignored_lengths(doc, warnings)
         growth = _expansion(doc.get("normalizer"), "the normalizer")
         if growth > MAX_EXPANSION:
             raise _Refused(f"the normalizer can make a text over {MAX_EXPANSION} times longer")
@@ -394,6 +396,8 @@ def checked_tokenizer_json(path: Path) -> tuple[str, list[str]]:
                 raise _Refused("an added token has no short text")
     except _Refused as exc:
         raise TokenizerError(f"{path}: refused tokenizer.json: {exc}") from None
+    if not edited:
+        return text, warnings  # the text that was checked, as it is
     import json
 
     return json.dumps(doc, ensure_ascii=False), warnings
