@@ -577,3 +577,15 @@ def test_hostile_toml_and_tokenizer_files_get_one_line(tmp_path, tokenizer_dir):
     (tok / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
     write_toml(run / "train.toml", cfg, str(tok))
     assert "tokenizer_config.json" in failure(TokenizerError, open_cpu, run)
+
+
+def test_a_distribution_that_cannot_be_sampled_takes_its_most_likely_token(tmp_path, tokenizer_dir):
+    """KempnerForge's multinomial would raise on the NaN of an overflowing temperature."""
+    run, ref = write_run(tmp_path, RefConfig(), tokenizer=tokenizer_dir)
+    backend = open_cpu(run)
+    prompt = backend.render(PROMPT, None)
+    stats = GenerationStats()
+    params = SamplingParams(temperature=1e-300, max_tokens=8)  # logits / t overflow to inf: softmax is NaN
+    got = [ev.id for ev in backend.stream(prompt, params, threading.Event(), stats=stats) if not ev.continues]
+    assert got == reference_reply(ref, prompt.ids, 8, backend.tok.eos_id, temperature=0)
+    assert stats.greedy_fallbacks == len(got)

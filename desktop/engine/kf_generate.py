@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -32,11 +32,22 @@ from .scoring import token_label
 
 
 def sample(
-    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+    on_greedy: Callable[[], None] | None = None,
 ) -> torch.Tensor:
-    """KempnerForge's ``sample``: (batch, vocab) logits -> (batch,) token ids."""
+    """KempnerForge's ``sample``: (batch, vocab) logits -> (batch,) token ids.
+
+    Where KempnerForge would crash in ``multinomial`` (a row that is no distribution: a tiny
+    temperature overflows to inf, or the model gave NaN) the row's most likely token is drawn
+    instead, by the same call, so the generator advances as it would have (as engine.sampling).
+    """
     if temperature == 0:
         return logits.argmax(dim=-1)
+    raw = logits
     logits = logits / temperature
     if top_k > 0:
         top_k = min(top_k, logits.shape[-1])
@@ -49,6 +60,12 @@ def sample(
         sorted_logits[(cumulative - probs) >= top_p] = float("-inf")
         logits = torch.zeros_like(logits).scatter_(1, sorted_indices, sorted_logits)
     probs = logits.softmax(dim=-1)
+    usable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
+    if not bool(usable.all()):
+        best = torch.nan_to_num(raw, nan=-torch.inf).argmax(dim=-1, keepdim=True)
+        probs = torch.where(usable.unsqueeze(-1), probs, torch.zeros_like(probs).scatter(1, best, 1.0))
+        if on_greedy is not None:
+            on_greedy()
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
@@ -95,13 +112,17 @@ def stream_kf(
     generator = torch.Generator(device=model.device)
     generator.manual_seed(params.seed)
     tracker = PartTracker(tok, prompt)
+
+    def on_greedy() -> None:
+        stats.greedy_fallbacks += 1
+
     t0 = time.perf_counter()
     ids = torch.tensor([list(prompt[cache.pos :])], dtype=torch.long, device=model.device)
     logits = model(ids, cache, last_only=True)[:, -1, :]
     stats.stopped = "max_tokens"
     t_first = 0.0
     for n in range(1, budget + 1):
-        token = sample(logits, params.temperature, params.top_k, params.top_p, generator)
+        token = sample(logits, params.temperature, params.top_k, params.top_p, generator, on_greedy)
         token_id = int(token[0])
         now = time.perf_counter()
         if n == 1:
