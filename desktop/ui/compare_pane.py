@@ -162,7 +162,7 @@ class ComparePane(QFrame):
         self.seed.setRange(-1, int(KNOB["seed"].ui_hi))
         _override_box(self.seed, "Seed for this pane (shared: the sampling row's)", 96)
         for box in (self.temperature, self.top_k, self.seed):
-            box.setValue(box.minimum())
+            widgets.set_spin_value(box, box.minimum())
 
         self.view = TokenView()
         self.view.clear_tokens("The reply appears here.")
@@ -359,7 +359,7 @@ class ComparePane(QFrame):
         for key, box in (("temperature", self.temperature), ("top_k", self.top_k), ("seed", self.seed)):
             box.blockSignals(True)
             value = overrides.get(key)
-            box.setValue(box.minimum() if value is None else value)
+            widgets.set_spin_value(box, box.minimum() if value is None else value)
             box.blockSignals(False)
         self._mark_overrides()
 

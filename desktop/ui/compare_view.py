@@ -173,8 +173,8 @@ class CompareView(QWidget):
         lay.addWidget(self.overlay_box)
         lay.addWidget(self.legend)
         lay.addSpacing(10)
-        for w in (self.diff_box, self.diff_a, self.vs_label, self.diff_b):
-            lay.addWidget(w)
+        for control in (self.diff_box, self.diff_a, self.vs_label, self.diff_b):
+            lay.addWidget(control)
         lay.addSpacing(10)
         lay.addWidget(self.score_btn)
         lay.addWidget(self.same_btn)
@@ -328,7 +328,9 @@ class CompareView(QWidget):
 
     def _sender_index(self) -> int:
         """Which pane widget sent the signal being handled."""
-        return self.panes.index(self.sender())
+        sender = self.sender()
+        assert isinstance(sender, ComparePane)  # these slots are connected only to panes' signals
+        return self.panes.index(sender)
 
     def _pane_selection_changed(self, path: Path, step: int) -> None:
         self.controller.select(self._sender_index(), path, step)
@@ -492,7 +494,7 @@ class CompareView(QWidget):
             self.controller.set_diff_pair(None)
 
     def _on_diff(self, diff: tuple[int, int, list[DiffSpan]] | None) -> None:
-        marks = [{} for _ in self.panes]
+        marks: list[dict[int, str]] = [{} for _ in self.panes]
         if diff is not None:
             a, b, spans = diff
             marks[a], marks[b] = diff_marks(spans)

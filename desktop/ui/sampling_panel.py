@@ -96,7 +96,9 @@ class _KnobRow(QWidget):
 
     def _from_slider(self, position: int) -> None:
         value = position / self.scale
-        self._set_box(round(value, self.knob.decimals) if self.knob.decimals else round(value))
+        widgets.set_spin_value(
+            self.box, round(value, self.knob.decimals) if self.knob.decimals else round(value)
+        )
 
     def _from_box(self, _value: float) -> None:
         self._sync_slider()
@@ -119,15 +121,9 @@ class _KnobRow(QWidget):
     def set_value(self, value: float) -> None:
         """Set without emitting ``changed``."""
         self.box.blockSignals(True)
-        self._set_box(value)
+        widgets.set_spin_value(self.box, value)
         self.box.blockSignals(False)
         self._sync_slider()
-
-    def _set_box(self, value: float) -> None:
-        if isinstance(self.box, QSpinBox):
-            self.box.setValue(int(value))  # what Qt did with a float: truncate
-        else:
-            self.box.setValue(value)
 
 
 class SamplingPanel(QFrame):

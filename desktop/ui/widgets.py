@@ -1,9 +1,10 @@
-"""Small widgets and helpers shared by the panels: the flat icon button and the eliding label."""
+"""Small widgets and helpers shared by the panels: the flat icon button, the eliding label and
+setting a spin box of either kind."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtWidgets import QToolButton, QWidget
+from PySide6.QtWidgets import QDoubleSpinBox, QSpinBox, QToolButton, QWidget
 from superqt import QElidingLabel
 
 from .icons import icon
@@ -29,6 +30,14 @@ def retint_flat_buttons(root: QWidget) -> None:
     for button in root.findChildren(QToolButton, "Flat"):
         if button.property("icon_name"):
             button.setIcon(icon(button.property("icon_name"), colors().muted))
+
+
+def set_spin_value(box: QSpinBox | QDoubleSpinBox, value: float) -> None:
+    """Set ``box`` to ``value``; an integer box truncates a float, as Qt does when given one."""
+    if isinstance(box, QSpinBox):
+        box.setValue(int(value))
+    else:
+        box.setValue(value)
 
 
 class ElidedLabel(QElidingLabel):
