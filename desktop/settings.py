@@ -41,6 +41,8 @@ DEFAULTS: dict[str, Any] = {
     "system_prompt": "",
     "device": "auto",
     "dtype": "auto",
+    "checkpoint_folders": [],  # folders opened with Open folder…, scanned again at every start
+    "recent_checkpoints": [],  # {"dir", "step", "used" (epoch s)}, newest first: the picker's "last used"
     "sampling_panel_visible": True,
     # OpenAI-compatible servers: {"id", "name", "url", "stall_timeout", "models"}; keys live in the
     # OS keyring (desktop/keystore.py), never here.
@@ -121,6 +123,32 @@ def _servers(key: str, value: Any) -> list[dict[str, Any]]:
     return out
 
 
+RECENT_MAX = 200  # checkpoints whose last use is remembered
+
+
+def _folders(key: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError(f"setting {key!r} must be a list of folder paths, got {value!r}")
+    return list(dict.fromkeys(value))  # each folder once, in the order opened
+
+
+def _recent(key: str, value: Any) -> list[dict[str, Any]]:
+    def valid(v: Any) -> bool:
+        return (
+            isinstance(v, dict)
+            and set(v) == {"dir", "step", "used"}
+            and isinstance(v["dir"], str)
+            and isinstance(v["step"], int)
+            and not isinstance(v["step"], bool)
+            and isinstance(v["used"], (int, float))
+            and not isinstance(v["used"], bool)
+        )
+
+    if not isinstance(value, list) or not all(valid(v) for v in value):
+        raise ValueError(f"setting {key!r} must be a list of {{'dir': str, 'step': int, 'used': number}}")
+    return [{"dir": v["dir"], "step": v["step"], "used": float(v["used"])} for v in value[:RECENT_MAX]]
+
+
 def _optional(key: str, value: Any, kind: type) -> Any:
     if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
         raise ValueError(f"setting {key!r} must be {kind.__name__} or null, got {value!r}")
@@ -141,6 +169,10 @@ def normalize(key: str, value: Any) -> Any:
         return _sampling(key, value)
     if key == "servers":
         return _servers(key, value)
+    if key == "checkpoint_folders":
+        return _folders(key, value)
+    if key == "recent_checkpoints":
+        return _recent(key, value)
     if key == "sampling_presets":
         if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
             raise ValueError(f"setting {key!r} must map preset names to sampling values")

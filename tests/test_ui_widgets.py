@@ -12,6 +12,7 @@ from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QApplication, QLabel
 
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part, TokenEvent
+from desktop.engine.params import KNOB
 from desktop.ui import history_sidebar, theme
 from desktop.ui.chat_view import BATCH, ChatView
 from desktop.ui.checkpoint_picker import CheckpointPicker, human_bytes, human_params
@@ -20,7 +21,6 @@ from desktop.ui.history_sidebar import HistorySidebar, relative_time
 from desktop.ui.input_box import MAX_VISIBLE_LINES, InputBox
 from desktop.ui.markdown_render import COPY_CODE_SCHEME
 from desktop.ui.message_widget import FoldBlock, MessageWidget, RichText, ToolCallBlock
-from desktop.engine.params import KNOB
 from desktop.ui.sampling_panel import BUILTIN_PRESETS, SamplingPanel
 from desktop.ui.shortcuts_dialog import SHORTCUTS, ShortcutsDialog
 from desktop.ui.status_bar import StatusBar
@@ -482,18 +482,24 @@ def test_picker_loads_the_chosen_step(qtbot):
     picker = CheckpointPicker()
     qtbot.addWidget(picker)
     entries = [
-        Entry("sft", "d20", Path("/ckpt/sft/d20"), [100, 200, 300]),
-        Entry("base", "d32", Path("/ckpt/base/d32"), [50, 60]),
+        Entry("sft", "d20", Path("/ckpt/chatsft_checkpoints/d20"), [100, 200, 300]),
+        Entry("base", "d32", Path("/ckpt/base_checkpoints/d32"), [50, 60]),
     ]
     picker.set_entries(entries)
     assert picker.current() == (entries[0].path, entries[0].steps[-1])  # newest step first
+    assert picker.model_btn.text() == "sft/d20"  # as ModelInfo.name and the exports name it
     assert picker.select(entries[0].path, 200)
     with qtbot.waitSignal(picker.load_requested) as load:
         qtbot.mouseClick(picker.load_btn, Qt.MouseButton.LeftButton)
     assert load.args == [entries[0].path, 200]
     with qtbot.waitSignal(picker.selection_changed) as changed:
-        picker.source.setCurrentIndex(picker.source.findData("base"))
-    assert changed.args == [entries[1].path, entries[1].steps[-1]]
+        assert picker.select(entries[1].path, 50)
+    assert changed.args == [entries[1].path, 50] and picker.model_btn.text() == "base/d32"
+    with qtbot.waitSignal(picker.selection_changed) as changed:
+        picker.step.setCurrentIndex(picker.step.findData(60))
+    assert changed.args == [entries[1].path, 60]
+    with qtbot.waitSignal(picker.picker_requested):
+        qtbot.mouseClick(picker.model_btn, Qt.MouseButton.LeftButton)  # the full picker (Ctrl+K)
     picker.set_progress(40, "checking values")
     assert not picker.load_btn.isEnabled() and not picker.progress.isHidden()
     picker.set_progress(100, "ready")

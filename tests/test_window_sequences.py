@@ -10,24 +10,31 @@ nanochat checkpoint where they do. Folder scans and summaries run on a qasync lo
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import qasync
+import shiboken6
 from checkpoint_factory import write_checkpoint
 from fake_backend import FakeBackend, open_fake
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QApplication, QFileDialog
 
 from desktop.app import build, shutdown
 from desktop.background import Background
 from desktop.compare.controller import CompareController
 from desktop.controller import ChatController
+from desktop.engine.discovery import summarize
 from desktop.model_slot import ModelSlot
 from desktop.settings import Settings
 from desktop.settings_autosave import SettingsAutosave
 from desktop.store import HistoryStore
+from desktop.ui.checkpoint_picker import human_bytes, human_params
 from desktop.ui.history_sidebar import MARK_END, MARK_START
 from desktop.ui.main_window import MainWindow
 
@@ -56,9 +63,19 @@ def loop(qapp, qtbot) -> Iterator[asyncio.AbstractEventLoop]:
     finally:
         del qapp.exit
     qapp.aboutToQuit.disconnect(loop._after_run_forever)
-    loop._after_run_forever()
+    asyncio.events._set_running_loop(None)
     asyncio.set_event_loop(None)
     loop.close()
+
+
+@pytest.fixture(autouse=True)
+def _collected_on_the_gui_thread(qapp) -> Iterator[None]:
+    """After everything else of a test is torn down: the windows, controllers and the asyncio
+    loop hold Qt timers, which must be freed here, on the GUI thread, and not whenever a later
+    test's worker thread happens to run the garbage collector."""
+    yield
+    QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
@@ -89,8 +106,14 @@ def windows(qtbot) -> Iterator[list[MainWindow]]:
     opened: list[MainWindow] = []
     yield opened
     for win in opened:
+        if not shiboken6.isValid(win):
+            continue
         if not getattr(win, "_shut_down", False):
             shutdown(win)
+        # Freed now, on the GUI thread: the test's own references outlive this teardown, and
+        # the garbage collector could free these timer-holding objects on any thread later.
+        for obj in (win, win.controller, win.compare, win.background):
+            shiboken6.delete(obj)
 
 
 @pytest.fixture
@@ -443,3 +466,149 @@ def test_a_reopened_comparison_keeps_each_panes_overrides_and_every_cross_score(
     assert view.max_tokens.value() == 6 and view.input.editor.toPlainText() == "hello there"
     assert [pane.score_lines() for pane in view.panes] == before
     assert all(pane.score.isVisibleTo(pane) for pane in view.panes)
+
+
+# ----- 3. Open folder… says what it found, at once, and is remembered ---------------------------
+
+
+def open_folder(qtbot, win: MainWindow, folder: Path, monkeypatch) -> None:
+    """File › Open checkpoint folder…, the user choosing ``folder`` in the system's dialog."""
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *_args, **_kw: str(folder))
+    with qtbot.waitSignal(win.background.folder_opened, timeout=WAIT):
+        qtbot.mouseClick(win.picker.open_btn, Qt.MouseButton.LeftButton)
+
+
+def start_with_base(qtbot, windows, monkeypatch, base: Path, fake: bool = True) -> MainWindow:
+    """Start the app with a nanochat base dir: the first scan lists it and the newest loads."""
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(base))
+    win = open_window(qtbot, fake)
+    windows.append(win)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT):
+        win.start()
+    return win
+
+
+def test_open_folder_reports_an_empty_or_broken_folder_at_once_and_keeps_the_model(
+    qtbot, windows, loop, nanochat_base, monkeypatch, tmp_path
+):
+    win = start_with_base(qtbot, windows, monkeypatch, nanochat_base)
+    loaded = (Path(win.controller.model_info.path), win.controller.model_info.step)
+    assert win.picker.current() == loaded
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    open_folder(qtbot, win, empty, monkeypatch)
+    assert banner_says(win, "Nothing to open in empty")
+    assert "model_<step>.pt" in win.banner.message.text()
+    assert win.settings.get("checkpoint_folders") == []
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model_000001.pt").write_bytes(random.Random(7).randbytes(4096))
+    (broken / "meta_000001.json").write_text("{}", encoding="utf-8")
+    open_folder(qtbot, win, broken, monkeypatch)
+    assert banner_says(win, "Cannot load broken") and win.banner.level == "error"
+    message = win.banner.message.text()
+    assert "model_000001.pt" in message and ("corrupt" in message or "not a PyTorch" in message)
+    assert "meta_000001.json is empty" in message
+    for leaked in ("pickled", "weights_only", "torch.load", "PyTorch 2.6"):
+        assert leaked not in message
+    assert win.picker.current() == loaded  # nothing else changed
+    assert win.settings.get("checkpoint_folders") == [str(broken)]
+
+    # Picked by hand and loaded anyway: the error, and the picker goes back to what is loaded.
+    qtbot.waitUntil(lambda: any(Path(e.path) == broken for e in win.picker.entries), timeout=WAIT)
+    win.picker.select(broken, 1)
+    with qtbot.waitSignal(win.controller.model_load_failed, timeout=WAIT):
+        qtbot.mouseClick(win.picker.load_btn, Qt.MouseButton.LeftButton)
+    assert win.banner.level == "error" and "pickled" not in win.banner.message.text()
+    assert win.picker.current() == loaded and win.picker.model_btn.text() == "sft/d4"
+
+
+def test_an_opened_folder_loads_and_is_listed_again_after_a_restart(
+    qtbot, windows, loop, nanochat_base, monkeypatch, tmp_path
+):
+    win = start_with_base(qtbot, windows, monkeypatch, nanochat_base, fake=False)
+    mine = write_checkpoint(tmp_path / "runs", "E7", phase="chatsft", tag="mine", step=5, tokenizer="pkl")
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        open_folder(qtbot, win, mine, monkeypatch)
+    assert Path(loaded.args[0].path) == mine and loaded.args[0].step == 5
+    assert win.picker.current() == (mine, 5) and win.picker.model_btn.text() == "sft/mine"
+
+    win = restart(qtbot, windows, fake=False)
+    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
+        win.background.scan()
+    assert any(Path(e.path) == mine for e in win.picker.entries)
+
+
+# ----- 10. Ctrl+K: a searchable, keyboard-driven list of every checkpoint -----------------------
+
+
+def test_ctrl_k_lists_every_step_with_its_shape_and_loads_with_the_keyboard(
+    qtbot, windows, loop, nanochat_base, monkeypatch, tmp_path
+):
+    written = write_checkpoint(tmp_path / "runs", "E2", phase="base", tag="mine", step=3)
+    mine = written.rename(tmp_path / "my-run")  # a folder outside nanochat's layout
+    settings = Settings()
+    settings.set("checkpoint_folders", [str(mine)])
+    settings.save()  # opened in an earlier session
+    win = start_with_base(qtbot, windows, monkeypatch, nanochat_base)  # loads sft/d4 step 20
+    d4 = nanochat_base / "chatsft_checkpoints" / "d4"
+
+    qtbot.keyClick(win.input.editor, Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
+    picker = win.model_picker
+    qtbot.waitUntil(picker.isVisible, timeout=WAIT)
+    assert picker.focusWidget() is picker.search  # typing goes to the search box
+    keys = picker.visible_keys()
+    assert {(d4, 20), (d4, 10), (mine, 3)} <= set(keys) and keys.index((d4, 20)) < keys.index((d4, 10))
+    assert picker.current() == (d4, 20)  # the loaded one
+    qtbot.waitUntil(lambda: picker.row_texts((mine, 3))[2] == "nanochat E2", timeout=WAIT)
+    qtbot.waitUntil(lambda: picker.row_texts((d4, 10))[2] == "nanochat E7", timeout=WAIT)
+    name, step, family, params, context, stored, memory, last = picker.row_texts((d4, 20))
+    summary = summarize(d4, 20)
+    assert (name, step, family) == ("sft/d4", "20", "nanochat E7")
+    assert params == human_params(summary.params) and context == f"{summary.sequence_len:,}"
+    assert stored == summary.stored_dtype and memory == f"≈{human_bytes(summary.memory_estimate())}"
+    assert last == "loaded now" and picker.row_texts((d4, 10))[7] == ""
+    assert picker.row_texts((mine, 3))[0] == "my-run"  # an opened folder, by its own name
+
+    qtbot.keyClicks(picker.search, "d4 10")  # every word must match
+    assert picker.visible_keys() == [(d4, 10)] and picker.current() == (d4, 10)
+    picker.search.clear()
+    qtbot.keyClicks(picker.search, "e2")
+    assert picker.visible_keys() == [(mine, 3)]
+    qtbot.keyClick(picker.search, Qt.Key.Key_Escape)
+    assert not picker.isVisible() and win.controller.model_info.step == 20  # Esc: nothing loaded
+
+    action(win, "Pick checkpoint").trigger()
+    assert picker.search.text() == "" and picker.current() == (d4, 20)
+    qtbot.keyClick(picker.search, Qt.Key.Key_Down)
+    assert picker.current() == (d4, 10)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        qtbot.keyClick(picker.search, Qt.Key.Key_Return)
+    assert not picker.isVisible() and loaded.args[0].step == 10
+    assert win.picker.current() == (d4, 10)
+    action(win, "Pick checkpoint").trigger()
+    assert picker.current() == (d4, 10)
+    assert picker.row_texts((d4, 10))[7] == "loaded now" and picker.row_texts((d4, 20))[7] == "just now"
+    qtbot.keyClick(picker.search, Qt.Key.Key_Escape)
+
+
+# ----- 6. the model has one name: in the picker, the panes, the reply and the export ----------
+
+
+def test_the_picker_the_panes_the_footer_and_the_export_name_the_model_alike(
+    qtbot, windows, loop, nanochat_base, monkeypatch, tmp_path
+):
+    win = start_with_base(qtbot, windows, monkeypatch, nanochat_base, fake=False)
+    win.sampling.set_values({"max_tokens": 4})
+    send(qtbot, win, "hello")
+    name = win.controller.model_info.name
+    assert name == "sft/d4 · step 20"
+    assert win.picker.model_btn.text() == "sft/d4" and win.picker.step.currentData() == 20
+    assert name in win.chat.widgets[-1].footer.text()
+    assert win.compare_view.panes[0].checkpoint.currentText() == "sft/d4"
+    target = tmp_path / "chat.json"
+    win.controller.export(win.controller.conv_id, "json", target)
+    exported = json.loads(target.read_text(encoding="utf-8"))
+    assert exported["messages"][-1]["meta"]["name"] == name

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..engine.discovery import PHASES
 from . import icons, theme, widgets
 
 # Int8 needs torch's fbgemm kernels, which x86 builds carry; asking torch would mean importing it.
@@ -30,6 +31,7 @@ PRECISIONS = (("Auto", "auto"), ("Exact · fp32", "float32"), ("Fast · 16-bit",
 )
 LOOKING = "Looking for checkpoints…"  # until the first folder scan answers
 NONE_FOUND = "No checkpoints found: use Open folder… or train one with nanochat"
+CHOOSE = "Choose a checkpoint"
 SOURCE_NAMES = {"base": "Base", "mid": "Mid", "sft": "SFT", "rl": "RL", "folder": "Folder", "demo": "Demo"}
 
 
@@ -66,9 +68,19 @@ def format_summary(info: dict) -> str:
     return "  ·  ".join(parts)
 
 
+def entry_name(entry) -> str:
+    """A checkpoint as ``ModelInfo.name`` and the exports call it: "sft/d20" (nanochat's phase
+    folder, then the tag), an opened folder by its own name, a served model by its label."""
+    if entry.source == "remote":
+        return str(entry.tag)
+    phase = PHASES.get(Path(entry.path).parent.name)
+    return f"{phase}/{entry.tag}" if phase else str(entry.tag)
+
+
 class CheckpointPicker(QFrame):
     """Signals: selection_changed(Path, int step), load_requested(Path, int step),
-    folder_chosen(Path), precision_changed(str: one of engine.device.PRECISIONS).
+    folder_chosen(Path), precision_changed(str: one of engine.device.PRECISIONS),
+    picker_requested() (the checkpoint button or Ctrl+K: the window opens the full picker).
 
     Entries have .source, .tag, .path and .steps (ascending). Programmatic changes
     (``set_entries``, ``select``) emit selection_changed once for the resulting selection."""
@@ -77,30 +89,29 @@ class CheckpointPicker(QFrame):
     load_requested = Signal(Path, int)
     folder_chosen = Signal(Path)
     precision_changed = Signal(str)
+    picker_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("PickerBar")
         self.setAccessibleName("Checkpoint picker")
         self.entries: list = []
+        self._path: Path | None = None  # the checkpoint folder shown
 
-        self.source = QComboBox()
-        self.tag = QComboBox()
+        self.model_btn = QPushButton(CHOOSE)
+        self.model_btn.setObjectName("ModelButton")
+        self.model_btn.setAccessibleName("Checkpoint")
+        self.model_btn.setToolTip("Pick a checkpoint from every one found (Ctrl+K)")
+        self.model_btn.setIconSize(QSize(14, 14))
+        self.model_btn.setLayoutDirection(Qt.LayoutDirection.RightToLeft)  # the chevron after the name
+        self.model_btn.setMinimumWidth(90)
+        self.model_btn.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.model_btn.clicked.connect(self.picker_requested)
         self.step = QComboBox()
-        for combo, name, tip, width in (
-            (
-                self.source,
-                "Source",
-                "Training phase: base, mid, sft, rl, or an opened folder (Ctrl+K)",
-                80,
-            ),
-            (self.tag, "Tag", "Model tag, e.g. d20 (the run's folder)", 120),
-            (self.step, "Step", "Training step of the checkpoint (newest first)", 110),
-        ):
-            combo.setAccessibleName(name)
-            combo.setToolTip(tip)
-            combo.setMinimumWidth(width)
-            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.step.setAccessibleName("Step")
+        self.step.setToolTip("Training step of the checkpoint (newest first)")
+        self.step.setMinimumWidth(100)
+        self.step.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.precision = QComboBox()
         self.precision.setAccessibleName("Precision")
         for label, value in PRECISIONS:
@@ -139,7 +150,7 @@ class CheckpointPicker(QFrame):
         row = QHBoxLayout(self)
         row.setContentsMargins(12, 8, 12, 8)
         row.setSpacing(6)
-        for w in (icon_label, self.source, self.tag, self.step):
+        for w in (icon_label, self.model_btn, self.step):
             row.addWidget(w)
         row.addSpacing(6)
         row.addWidget(self.precision)
@@ -151,8 +162,6 @@ class CheckpointPicker(QFrame):
         row.addSpacing(6)
         row.addWidget(self.open_btn)
 
-        self.source.currentIndexChanged.connect(self._fill_tags)
-        self.tag.currentIndexChanged.connect(self._fill_steps)
         self.step.currentIndexChanged.connect(self._emit_selection)
         self.load_btn.clicked.connect(self._load)
         self.precision.activated.connect(lambda _i: self.precision_changed.emit(self.precision.currentData()))
@@ -166,40 +175,30 @@ class CheckpointPicker(QFrame):
         """Replace the list; the previous selection is kept when it still exists."""
         previous = self.current()
         self.entries = list(entries)
-        self.source.blockSignals(True)
-        self.source.clear()
-        for name in dict.fromkeys(e.source for e in self.entries):
-            self.source.addItem(SOURCE_NAMES.get(name, name), name)
-        self.source.blockSignals(False)
-        self._fill_tags()
-        if previous is not None:
-            self.select(*previous)
+        if self._entry() is None:  # the folder shown is gone: show the first one
+            self._path = Path(self.entries[0].path) if self.entries else None
+        self._fill_steps(emit=False)
+        if previous is None or not self.select(*previous):
+            self._emit_selection()
         self._update_enabled(scanned=True)
 
     def _entry(self):
-        src, path = self.source.currentData(), self.tag.currentData()
-        return next((e for e in self.entries if e.source == src and str(e.path) == path), None)
+        return next((e for e in self.entries if Path(e.path) == self._path), None)
 
-    def _fill_tags(self) -> None:
-        src = self.source.currentData()
-        self.tag.blockSignals(True)
-        self.tag.clear()
-        for e in self.entries:
-            if e.source == src:
-                self.tag.addItem(e.tag, str(e.path))
-                self.tag.setItemData(self.tag.count() - 1, str(e.path), Qt.ItemDataRole.ToolTipRole)
-        self.tag.blockSignals(False)
-        self._fill_steps()
-
-    def _fill_steps(self) -> None:
+    def _fill_steps(self, emit: bool = True) -> None:
         entry = self._entry()
+        self.model_btn.setText(entry_name(entry) if entry else CHOOSE)
+        self.model_btn.setToolTip(
+            f"{entry.path}\nPick another checkpoint (Ctrl+K)" if entry else "Pick a checkpoint (Ctrl+K)"
+        )
         steps = list(entry.steps) if entry else []
         self.step.blockSignals(True)
         self.step.clear()
         for s in reversed(steps):
             self.step.addItem(f"step {s:,}" + ("  (latest)" if s == steps[-1] and len(steps) > 1 else ""), s)
         self.step.blockSignals(False)
-        self._emit_selection()
+        if emit:
+            self._emit_selection()
 
     def _emit_selection(self) -> None:
         cur = self.current()
@@ -215,20 +214,23 @@ class CheckpointPicker(QFrame):
         entry = next((e for e in self.entries if Path(e.path) == Path(path)), None)
         if entry is None:
             return False
-        self.source.setCurrentIndex(self.source.findData(entry.source))
-        self.tag.setCurrentIndex(self.tag.findData(str(entry.path)))
+        if Path(entry.path) != self._path:
+            self._path = Path(entry.path)
+            self._fill_steps(emit=False)
         index = self.step.findData(step)
+        self.step.blockSignals(True)  # one selection_changed, for the step asked for
         if index >= 0:
             self.step.setCurrentIndex(index)
+        self.step.blockSignals(False)
+        self._emit_selection()
         return True
 
     def set_precision(self, dtype: str) -> None:
         self.precision.setCurrentIndex(max(0, self.precision.findData(dtype)))
 
     def open_popup(self) -> None:
-        """Ctrl+K: focus the source list and open it."""
-        self.source.setFocus()
-        self.source.showPopup()
+        """Ctrl+K: ask for the full picker."""
+        self.picker_requested.emit()
 
     # ----- summary and progress ----------------------------------------------------------------
 
@@ -260,7 +262,7 @@ class CheckpointPicker(QFrame):
 
     def _update_enabled(self, scanned: bool) -> None:
         has = bool(self.entries)
-        for w in (self.source, self.tag, self.step, self.load_btn):
+        for w in (self.model_btn, self.step, self.load_btn):
             w.setEnabled(has)
         if not has:
             self.summary.setText(NONE_FOUND if scanned else LOOKING)
@@ -279,6 +281,7 @@ class CheckpointPicker(QFrame):
 
     def _refresh_icons(self) -> None:
         self.open_btn.setIcon(icons.icon("folder", theme.colors().text))
+        self.model_btn.setIcon(icons.icon("chevron-down", theme.colors().muted))
         self._icon_label.setPixmap(icons.avatar("assistant", theme.is_dark(), 22))
 
     def changeEvent(self, event: QEvent) -> None:

@@ -30,7 +30,7 @@ from ..engine.backend import ModelInfo
 from ..engine.messages import TokenEvent
 from ..engine.params import KNOB
 from . import theme, widgets
-from .checkpoint_picker import SOURCE_NAMES, human_params
+from .checkpoint_picker import entry_name, human_params
 from .token_view import TokenRecord, TokenView
 
 SHARED = "shared"
@@ -234,7 +234,7 @@ class ComparePane(QFrame):
         self.checkpoint.blockSignals(True)
         self.checkpoint.clear()
         for e in self.entries:
-            self.checkpoint.addItem(f"{SOURCE_NAMES.get(e.source, e.source)} · {e.tag}", str(e.path))
+            self.checkpoint.addItem(entry_name(e), str(e.path))
             self.checkpoint.setItemData(self.checkpoint.count() - 1, str(e.path), Qt.ItemDataRole.ToolTipRole)
         self.checkpoint.blockSignals(False)
         self._fill_steps()

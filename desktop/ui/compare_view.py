@@ -38,7 +38,7 @@ from ..engine.backend import ModelInfo
 from ..engine.messages import TokenEvent
 from ..engine.params import CHAT_DEFAULTS, SamplingParams
 from . import theme, widgets
-from .checkpoint_picker import SOURCE_NAMES
+from .checkpoint_picker import entry_name
 from .compare_pane import ComparePane
 from .error_banner import ErrorBanner
 from .input_box import InputBox
@@ -437,9 +437,7 @@ class CompareView(QWidget):
         self.sweep_menu.clear()
         candidates = [e for e in self.entries if len(e.steps) > 1]
         for entry in candidates:
-            label = (
-                f"{SOURCE_NAMES.get(entry.source, entry.source)} · {entry.tag}  ({len(entry.steps)} steps)"
-            )
+            label = f"{entry_name(entry)}  ({len(entry.steps)} steps)"
             action = self.sweep_menu.addAction(label)
             action.triggered.connect(lambda _checked=False, e=entry: self.controller.step_sweep(e))
         if not candidates:

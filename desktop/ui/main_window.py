@@ -7,6 +7,7 @@ Bottom: status bar. Conversation state lives in ChatController; background work 
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt
@@ -38,6 +39,7 @@ from .compare_view import CompareView
 from .error_banner import ErrorBanner
 from .history_sidebar import HistorySidebar
 from .input_box import InputBox
+from .model_picker import ModelPicker
 from .sampling_panel import SamplingPanel
 from .servers_dialog import ServersDialog
 from .shortcuts_dialog import ShortcutsDialog
@@ -63,6 +65,8 @@ class MainWindow(QMainWindow):
         self.setObjectName("MainWindow")
 
         self.picker = CheckpointPicker()
+        self.model_picker = ModelPicker(self)  # Ctrl+K
+        self._open_after_scan: Path | None = None  # a folder just opened, to load once listed
         self.banner = ErrorBanner()
         self.chat = ChatView()
         self.input = InputBox()
@@ -121,6 +125,9 @@ class MainWindow(QMainWindow):
         self.sampling.setVisible(self.settings.get("sampling_panel_visible"))
         self.input.set_enter_sends(self.settings.get("enter_sends"))
         self.picker.set_precision(self.settings.get("dtype"))
+        for folder in self.settings.get("checkpoint_folders"):  # opened in an earlier session
+            if Path(folder) not in self.background.extra_dirs:
+                self.background.extra_dirs.append(Path(folder))
 
     def _build_actions(self) -> None:
         """Menus and shortcuts. Every action is also a window-wide shortcut."""
@@ -204,10 +211,18 @@ class MainWindow(QMainWindow):
         self.picker.selection_changed.connect(bg.summarize)
         self.picker.load_requested.connect(c.load_checkpoint)
         self.picker.folder_chosen.connect(self._on_folder)
+        self.picker.picker_requested.connect(self._open_model_picker)
+        self.model_picker.load_requested.connect(self._load_picked)
+        self.model_picker.summaries_wanted.connect(bg.summarize_many)
+        self.model_picker.open_folder_requested.connect(self.picker.open_folder_dialog)
+        bg.summary_listed.connect(self.model_picker.set_summary)
+        bg.checkpoints_found.connect(self.model_picker.set_entries)
+        bg.checkpoints_found.connect(self._load_opened_folder)
+        bg.folder_opened.connect(self._on_folder_opened)
         self.picker.precision_changed.connect(self._on_precision)
         c.model_loading.connect(self.picker.set_progress)
         c.model_loaded.connect(self._on_model_loaded)
-        c.model_load_failed.connect(lambda _path, _reason: self.picker.set_progress(0, "load failed"))
+        c.model_load_failed.connect(self._on_load_failed)
         # chat
         self.input.send_requested.connect(self._send)
         self.input.stop_requested.connect(c.stop)
@@ -335,8 +350,60 @@ class MainWindow(QMainWindow):
                 self.banner.show_warning("API key kept for this session only", dialog.session_note)
 
     def _on_folder(self, folder: Path) -> None:
-        self.background.extra_dirs.append(folder)
+        """Open folder…: look into it first (off the GUI thread); _on_folder_opened reports."""
+        self.background.open_folder(folder)
+
+    def _on_folder_opened(self, report) -> None:
+        """Say at once what an opened folder holds; remember it, and load it when it can load."""
+        if not report.dirs:
+            self.banner.show_warning(
+                f"Nothing to open in {report.folder.name or report.folder}", report.problem
+            )
+            return
+        folders = self.settings.get("checkpoint_folders")
+        self.settings.set(
+            "checkpoint_folders", folders + [str(d) for d in report.dirs if str(d) not in folders]
+        )
+        self.background.extra_dirs.extend(d for d in report.dirs if d not in self.background.extra_dirs)
+        if report.problem:
+            self.banner.show_error(f"Cannot load {report.dirs[0].name}", report.problem)
+        else:
+            self._open_after_scan = report.dirs[0]
         self.background.scan()
+
+    def _load_opened_folder(self, entries: list) -> None:
+        target, self._open_after_scan = self._open_after_scan, None
+        entry = next((e for e in entries if Path(e.path) == target), None) if target else None
+        if entry is not None and entry.steps:
+            self._load_picked(Path(entry.path), entry.steps[-1])
+
+    def _open_model_picker(self) -> None:
+        info = self.controller.model_info
+        loaded = (Path(info.path), info.step) if info is not None and info.step is not None else None
+        self.model_picker.set_loaded(loaded)
+        self.model_picker.set_recent(self.settings.get("recent_checkpoints"))
+        self.model_picker.open_picker()
+
+    def _load_picked(self, path: Path, step: int) -> None:
+        self.picker.select(path, step)
+        self.controller.load_checkpoint(path, step)
+
+    def _on_load_failed(self, _target: str, _reason: str) -> None:
+        """The banner says why; the picker goes back to the model the replies still come from."""
+        self.picker.set_progress(0, "load failed")
+        info = self.controller.model_info
+        if info is not None and info.step is not None:
+            self.picker.select(Path(info.path), info.step)
+
+    def _remember_use(self, info: ModelInfo) -> None:
+        """For the picker's "last used" column."""
+        if info.step is None:
+            return
+        recent = self.settings.get("recent_checkpoints")
+        recent = [r for r in recent if (r["dir"], r["step"]) != (info.path, info.step)]
+        self.settings.set(
+            "recent_checkpoints", [{"dir": info.path, "step": info.step, "used": time.time()}, *recent]
+        )
 
     def _on_precision(self, dtype: str) -> None:
         """A new precision applies at once: reload the loaded checkpoint with it."""
@@ -346,6 +413,7 @@ class MainWindow(QMainWindow):
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self.picker.set_progress(100, "loaded")
+        self._remember_use(info)
         self.status.set_device_info(info.device_name, info.precision, info.attention)
         self._show_context(*self.controller.context_usage())
         self.chat.set_model_name(info.name)

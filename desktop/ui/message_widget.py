@@ -117,7 +117,9 @@ def format_stats(meta: dict) -> tuple[str, str]:
             if sampling.get("seed") is not None:
                 knobs.append(f"seed {sampling['seed']}")
             bits.append(" ".join(knobs))
-    if meta.get("tag"):
+    if meta.get("name"):  # "sft/d20 · step 1,500", as the exports and the picker name it
+        bits.append(str(meta["name"]))
+    elif meta.get("tag"):  # replies saved before the name was recorded
         step = meta.get("step")
         bits.append(f"{meta['tag']} · step {step:,}" if isinstance(step, int) else str(meta["tag"]))
     tip_lines = [f"{k.replace('_', ' ')}: {v}" for k, v in sampling.items()]
