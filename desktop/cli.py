@@ -30,8 +30,6 @@ logger = logging.getLogger(__name__)
 EXIT_ERROR = 2
 # More intra-op threads than this only slows torch down, and far more crashes its thread pool.
 MAX_THREADS = 1024
-# Which training TOML was used for which KempnerForge run (in the cache dir).
-KF_CONFIGS = "kempnerforge_configs.json"
 
 
 def _add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -151,7 +149,7 @@ def open_model(args: argparse.Namespace) -> Backend:
     base = paths.nanochat_base_dir()
     directory, step = resolve_spec(args.model, base)
     config = getattr(args, "config", None)
-    remembered = ConfigMemory(paths.cache_dir() / KF_CONFIGS)
+    remembered = ConfigMemory(paths.kempnerforge_configs_file())
     options = LoadOptions(
         step=args.step if args.step is not None else step,
         device=args.device,

@@ -103,9 +103,10 @@ class ChatController(QObject):
         return self.slot.info
 
     @Slot(Path, int)
-    def load_checkpoint(self, path: Path, step: int) -> None:
-        """Load a checkpoint; a reply in flight is stopped first (the worker ends it, then loads)."""
-        self.slot.load(path, step)
+    def load_checkpoint(self, path: Path, step: int | None, config: Path | None = None) -> None:
+        """Load a checkpoint; a reply in flight is stopped first (the worker ends it, then loads).
+        ``config``: a KempnerForge run's training TOML, when the user picked one."""
+        self.slot.load(path, step, config)
 
     def _on_loaded(self, info: ModelInfo) -> None:
         if not is_demo(Path(info.path)):

@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from . import paths
 from .engine.backend import DEFAULT_STREAM, LoadOptions, ModelInfo, Prompt, StreamOptions
+from .engine.kf_config import NO_TOML, ConfigMemory
 from .engine.messages import Message, TokenEvent
 from .engine.params import SamplingParams
 from .settings import Settings
@@ -38,6 +39,8 @@ class ModelSlot(QObject):
         failed(str): the current generation failed; one-line reason.
         scored(int, dict): a score request's id and result.
         score_failed(int, str): a score request's id and the reason.
+        config_needed(str, int): a KempnerForge run (and step) has no training TOML beside it;
+            load it again with ``config=`` once the user picked one.
     """
 
     loading = Signal(int, str)
@@ -50,6 +53,7 @@ class ModelSlot(QObject):
     failed = Signal(str)
     scored = Signal(int, dict)
     score_failed = Signal(int, str)
+    config_needed = Signal(str, int)
 
     _next_request = 0  # shared by every slot, so ids never repeat across them
 
@@ -65,6 +69,8 @@ class ModelSlot(QObject):
         self.host = WorkerHost(self, thread_name, opener)
         self.info: ModelInfo | None = None
         self.loading_target: tuple[Path, int | None] | None = None
+        self._configs = ConfigMemory(paths.kempnerforge_configs_file())
+        self._new_config: Path | None = None  # a TOML the user picked, remembered once it loads
         self.request: int | None = None  # the generation in flight
         self._scores: set[int] = set()
         self._closed = False
@@ -94,16 +100,22 @@ class ModelSlot(QObject):
 
     # ----- requests ---------------------------------------------------------------------------
 
-    def load(self, path: Path, step: int | None) -> None:
-        """Load a model; a generation in flight is stopped first (the worker ends it, then loads)."""
+    def load(self, path: Path, step: int | None, config: Path | None = None) -> None:
+        """Load a model; a generation in flight is stopped first (the worker ends it, then loads).
+
+        ``config`` is a KempnerForge run's training TOML the user chose; without it, the one
+        chosen for this run before is used (a TOML beside the run needs neither).
+        """
         if self.busy:
             self.stop()
         self.loading_target = (Path(path), step)
+        self._new_config = config
         options = LoadOptions(
             step=step,
             device=self.settings.get("device"),
             dtype=self.settings.get("dtype"),
             base_dir=paths.nanochat_base_dir(),
+            config=config or self._configs.get(Path(path)),
         )
         where = f"{Path(path).name} step {step}" if step is not None else Path(path).name
         self.loading.emit(0, f"loading {where}")
@@ -157,6 +169,9 @@ class ModelSlot(QObject):
 
     @Slot(object)
     def _on_loaded(self, info: ModelInfo) -> None:
+        if self._new_config is not None and info.family == "kempnerforge":
+            self._configs.remember(Path(info.path), self._new_config)
+        self._new_config = None
         self.info = info
         self.loading_target = None
         self.loaded.emit(info)
@@ -167,7 +182,10 @@ class ModelSlot(QObject):
     def _on_load_failed(self, reason: str) -> None:
         target = self.loading_target
         self.loading_target = None
+        self._new_config = None
         self.load_failed.emit(str(target[0]) if target else "model", reason)
+        if target is not None and NO_TOML in reason:
+            self.config_needed.emit(str(target[0]), target[1] if target[1] is not None else -1)
 
     @Slot(int, object)
     def _on_context(self, request_id: int, prompt: Prompt) -> None:

@@ -59,6 +59,11 @@ def config_dir() -> Path:
     return _ensure("config", platformdirs.user_config_dir)
 
 
+def kempnerforge_configs_file() -> Path:
+    """Which training TOML was chosen for which KempnerForge run (a small JSON map)."""
+    return cache_dir() / "kempnerforge_configs.json"
+
+
 def cache_dir() -> Path:
     d = _ensure("cache", platformdirs.user_cache_dir)
     tag = d / "CACHEDIR.TAG"

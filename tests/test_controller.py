@@ -3,6 +3,7 @@ regenerate, edit, switch chats, fail, reload), on a real worker thread and a rea
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,40 @@ def test_the_raw_token_labels_come_from_the_reply(qtbot, chat):
     reply: Message = chat.path[-1][1]
     labels = reply.tokens.labels()
     assert "<|python_start|>" in labels and "".join(labels[: len("echo: calc")]) == "echo: calc"
+
+
+def test_a_run_without_its_training_toml_asks_for_one_and_remembers_it(qtbot, tmp_path):
+    """KempnerForge keeps the model config in the training TOML: the slot asks for it, loads with
+    the one picked, and uses it again next time without asking."""
+    from desktop.engine.errors import CheckpointError
+    from desktop.engine.kf_config import NO_TOML
+
+    seen_configs: list[Path | None] = []
+
+    def open_run(target, options, progress):
+        seen_configs.append(options.config)
+        if options.config is None:
+            raise CheckpointError(f"{target}: {NO_TOML}; none found in {target}")
+        backend = FakeBackend(target, options)
+        backend._info = replace(backend._info, family="kempnerforge")
+        return backend
+
+    paths.set_home(tmp_path)
+    try:
+        settings = Settings(tmp_path / "settings.json")
+        slot = ModelSlot(settings, opener=open_run)
+        run, toml = tmp_path / "run", tmp_path / "train.toml"
+        toml.write_text("[model]\n")
+        with qtbot.waitSignal(slot.config_needed, timeout=WAIT) as asked:
+            slot.load(run, 3)
+        assert asked.args == [str(run), 3]
+        with qtbot.waitSignal(slot.loaded, timeout=WAIT):
+            slot.load(run, 3, toml)
+        again = ModelSlot(settings, opener=open_run)  # a later session
+        with qtbot.waitSignal(again.loaded, timeout=WAIT):
+            again.load(run, 3)
+        assert seen_configs == [None, toml, toml]
+        slot.shutdown()
+        again.shutdown()
+    finally:
+        paths.set_home(None)

@@ -223,6 +223,7 @@ class MainWindow(QMainWindow):
         c.model_loading.connect(self.picker.set_progress)
         c.model_loaded.connect(self._on_model_loaded)
         c.model_load_failed.connect(self._on_load_failed)
+        c.slot.config_needed.connect(self._ask_for_config)
         # chat
         self.input.send_requested.connect(self._send)
         self.input.stop_requested.connect(c.stop)
@@ -348,6 +349,15 @@ class MainWindow(QMainWindow):
             self.background.scan()
             if dialog.session_note:
                 self.banner.show_warning("API key kept for this session only", dialog.session_note)
+
+    def _ask_for_config(self, run: str, step: int) -> None:
+        """A KempnerForge run keeps its model config in the training TOML, not in the checkpoint:
+        let the user point at it (remembered for the run once it loads)."""
+        toml, _ = QFileDialog.getOpenFileName(
+            self, f"Choose the training TOML of {Path(run).name}", run, "Training config (*.toml)"
+        )
+        if toml:
+            self.controller.load_checkpoint(Path(run), step if step >= 0 else None, Path(toml))
 
     def _on_folder(self, folder: Path) -> None:
         """Open folder…: look into it first (off the GUI thread); _on_folder_opened reports."""
