@@ -47,6 +47,13 @@ from .status_bar import StatusBar
 from .theme import apply_theme
 
 
+def _qapp() -> QApplication:
+    """The running application; instance() is typed QCoreApplication, but widgets need this one."""
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    return app
+
+
 class MainWindow(QMainWindow):
     """Composes the window and connects signals in ``_connect_signals``."""
 
@@ -189,7 +196,7 @@ class MainWindow(QMainWindow):
 
     def _set_theme(self, mode: str) -> None:
         self.settings.set("theme", mode)
-        apply_theme(QApplication.instance(), mode)
+        apply_theme(_qapp(), mode)
 
     def _set_enter_sends(self, on: bool) -> None:
         self.settings.set("enter_sends", on)
@@ -202,10 +209,11 @@ class MainWindow(QMainWindow):
         if self.compare_view is not None:
             bg.checkpoints_found.connect(self.compare_view.set_entries)
             self.tabs.currentChanged.connect(self._on_tab)
-            self.compare.saved.connect(lambda _id: c.refresh_list())
-            self.compare.saved.connect(self._sync_sidebar)
-            self.compare.comparison_opened.connect(self._sync_sidebar)
-            self.compare.busy_changed.connect(self._sync_sidebar)  # a new run is not the saved one
+            compare = self.compare_view.controller
+            compare.saved.connect(lambda _id: c.refresh_list())
+            compare.saved.connect(self._sync_sidebar)
+            compare.comparison_opened.connect(self._sync_sidebar)
+            compare.busy_changed.connect(self._sync_sidebar)  # a new run is not the saved one
         bg.checkpoints_found.connect(self._autoload_once)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
@@ -258,7 +266,7 @@ class MainWindow(QMainWindow):
 
     def start(self) -> None:
         """Called once the event loop runs: list checkpoints and history, reopen the last model."""
-        apply_theme(QApplication.instance(), self.settings.get("theme"))
+        apply_theme(_qapp(), self.settings.get("theme"))
         self.controller.refresh_list()
         self.background.servers = publish_servers(self.settings)
         self.background.scan()
@@ -296,10 +304,11 @@ class MainWindow(QMainWindow):
         """Chats open in the chat view; saved comparisons reopen in the Compare tab. The one on
         screen is only brought to the front (a reply streaming into it goes on)."""
         if self.compare_view is not None and self.sidebar.kind_of(conv_id) == "compare":
-            shown = self.compare.conv_id == conv_id and self.tabs.currentWidget() is self.compare_view
+            compare = self.compare_view.controller
+            shown = compare.conv_id == conv_id and self.tabs.currentWidget() is self.compare_view
             self.tabs.setCurrentWidget(self.compare_view)
             if not shown:
-                self.compare.open_comparison(conv_id)
+                compare.open_comparison(conv_id)
         else:
             shown = self.controller.conv_id == conv_id and self.tabs.currentIndex() == 0
             self.tabs.setCurrentIndex(0)
@@ -309,12 +318,15 @@ class MainWindow(QMainWindow):
 
     def _sync_sidebar(self, *_args) -> None:
         """Highlight what the current tab shows: the chat, or the saved comparison (if any)."""
-        compare_tab = self.compare_view is not None and self.tabs.currentWidget() is self.compare_view
-        self.sidebar.select(self.compare.conv_id if compare_tab else self.controller.conv_id)
+        view = self.compare_view
+        if view is not None and self.tabs.currentWidget() is view:
+            self.sidebar.select(view.controller.conv_id)
+        else:
+            self.sidebar.select(self.controller.conv_id)
 
     def _on_tab(self, index: int) -> None:
         """Entering Compare starts from the chat's sampling values (each pane can override them)."""
-        if self.tabs.widget(index) is self.compare_view:
+        if self.compare_view is not None and self.tabs.widget(index) is self.compare_view:
             self.compare_view.set_sampling(self.sampling.values())
         self._sync_sidebar()
 
@@ -495,7 +507,7 @@ class MainWindow(QMainWindow):
         """Save the layout, then shut the workers down in order (once, however often Qt asks)."""
         if not getattr(self, "_shut_down", False):
             self._shut_down = True
-            self.settings.set("window_geometry", base64.b64encode(bytes(self.saveGeometry())).decode())
+            self.settings.set("window_geometry", base64.b64encode(self.saveGeometry().data()).decode())
             # isHidden, not isVisible: on the Compare tab the panel is shown but its tab is not.
             self.settings.set("sampling_panel_visible", not self.sampling.isHidden())
             if self.compare is not None:
