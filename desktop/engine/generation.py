@@ -158,6 +158,7 @@ def generate_columns(
     def on_greedy(_rows: int) -> None:
         if stats is not None:
             stats.greedy_fallbacks += 1
+
     while True:
         if params.max_tokens is not None and generated >= params.max_tokens:
             break

@@ -57,8 +57,10 @@ async def scenario(window, out: Path, theme: str) -> None:
     await ask("How many r are in strawberry?")
     await ask("Who are you?")
     window.grab().save(str(out / f"chat-{theme}.png"))
-    window.banner.show_error("Could not load /data/ckpt/d20", "model_000500.pt: file is truncated or corrupt "
-                             "(PytorchStreamReader failed reading zip archive)")
+    window.banner.show_error(
+        "Could not load /data/ckpt/d20",
+        "model_000500.pt: file is truncated or corrupt (PytorchStreamReader failed reading zip archive)",
+    )
     await asyncio.sleep(0.1)
     window.grab().save(str(out / f"error-{theme}.png"))
     window.close()
