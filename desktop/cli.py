@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from . import __version__, paths
 from .engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
@@ -20,7 +21,7 @@ from .engine.device import DEVICES, PRECISIONS
 from .engine.errors import NanoscopeError, is_out_of_memory
 from .engine.kf_config import ConfigMemory
 from .engine.messages import TokenEvent
-from .engine.params import CHAT_DEFAULTS, KNOB, SamplingParams
+from .engine.params import CHAT_DEFAULTS, KNOB, MAX_TOKENS_MAX, SamplingParams
 from .export_cli import add_export_parser, cmd_export
 from .logfile import SHOWN, cli_logging
 from .remote_cli import add_server_args, list_served, open_served
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 EXIT_ERROR = 2
 # More intra-op threads than this only slows torch down, and far more crashes its thread pool.
 MAX_THREADS = 1024
+MAX_REPEATS = 1000
 
 
 def _add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -111,29 +113,73 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print: control and format characters (bidi overrides such as U+202E, which
+    can make a name read as another) are shown as escapes, and bytes of a file name that were not
+    UTF-8 (kept by Python as lone surrogates) as ``\\xNN``."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch.isprintable():
+            out.append(ch)
+        elif 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out)
+
+
+def _summary_line(entry: Any) -> str:
+    """One checkpoint's line; a checkpoint that cannot be read says why instead of its figures."""
+    from .engine.discovery import summarize
+
+    try:
+        s = summarize(entry.path, entry.steps[-1])
+        desc = s.error or f"{s.era}, {s.params / 1e6:.1f}M params, seq {s.sequence_len}, {s.stored_dtype}"
+    except Exception as exc:  # one unreadable entry must not hide the others
+        logger.error("summary of %s failed", entry.path, exc_info=True, extra=SHOWN)
+        desc = f"{entry.path}: cannot be read ({type(exc).__name__}: {exc})"
+    steps = ", ".join(map(str, entry.steps[-5:]))
+    return printable(f"{entry.source:5} {entry.tag:12} steps [{steps}]  {desc}  ({entry.path})")
+
+
+def _summary_dict(entry: Any) -> dict[str, Any]:
+    from .engine.discovery import summarize
+
+    d = entry.to_dict()
+    try:
+        d["latest"] = summarize(entry.path, entry.steps[-1]).to_dict()
+    except Exception as exc:  # as in _summary_line
+        logger.error("summary of %s failed", entry.path, exc_info=True, extra=SHOWN)
+        d["latest"] = {"error": f"{entry.path}: cannot be read ({type(exc).__name__}: {exc})"}
+    return d
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    from .engine.discovery import discover, summarize
+    from .engine.discovery import discover
 
     if args.server:
         return list_served(args)
     base = args.base_dir or paths.nanochat_base_dir()
-    entries = discover(base)
+    try:
+        entries = discover(base)
+    except OSError as exc:
+        raise NanoscopeError(f"{base}: cannot list checkpoints ({exc.strerror or exc})") from None
     if args.json:
-        out = []
-        for e in entries:
-            d = e.to_dict()
-            d["latest"] = summarize(e.path, e.steps[-1]).to_dict()
-            out.append(d)
-        print(json.dumps({"base_dir": str(base), "checkpoints": out}))
+        out = [_summary_dict(e) for e in entries]
+        print(json.dumps({"base_dir": str(base), "checkpoints": out}, default=str))
         return 0
     if not entries:
-        print(f"no checkpoints under {base} (set NANOCHAT_BASE_DIR to look elsewhere)")
+        print(printable(f"no checkpoints under {base} (set NANOCHAT_BASE_DIR to look elsewhere)"))
         return 0
     for e in entries:
-        s = summarize(e.path, e.steps[-1])
-        desc = s.error or f"{s.era}, {s.params / 1e6:.1f}M params, seq {s.sequence_len}, {s.stored_dtype}"
-        steps = ", ".join(map(str, e.steps[-5:]))
-        print(f"{e.source:5} {e.tag:12} steps [{steps}]  {desc}  ({e.path})")
+        print(_summary_line(e))
     return 0
 
 
@@ -276,11 +322,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
         raise NanoscopeError(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads}")
-    for flag, value in (("--new-tokens", args.new_tokens), ("--prompt-tokens", args.prompt_tokens)):
-        if value < 1:
-            raise NanoscopeError(f"{flag} must be at least 1, got {value}")
-    if args.repeats < 1:
-        raise NanoscopeError(f"--repeats must be at least 1, got {args.repeats}")
+    for flag, value, most in (
+        ("--new-tokens", args.new_tokens, MAX_TOKENS_MAX),
+        ("--prompt-tokens", args.prompt_tokens, MAX_TOKENS_MAX),
+        ("--repeats", args.repeats, MAX_REPEATS),
+    ):
+        if not 1 <= value <= most:
+            raise NanoscopeError(f"{flag} must be between 1 and {most}, got {value}")
     try:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k)
     except ValueError as exc:
@@ -315,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.home is not None:
         from . import paths
 
+        if args.home.exists() and not args.home.is_dir():
+            print(printable(f"nanoscope: error: --home {args.home} is a file, not a folder"), file=sys.stderr)
+            return EXIT_ERROR
         paths.set_home(args.home)
     handlers = {"list": cmd_list, "generate": cmd_generate, "bench": cmd_bench, "export": cmd_export}
     with cli_logging():  # errors (and the GUI's whole run) also go to the log file
@@ -326,20 +377,31 @@ def main(argv: list[str] | None = None) -> int:
             return handlers[args.command](args)
         except NanoscopeError as exc:
             logger.error("%s", exc, extra=SHOWN)
-            print(f"nanoscope: error: {exc}", file=sys.stderr)
-            return EXIT_ERROR
-        except (MemoryError, RuntimeError) as exc:
-            if not is_out_of_memory(exc):
-                raise
-            logger.error("out of memory: %s", exc, extra=SHOWN)
-            print(
-                "nanoscope: error: out of memory; "
-                "try --dtype bfloat16, another --device or a smaller checkpoint",
-                file=sys.stderr,
-            )
+            print(printable(f"nanoscope: error: {exc}"), file=sys.stderr)
             return EXIT_ERROR
         except KeyboardInterrupt:
             return 130
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise  # SystemExit and the like; a Rust panic is an error like any other here
+            if isinstance(exc, (MemoryError, RuntimeError)) and is_out_of_memory(exc):
+                logger.error("out of memory: %s", exc, extra=SHOWN)
+                print(
+                    "nanoscope: error: out of memory; "
+                    "try --dtype bfloat16, another --device or a smaller checkpoint",
+                    file=sys.stderr,
+                )
+                return EXIT_ERROR
+            # Not an error we know how to explain: one line here, the traceback in the log file.
+            logger.critical("Uncaught exception", exc_info=True, extra=SHOWN)
+            text = " ".join(str(exc).split())[:200]
+            print(
+                printable(
+                    f"nanoscope: error: unexpected {type(exc).__name__}: {text} (details in the log file)"
+                ),
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ from typing import Any
 from desktop import paths
 from desktop.engine.device import DEVICES, PRECISIONS
 from desktop.engine.params import CHAT_DEFAULTS, SamplingParams
+from desktop.engine.safe_json import JsonRefused, loads_bounded
 
 SCHEMA_VERSION = 2
+MAX_FILE_BYTES = 16 << 20  # a settings file is a few KB
 
 THEMES = ("system", "light", "dark")
 
@@ -240,16 +242,22 @@ class Settings:
 
     def _load(self) -> None:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            with open(self.path, "rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
+            text = raw.decode("utf-8")
         except FileNotFoundError:
             return
         except (OSError, UnicodeDecodeError) as e:
             self._set_aside(f"could not be read ({e.__class__.__name__}: {e})")
             return
+        if len(raw) > MAX_FILE_BYTES:
+            self._set_aside(f"is larger than {MAX_FILE_BYTES >> 20} MB, which no settings file is")
+            return
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            self._set_aside(f"is not valid JSON (line {e.lineno}: {e.msg})")
+            # Bounded: deep nesting, NaN or a 5,000-digit number is refused here, not a traceback.
+            doc = loads_bounded(text)
+        except JsonRefused as e:
+            self._set_aside(f"is not valid JSON ({e})")
             return
         version = doc.get("schema_version", 1) if isinstance(doc, dict) else None
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -269,14 +277,19 @@ class Settings:
                 continue
             try:
                 self._values[key] = normalize(key, value)
-            except ValueError as e:
+            except (ValueError, TypeError, OverflowError) as e:
                 self.warnings.append(f"{self.path}: {e}; using the default")
 
     def _set_aside(self, problem: str) -> None:
+        """Move the file to ``<name>.bak`` (so the next start does not warn again) and say so."""
         backup = self.path.with_name(self.path.name + ".bak")
         try:
-            shutil.copy2(self.path, backup)
-            kept = f"kept a copy as {backup.name}"
+            os.replace(self.path, backup)
+            kept = f"moved it to {backup.name}"
         except OSError as e:
-            kept = f"could not keep a copy ({e.strerror or e})"
+            try:
+                shutil.copy2(self.path, backup)
+                kept = f"kept a copy as {backup.name}"
+            except OSError:
+                kept = f"could not keep a copy ({e.strerror or e})"
         self.warnings.append(f"{self.path} {problem}; {kept} and started from defaults")

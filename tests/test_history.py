@@ -359,12 +359,77 @@ def test_a_newer_database_is_refused(tmp_path: Path) -> None:
     assert str(db) in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+def test_a_file_that_is_not_a_database_is_refused_untouched(tmp_path: Path) -> None:
     db = tmp_path / "h.db"
     db.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(HistoryError, match="cannot open") as err:
+    with pytest.raises(HistoryError) as err:
         HistoryStore(db)
-    assert str(db) in str(err.value)
+    assert str(err.value) == (
+        f"{db}: not a SQLite database; Nanoscope leaves it alone (move it or choose another home)"
+    )
+    assert db.read_bytes() == b"this is not sqlite" * 100
+
+
+def test_another_programs_database_is_refused_before_anything_changes_it(tmp_path: Path) -> None:
+    db = tmp_path / "places.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE moz_places (id INTEGER PRIMARY KEY, url TEXT)")
+    conn.execute("INSERT INTO moz_places (url) VALUES ('https://example.org')")
+    conn.commit()
+    conn.close()
+    before = db.read_bytes()
+    with pytest.raises(HistoryError) as err:
+        HistoryStore(db)
+    assert str(err.value) == (
+        f"{db}: a SQLite database of another program (schema version 0, tables: moz_places); "
+        "Nanoscope leaves it alone (move it or choose another home)"
+    )
+    assert db.read_bytes() == before  # still in rollback-journal mode: the header is unchanged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["places.sqlite"]
+
+
+@pytest.mark.parametrize(
+    ("parts", "meta", "shown", "problem"),
+    [
+        (
+            '[{"kind": "text", "text": "hello"}, {"kind": "text"}]',
+            "{}",
+            ["hello"],
+            "a part is not a {kind, text} object",
+        ),
+        ("[" * 100_000 + "]" * 100_000, "{}", [], "parts: nested deeper than 64 levels"),
+        ("{not json", "{}", [], "parts: Expecting property name enclosed in double quotes at line 1"),
+        (
+            '[{"kind": "text", "text": "hi"}]',
+            '{"tokens": ' + "[" * 5000 + "]" * 5000 + "}",
+            ["hi"],
+            "details: nested deeper than 64 levels",
+        ),
+        (
+            '[{"kind": "text", "text": "hi"}]',
+            '{"tokens": {"ids": "x"}}',
+            ["hi"],
+            "details: the stored token record is malformed",
+        ),
+    ],
+    ids=["missing-text", "deep-parts", "malformed-parts", "deep-meta", "odd-trace"],
+)
+def test_a_malformed_row_opens_with_what_can_be_shown(tmp_path: Path, parts, meta, shown, problem) -> None:
+    from desktop.store.history import UNREADABLE
+
+    store = HistoryStore(tmp_path / "h.db")
+    conv = store.create_conversation("broken")
+    first = store.add_message(conv, user("question"))
+    store.add_message(conv, reply("answer"), first)
+    with store._conn as conn:  # what a crash, a hand edit or another program may leave
+        conn.execute("UPDATE messages SET parts = ?, meta = ? WHERE id != ?", (parts, meta, first))
+    path = store.active_path(conv)
+    assert path[0][1].plain_text() == "question"
+    texts = [p.text for p in path[1][1].parts]
+    assert texts[: len(shown)] == shown
+    if problem is not None:
+        assert texts[len(shown) :] == [UNREADABLE.format(problem)]
+    store.close()
 
 
 # ----- two instances ---------------------------------------------------------------------------
@@ -598,3 +663,12 @@ def test_a_reply_round_trips_its_token_trace(store: HistoryStore) -> None:
     ((_, again),) = [(i, m) for i, m in store.active_path(conv) if i == msg]
     assert again.tokens == reply.tokens and again.parts == reply.parts
     assert again.tokens.texts == ["Hel", "lo"] and again.tokens.logprobs[1] is None
+
+
+def test_an_unreadable_conversation_meta_reads_as_empty(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.db")
+    conv = store.create_conversation("c", meta={"model": "x"})
+    with store._conn as conn:
+        conn.execute("UPDATE conversations SET meta = ?", ("[" * 10_000 + "]" * 10_000,))
+    assert store.conversation_meta(conv) == {}
+    store.close()

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 
+import hostile_corpus as hostile
 import pytest
 import torch
-from checkpoint_factory import write_checkpoint
+from checkpoint_factory import model_file, write_checkpoint
 
 from desktop.engine.backend import GenerationStats, LoadOptions
 from desktop.engine.generation import stream_reply
@@ -113,3 +114,89 @@ def test_a_tiny_temperature_reply_is_the_greedy_reply_and_says_so(tmp_path):
     )
     assert tiny.greedy_fallbacks == tiny.new_tokens > 0 and greedy.greedy_fallbacks == 0
     assert tiny.to_dict()["greedy_fallbacks"] == tiny.new_tokens
+
+
+# ---------------------------------------------------------------------------------------------------
+# the command line: one line per problem, exit code 2, the rest still listed
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from desktop.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, out, err
+
+
+def test_list_reports_each_bad_entry_on_its_own_line_and_lists_the_rest(capsys, tmp_path):
+    base = tmp_path / "base"
+    good = write_checkpoint(base, "E7", tokenizer=None, tag="d1")
+    bomb = write_checkpoint(base, "E7", tokenizer=None, tag="d2")
+    hostile.replace_model(bomb, hostile.bytearray_bomb())
+    deep = write_checkpoint(base, "E7", tokenizer=None, tag="d3")
+    hostile.replace_model(deep, hostile.deep_tuples())
+    rc, out, err = _cli(capsys, "list", "--base-dir", str(base))
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("base  d1           steps [10]  E7, ") and lines[0].endswith(f"({good})")
+    assert f"{model_file(bomb)}: refused to load: the file contains pickled code" in lines[1]
+    assert (
+        f"{model_file(deep)}: refused to load: the pickle nests containers deeper than 32 levels" in lines[2]
+    )
+
+
+def test_names_with_bidi_controls_or_bytes_that_are_not_utf8_are_shown_escaped(capsys, tmp_path):
+    import os
+
+    base = tmp_path / "base"
+    write_checkpoint(base, "E7", tokenizer=None, tag="evil\u202egnp.exe")
+    raw = os.fsencode(base / "base_checkpoints") + b"/caf\xe9"
+    write_checkpoint(base, "E7", tokenizer=None, tag=os.fsdecode(b"caf\xe9"))
+    assert os.path.isdir(raw)
+    rc, out, _ = _cli(capsys, "list", "--base-dir", str(base))
+    assert rc == 0
+    assert "\u202e" not in out and "\udce9" not in out
+    lines = out.splitlines()
+    # The name that is not UTF-8 is read like any other (it used to be "truncated or corrupt").
+    assert any(line.startswith("base  caf\\xe9 ") and "E7, " in line for line in lines)
+    assert any("evil\\u202egnp.exe" in line and "E7, " in line for line in lines)
+
+
+def test_home_that_is_a_file_is_one_line(capsys, tmp_path):
+    home = tmp_path / "home"
+    home.write_text("x", encoding="utf-8")
+    rc, _, err = _cli(capsys, "--home", str(home), "list", "--base-dir", str(tmp_path))
+    assert (rc, err) == (2, f"nanoscope: error: --home {home} is a file, not a folder\n")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--threads", "-1"], "--threads must be between 1 and 1024, got -1"),
+        (["--threads", "100000"], "--threads must be between 1 and 1024, got 100000"),
+        (["--new-tokens", "0"], "--new-tokens must be between 1 and 1048576, got 0"),
+        (["--prompt-tokens", str(10**12)], f"--prompt-tokens must be between 1 and 1048576, got {10**12}"),
+        (["--repeats", "100000"], "--repeats must be between 1 and 1000, got 100000"),
+        (["--temperature", "nan"], "temperature must be a number, got nan"),
+        (["--temperature", "inf"], "temperature must be a finite number, got inf"),
+    ],
+)
+def test_bench_flags_are_checked_before_anything_loads(capsys, tmp_path, flags, message):
+    rc, _, err = _cli(capsys, "bench", str(tmp_path / "nothing-here"), *flags)
+    assert (rc, err) == (2, f"nanoscope: error: {message}\n")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--temperature", "nan"], "temperature must be a number, got nan"),
+        (["--repetition-penalty", "inf"], "repetition_penalty must be a finite number, got inf"),
+        (["--seed", str(2**63)], f"seed must be in [0, 9223372036854775807], got {2**63}"),
+        (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+    ],
+)
+def test_generate_sampling_flags_are_checked_before_anything_loads(capsys, tmp_path, flags, message):
+    rc, _, err = _cli(capsys, "generate", str(tmp_path / "nothing-here"), "--prompt", "x", *flags)
+    assert (rc, err) == (2, f"nanoscope: error: {message}\n")

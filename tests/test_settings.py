@@ -243,3 +243,44 @@ def test_a_failed_autosave_is_logged_and_the_next_change_retries(
     qtbot.waitUntil(lambda: on_disk(s.path).get("theme") == "dark", timeout=5000)
     assert on_disk(s.path)["enter_sends"] is False
     assert not autosave.pending
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "is not valid JSON (nested deeper than 64 levels)"),
+        (
+            '{"schema_version": 2, "theme": ' + "9" * 5000 + "}",
+            "is not valid JSON (a number has more than 4300 digits)",
+        ),
+        (
+            '{"schema_version": 2, "sampling": {"temperature": NaN}}',
+            "is not valid JSON (NaN is not a JSON value)",
+        ),
+    ],
+    ids=["deep", "5000-digits", "nan"],
+)
+def test_a_file_python_would_choke_on_starts_from_defaults_once(text: str, problem: str) -> None:
+    path = write_file(text)
+    s = Settings()
+    assert s.get("theme") == DEFAULTS["theme"]
+    assert s.warnings == [f"{path} {problem}; moved it to settings.json.bak and started from defaults"]
+    assert path.with_name("settings.json.bak").read_text(encoding="utf-8") == text
+    assert Settings().warnings == []  # said once: the next start finds no bad file
+
+
+def test_a_value_too_big_for_its_setting_falls_back_alone() -> None:
+    write_file({"schema_version": 2, "theme": "dark", "sampling": {**DEFAULTS["sampling"], "seed": 10**100}})
+    s = Settings()
+    assert s.get("theme") == "dark"
+    assert s.get("sampling") == DEFAULTS["sampling"]
+    assert len(s.warnings) == 1 and "seed" in s.warnings[0] and s.warnings[0].endswith("; using the default")
+
+
+def test_a_settings_path_inside_a_file_is_reported_not_raised(home: Path, monkeypatch) -> None:
+    blocker = home / "not-a-folder"
+    blocker.write_text("x", encoding="utf-8")
+    monkeypatch.setattr(paths, "settings_path", lambda: blocker / "settings.json")
+    s = Settings()
+    assert s.get("theme") == DEFAULTS["theme"]
+    assert len(s.warnings) == 1 and s.warnings[0].startswith(f"{blocker / 'settings.json'} could not be read")

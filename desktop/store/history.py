@@ -31,10 +31,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from desktop import paths
-from desktop.engine.messages import Message, Part, Role
-from desktop.store.schema import HistoryError, ensure_search_index, immediate, migrate
+from desktop.engine.messages import TEXT, Message, Part, Role
+from desktop.engine.safe_json import JsonRefused, loads_bounded
+from desktop.store.schema import HistoryError, ensure_search_index, immediate, migrate, refuse_foreign
 
 KINDS = ("chat", "compare")
+# The last part of a stored message that could only partly be read.
+UNREADABLE = "[Part of this message could not be read from the history: {}. The rest is shown.]"
 
 # Snippets mark each match with these control characters (never present in chat text),
 # so the view can turn them into bold without parsing or escaping guesses.
@@ -73,6 +76,42 @@ class _PendingWrite:
     result: int = 0
 
 
+def restore_message(role: Role, parts_json: object, meta_json: object) -> Message:
+    """A message from its stored columns, as much of it as can be read.
+
+    A row written by a crash, another program or a hand edit may hold malformed or deeply nested
+    JSON; it must not make its conversation impossible to open. Unreadable parts are left out, an
+    unreadable meta (token trace, sampling) is dropped, and a last text part says what was lost.
+    """
+    parts: list[Part] = []
+    problems: list[str] = []
+    try:
+        stored = loads_bounded(parts_json) if isinstance(parts_json, str) else None
+        if not isinstance(stored, list):
+            raise JsonRefused("the parts are not a list")
+        for item in stored:
+            try:
+                parts.append(Part.from_dict(item))
+            except (KeyError, TypeError, ValueError):
+                problems.append("a part is not a {kind, text} object")
+    except JsonRefused as exc:
+        problems.append(f"parts: {exc}")
+    try:
+        meta = loads_bounded(meta_json) if isinstance(meta_json, str) else None
+        if not isinstance(meta, dict):
+            raise JsonRefused("not an object")
+        message = Message.restore(role, parts, meta)
+    except JsonRefused as exc:
+        problems.append(f"details: {exc}")
+        message = Message.restore(role, parts, {})
+    except (KeyError, TypeError, ValueError, OverflowError):
+        problems.append("details: the stored token record is malformed")
+        message = Message.restore(role, parts, {})
+    if problems:
+        message.parts.append(Part(TEXT, UNREADABLE.format("; ".join(dict.fromkeys(problems)))))
+    return message
+
+
 def _dumps(value: Any) -> str:
     # default=str: the store does not interpret meta, and a stray Path must not lose a reply.
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
@@ -104,6 +143,7 @@ class HistoryStore:
         self._placeholders: dict[int, int] = {}
         self._next_placeholder = 0
         self.last_error: str | None = None
+        refuse_foreign(self.path)  # before connecting: opening for writing changes the file
         try:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
@@ -177,7 +217,11 @@ class HistoryStore:
         ).fetchone()
         if row is None:
             raise KeyError(f"no conversation {conv_id}")
-        return dict(json.loads(row[0]))
+        try:
+            meta = loads_bounded(row[0])
+        except (JsonRefused, TypeError):
+            return {}  # unreadable meta: the conversation still opens
+        return meta if isinstance(meta, dict) else {}
 
     def rename(self, conv_id: int, title: str) -> None:
         def run(conn: sqlite3.Connection) -> int:
@@ -328,10 +372,7 @@ class HistoryStore:
         node: int | None = None
         while node in children:
             _, node, role, parts, meta = max(children[node])
-            message = Message.restore(
-                cast(Role, role), [Part.from_dict(p) for p in json.loads(parts)], json.loads(meta)
-            )
-            path.append((node, message))
+            path.append((node, restore_message(cast(Role, role), parts, meta)))
         return path
 
     def siblings(self, msg_id: int) -> list[int]:

@@ -14,9 +14,12 @@ when FTS5 is back the index is rebuilt from the content tables before the trigge
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 from desktop.engine.errors import NanoscopeError
@@ -149,6 +152,52 @@ def fts5_available(conn: sqlite3.Connection) -> bool:
         return False
     conn.execute("DROP TABLE temp.fts5_probe")
     return True
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+OUR_TABLES = frozenset({"conversations", "messages"})
+
+
+def refuse_foreign(path: Path) -> None:
+    """Refuse a file that is not Nanoscope's history, before anything opens it for writing.
+
+    Opening a database normally already changes it (the journal mode, a migration's tables), so
+    the file is first read as bytes and then through a read-only, immutable connection. Accepted:
+    no file, an empty one, or a database with Nanoscope's tables and schema version; anything else
+    (another program's SQLite file, something that is not SQLite) is left untouched.
+    """
+    try:
+        with open(path, "rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        raise HistoryError(f"{path}: is a folder, not a history database") from None
+    except OSError as e:
+        raise HistoryError(f"{path}: cannot read the history database ({e.strerror or e})") from None
+    if not header:
+        return
+    if header != SQLITE_HEADER:
+        raise HistoryError(
+            f"{path}: not a SQLite database; Nanoscope leaves it alone (move it or choose another home)"
+        )
+    uri = "file:" + urllib.parse.quote(os.fsencode(Path(path).resolve())) + "?mode=ro&immutable=1"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise HistoryError(f"{path}: cannot read the history database ({e})") from None
+    if (version == 0 and not tables) or (version >= 1 and tables >= OUR_TABLES):
+        return
+    listed = ", ".join(sorted(tables)[:5]) or "none"
+    raise HistoryError(
+        f"{path}: a SQLite database of another program (schema version {version}, tables: {listed}); "
+        "Nanoscope leaves it alone (move it or choose another home)"
+    )
 
 
 def migrate(conn: sqlite3.Connection, name: str) -> None:
