@@ -21,9 +21,9 @@ import qasync
 import shiboken6
 from checkpoint_factory import write_checkpoint
 from fake_backend import FakeBackend, open_fake
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import QEvent, QPoint, Qt
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QApplication, QFileDialog
+from PySide6.QtWidgets import QAbstractButton, QApplication, QFileDialog, QLabel, QWidget
 
 from desktop.app import build, shutdown
 from desktop.background import Background
@@ -37,6 +37,7 @@ from desktop.store import HistoryStore
 from desktop.ui.checkpoint_picker import human_bytes, human_params
 from desktop.ui.history_sidebar import MARK_END, MARK_START
 from desktop.ui.main_window import MainWindow
+from desktop.ui.widgets import ElidedLabel
 
 pytestmark = pytest.mark.gui
 WAIT = 30000
@@ -612,3 +613,73 @@ def test_the_picker_the_panes_the_footer_and_the_export_name_the_model_alike(
     win.controller.export(win.controller.conv_id, "json", target)
     exported = json.loads(target.read_text(encoding="utf-8"))
     assert exported["messages"][-1]["meta"]["name"] == name
+
+
+# ----- 8. 800 × 600: panels fold, toolbars wrap, long names elide, nothing is cut off -------------
+
+LONG_TAG = "a-very-long-run-name-for-the-picker"
+
+
+def cut_off(root: QWidget) -> list[str]:
+    """Buttons, check boxes and one-line labels under ``root`` that are narrower than their text
+    or reach past ``root``'s right edge (ElidedLabels elide, and are left out)."""
+    found = []
+    for w in root.findChildren(QWidget):
+        if not isinstance(w, (QAbstractButton, QLabel)) or not w.isVisibleTo(root):
+            continue
+        if isinstance(w, ElidedLabel) or (isinstance(w, QLabel) and (w.wordWrap() or not w.text())):
+            continue
+        needed = w.sizeHint().width() if isinstance(w, QAbstractButton) else w.minimumSizeHint().width()
+        right = w.mapTo(root, QPoint(w.width(), 0)).x()
+        if w.width() < needed or right > root.width():
+            found.append(f"{type(w).__name__} {w.text()!r}: {w.width()} of {needed} px, right edge {right}")
+    return found
+
+
+def test_the_window_is_usable_at_800_by_600(qtbot, windows, loop, monkeypatch, tmp_path):
+    base = tmp_path / "nanochat"
+    write_checkpoint(base, "E7", phase="chatsft", tag=LONG_TAG, step=1)
+    win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
+    win.sampling.set_values({"max_tokens": 8})
+    send(qtbot, win, "hello there, what do you know?")
+    assert win.minimumSizeHint().width() <= 800 and win.minimumSizeHint().height() <= 600
+    win.resize(800, 600)
+    qtbot.waitUntil(lambda: (win.width(), win.height()) == (800, 600), timeout=WAIT)
+
+    def chat_fits() -> None:
+        viewport = win.chat.scroll_area.viewport().width()
+        assert all(w.width() <= viewport for w in win.chat.widgets)  # no message runs off the side
+        for part in (win.picker, win.input, win.status):
+            assert cut_off(part) == []
+        assert win.chat.width() >= 300
+
+    assert win.sampling.is_collapsed()  # folded to its strip to leave the chat its width
+    chat_fits()
+    assert win.picker.model_btn.text() != LONG_TAG and "…" in win.picker.model_btn.text()
+    qtbot.mouseClick(win.sampling.collapse_btn, Qt.MouseButton.LeftButton)  # the user opens it
+    qtbot.waitUntil(lambda: win.sampling.width() >= win.sampling.minimumWidth(), timeout=WAIT)
+    assert not win.sampling.is_collapsed() and win.width() == 800
+    chat_fits()
+    win.resize(1300, 800)  # wide: nothing to decide; narrow again: it folds by itself again
+    qtbot.waitUntil(lambda: win.width() == 1300, timeout=WAIT)
+    win.resize(800, 600)
+    qtbot.waitUntil(lambda: win.sampling.is_collapsed(), timeout=WAIT)
+    win.resize(1300, 800)
+    qtbot.waitUntil(lambda: not win.sampling.is_collapsed(), timeout=WAIT)
+
+    win.resize(800, 600)
+    win.tabs.setCurrentWidget(win.compare_view)
+    view = win.compare_view
+    view.overlay_box.setChecked(True)
+    qtbot.waitUntil(lambda: view.legend.width() >= view.legend.sizeHint().width(), timeout=WAIT)
+    for part in (view.toolbar, view.sampling_row, *view.panes):
+        assert cut_off(part) == []
+    for pane in view.panes:
+        assert pane.checkpoint.currentText() == f"sft/{LONG_TAG}"
+        shown = pane.checkpoint.shown_text()
+        assert shown.endswith("…") and LONG_TAG.startswith(shown[4:-1])  # elided, not cut
+    while len(view.panes) < 4:
+        qtbot.mouseClick(view.add_btn, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: view.pane_scroll.horizontalScrollBar().maximum() > 0, timeout=WAIT)
+    assert all(pane.width() >= pane.minimumSizeHint().width() for pane in view.panes)
+    assert win.width() == 800  # four panes scroll sideways instead of widening the window

@@ -138,6 +138,7 @@ class ChatView(QWidget):
         hint = QLabel("Ctrl+K chooses a checkpoint  ·  F1 lists the keyboard shortcuts")
         hint.setObjectName("Muted")
         hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        hint.setWordWrap(True)  # a narrow window folds it instead of growing for it
         for w in (self.placeholder_icon, title, hint):
             lay.addWidget(w)
         lay.addStretch(2)

@@ -32,6 +32,7 @@ PRECISIONS = (("Auto", "auto"), ("Exact · fp32", "float32"), ("Fast · 16-bit",
 LOOKING = "Looking for checkpoints…"  # until the first folder scan answers
 NONE_FOUND = "No checkpoints found: use Open folder… or train one with nanochat"
 CHOOSE = "Choose a checkpoint"
+MODEL_BUTTON_TEXT_PX = 220  # longer names are elided in the middle (the tooltip has the path)
 SOURCE_NAMES = {"base": "Base", "mid": "Mid", "sft": "SFT", "rl": "RL", "folder": "Folder", "demo": "Demo"}
 
 
@@ -187,7 +188,9 @@ class CheckpointPicker(QFrame):
 
     def _fill_steps(self, emit: bool = True) -> None:
         entry = self._entry()
-        self.model_btn.setText(entry_name(entry) if entry else CHOOSE)
+        name = entry_name(entry) if entry else CHOOSE
+        elide = Qt.TextElideMode.ElideMiddle  # a long run name keeps its start and its end
+        self.model_btn.setText(self.model_btn.fontMetrics().elidedText(name, elide, MODEL_BUTTON_TEXT_PX))
         self.model_btn.setToolTip(
             f"{entry.path}\nPick another checkpoint (Ctrl+K)" if entry else "Pick a checkpoint (Ctrl+K)"
         )

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMenu,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QVBoxLayout,
@@ -45,7 +46,18 @@ from .input_box import InputBox
 from .sampling_panel import SEED_MAX
 from .token_view import ProbabilityLegend
 
-PANE_MIN_WIDTH = 260
+PANE_MIN_WIDTH = 270  # two panes fit an 800 px window; more scroll sideways there
+
+
+def _group(*members: QWidget) -> QWidget:
+    """Widgets that stay together on one row (a toolbar wraps between groups, never inside)."""
+    group = QWidget()
+    lay = QHBoxLayout(group)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.setSpacing(6)
+    for member in members:
+        lay.addWidget(member)
+    return group
 
 
 def diff_marks(spans: list[DiffSpan]) -> tuple[dict[int, str], dict[int, str]]:
@@ -97,11 +109,18 @@ class CompareView(QWidget):
         body.addWidget(self.toolbar)
         body.addWidget(self.memory_banner)
         body.addWidget(self.banner)
+        # The panes keep a readable width; more than fit side by side scroll sideways.
+        self.pane_scroll = QScrollArea()
+        self.pane_scroll.setObjectName("PaneScroll")
+        self.pane_scroll.setWidgetResizable(True)
+        self.pane_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.pane_scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.pane_scroll.setWidget(self.splitter)
         row = QWidget()
         row_lay = QVBoxLayout(row)
         row_lay.setContentsMargins(12, 10, 12, 4)
         row_lay.setSpacing(6)
-        row_lay.addWidget(self.splitter, 1)
+        row_lay.addWidget(self.pane_scroll, 1)
         row_lay.addWidget(self.status)
         body.addWidget(row, 1)
         body.addWidget(self.sampling_row)
@@ -164,23 +183,17 @@ class CompareView(QWidget):
         export_menu.addAction(self.export_json)
         self.export_btn.setMenu(export_menu)
 
-        lay = QHBoxLayout(bar)
+        # Groups that wrap as a whole onto a second row when the window is narrow.
+        lay = widgets.FlowLayout(bar, spacing=14)
         lay.setContentsMargins(12, 7, 12, 7)
-        lay.setSpacing(8)
-        for w in (self.add_btn, self.sweep_btn, self.temps_btn):
-            lay.addWidget(w)
-        lay.addSpacing(10)
-        lay.addWidget(self.overlay_box)
-        lay.addWidget(self.legend)
-        lay.addSpacing(10)
-        for control in (self.diff_box, self.diff_a, self.vs_label, self.diff_b):
-            lay.addWidget(control)
-        lay.addSpacing(10)
-        lay.addWidget(self.score_btn)
-        lay.addWidget(self.same_btn)
-        lay.addStretch(1)
-        lay.addWidget(self.save_btn)
-        lay.addWidget(self.export_btn)
+        for group in (
+            (self.add_btn, self.sweep_btn, self.temps_btn),
+            (self.overlay_box, self.legend),
+            (self.diff_box, self.diff_a, self.vs_label, self.diff_b),
+            (self.score_btn, self.same_btn),
+            (self.save_btn, self.export_btn),
+        ):
+            lay.addWidget(_group(*group))
         return bar
 
     def _build_sampling_row(self) -> QFrame:
@@ -204,11 +217,9 @@ class CompareView(QWidget):
         self.dice = widgets.flat_button("dice", "New random seed")
         title = QLabel("Shared sampling")
         title.setObjectName("SectionTitle")
-        lay = QHBoxLayout(row)
+        lay = widgets.FlowLayout(row, spacing=12)
         lay.setContentsMargins(20, 6, 20, 0)
-        lay.setSpacing(6)
         lay.addWidget(title)
-        lay.addSpacing(8)
         for text, box in (
             ("Temperature", self.temperature),
             ("Top-k", self.top_k),
@@ -219,11 +230,7 @@ class CompareView(QWidget):
             label.setObjectName("Muted")
             label.setBuddy(box)
             box.setAccessibleName(f"Shared {text.lower()}")
-            lay.addWidget(label)
-            lay.addWidget(box)
-            lay.addSpacing(6)
-        lay.addWidget(self.dice)
-        lay.addStretch(1)
+            lay.addWidget(_group(label, box, *((self.dice,) if box is self.seed else ())))
         self.set_sampling(CHAT_DEFAULTS.with_values(max_tokens=256).to_dict())
         return row
 
@@ -568,6 +575,7 @@ class CompareView(QWidget):
             f"QFrame#CompareToolbar {{ background: {c.surface}; border-bottom: 1px solid {c.border}; }}"
             f"QFrame#CompareSampling {{ background: {c.window}; }}"
             "QSplitter#PaneRow::handle { background: transparent; }"
+            "QScrollArea#PaneScroll, QSplitter#PaneRow { background: transparent; }"
         )
 
     def changeEvent(self, event: QEvent) -> None:

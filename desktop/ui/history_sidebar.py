@@ -147,7 +147,7 @@ class HistorySidebar(QFrame):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("Sidebar")
-        self.setMinimumWidth(200)
+        self.setMinimumWidth(170)
         self.setAccessibleName("Conversation history")
         self._rows: list = []
         self._deleted: int | None = None

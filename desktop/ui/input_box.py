@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import icons, theme
+from . import icons, theme, widgets
 
 MAX_VISIBLE_LINES = 8
 COLUMN_MAX_WIDTH = 860  # the chat column's width, so the box lines up with the messages
@@ -103,13 +103,14 @@ class InputBox(QFrame):
         self.hint = QLabel()
         self.hint.setObjectName("Hint")
         self.hint.setAccessibleName("Token count")
-        self.keys_hint = QLabel()
+        self.keys_hint = widgets.ElidedLabel()  # the first thing to give way on a narrow window
         self.keys_hint.setObjectName("Hint")
+        self.keys_hint.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.keys_hint.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         hints = QHBoxLayout()
         hints.setContentsMargins(6, 0, 6, 0)
         hints.addWidget(self.hint)
-        hints.addStretch(1)
-        hints.addWidget(self.keys_hint)
+        hints.addWidget(self.keys_hint, 1)
 
         column = QWidget()
         column.setMaximumWidth(COLUMN_MAX_WIDTH - 40)

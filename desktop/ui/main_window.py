@@ -54,6 +54,11 @@ def _qapp() -> QApplication:
     return app
 
 
+FOLD_PANEL_BELOW = 1100  # window width (px) below which the Parameters panel folds by itself
+SIDEBAR_WIDTH, PANEL_WIDTH = 240, 300  # their widths when there is room
+CHAT_ROOM = 360  # the conversation's width the side panels leave it when they can
+
+
 class MainWindow(QMainWindow):
     """Composes the window and connects signals in ``_connect_signals``."""
 
@@ -95,8 +100,11 @@ class MainWindow(QMainWindow):
         self.splitter.addWidget(centre)
         self.splitter.addWidget(self.sampling)
         self.splitter.setStretchFactor(1, 1)
-        self.splitter.setSizes([240, 720, 300])
+        self.splitter.setSizes([SIDEBAR_WIDTH, 720, PANEL_WIDTH])
+        self._folded_for_width = False  # the Parameters panel was folded because the window is narrow
+        self._kept_open = False  # the user unfolded it on a narrow window: leave it open
         self.splitter.setChildrenCollapsible(True)
+        self.sampling.collapsed_changed.connect(self._give_room_to_chat)
 
         chat_page = QWidget()
         layout = QVBoxLayout(chat_page)
@@ -260,6 +268,7 @@ class MainWindow(QMainWindow):
         bg.search_results.connect(self.sidebar.set_search_results)
         # settings
         self.sampling.values_changed.connect(self._on_sampling_changed)
+        self.sampling.collapse_btn.clicked.connect(self._on_panel_folded)
         self.sampling.presets_changed.connect(lambda p: self.settings.set("sampling_presets", p))
 
     # ----- slots -------------------------------------------------------------------------
@@ -341,6 +350,15 @@ class MainWindow(QMainWindow):
         }
         self.picker.set_summary(info)
 
+    def _open_servers(self) -> None:
+        """Settings › Servers; on OK the engine and the model lists learn the new servers."""
+        dialog = ServersDialog(self.settings, keystore(), self)
+        if dialog.exec():
+            self.background.servers = publish_servers(self.settings)
+            self.background.scan()
+            if dialog.session_note:
+                self.banner.show_warning("API key kept for this session only", dialog.session_note)
+
     def _export_to_hf(self) -> None:
         """File › Export to Hugging Face…: the picked checkpoint into a new folder, off the GUI thread."""
         chosen = self.picker.current()
@@ -352,15 +370,6 @@ class MainWindow(QMainWindow):
             self.banner.show_warning("Export to Hugging Face", "An export is already running.")
         elif out:
             self.banner.show_info("Export to Hugging Face", f"Exporting {chosen[0].name} to {out}…")
-
-    def _open_servers(self) -> None:
-        """Settings › Servers; on OK the engine and the model lists learn the new servers."""
-        dialog = ServersDialog(self.settings, keystore(), self)
-        if dialog.exec():
-            self.background.servers = publish_servers(self.settings)
-            self.background.scan()
-            if dialog.session_note:
-                self.banner.show_warning("API key kept for this session only", dialog.session_note)
 
     def _ask_for_config(self, run: str, step: int) -> None:
         """A KempnerForge run keeps its model config in the training TOML, not in the checkpoint:
@@ -502,6 +511,39 @@ class MainWindow(QMainWindow):
             if message.role == "assistant":
                 QApplication.clipboard().setText(message.plain_text())
                 return
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_panels()
+
+    def _fit_panels(self) -> None:
+        """On a narrow window the Parameters panel folds to its strip (the chat keeps a readable
+        width) and unfolds again when there is room, unless the user decided otherwise."""
+        narrow = self.width() < FOLD_PANEL_BELOW
+        panel = self.sampling
+        if not narrow:
+            self._kept_open = False
+        if narrow and not panel.is_collapsed() and not self._kept_open:
+            self._folded_for_width = True
+            panel.set_collapsed(True)
+        elif not narrow and self._folded_for_width:
+            self._folded_for_width = False
+            panel.set_collapsed(False)
+
+    def _give_room_to_chat(self, collapsed: bool) -> None:
+        """Share the width when the panel folds or unfolds: the conversation keeps CHAT_ROOM px
+        where it can (the history list narrows first), and gets what the folded panel gives up."""
+        total = sum(self.splitter.sizes())
+        sidebar = self.splitter.sizes()[0]
+        side_min, panel_min = self.sidebar.minimumWidth(), self.sampling.minimumWidth()
+        panel = panel_min if collapsed else max(panel_min, min(PANEL_WIDTH, total - side_min - CHAT_ROOM))
+        sidebar = max(side_min, min(max(sidebar, SIDEBAR_WIDTH), total - panel - CHAT_ROOM))
+        self.splitter.setSizes([sidebar, max(0, total - sidebar - panel), panel])
+
+    def _on_panel_folded(self) -> None:
+        """The user folded or unfolded the panel with its button: that choice stands."""
+        self._kept_open = not self.sampling.is_collapsed() and self.width() < FOLD_PANEL_BELOW
+        self._folded_for_width = False
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Save the layout, then shut the workers down in order (once, however often Qt asks)."""

@@ -40,6 +40,8 @@ TEXT_ROLE = Qt.ItemDataRole.UserRole + 1  # the words a search matches (name, so
 SEARCHED = (0, 1, 2, 5)  # columns whose words a search looks at (not sizes: "10" is a step)
 SOURCE_ROLE = Qt.ItemDataRole.UserRole + 2  # "SFT", "Folder", "Demo"…: searchable, not shown
 NAV_KEYS = (Qt.Key.Key_Up, Qt.Key.Key_Down, Qt.Key.Key_PageUp, Qt.Key.Key_PageDown)
+NUMERIC = (1, 3, 4, 6)  # step, parameters, context, memory: right-aligned
+RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
 UNSUMMARIZED = ("remote",)  # sources with no files to read shapes from (served models)
 
 
@@ -85,6 +87,8 @@ class ModelPicker(QDialog):
 
         self.model = QStandardItemModel(0, len(COLUMNS), self)
         self.model.setHorizontalHeaderLabels(list(COLUMNS))
+        for column in NUMERIC:
+            self.model.horizontalHeaderItem(column).setTextAlignment(RIGHT)
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(self.model)
         self.proxy.setFilterKeyColumn(0)
@@ -99,6 +103,7 @@ class ModelPicker(QDialog):
         self.view.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # the search box keeps the keyboard
+        self.view.setStyleSheet("QTreeView#PickerList::item { padding: 5px 6px; }")
         header = self.view.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
@@ -157,7 +162,8 @@ class ModelPicker(QDialog):
         items = [QStandardItem(text) for text in cells]
         items[0].setData(key, KEY_ROLE)
         items[0].setToolTip(f"{source} · {entry.path}")
-        items[1].setData(Qt.AlignmentFlag.AlignRight, Qt.ItemDataRole.TextAlignmentRole)
+        for column in NUMERIC:
+            items[column].setData(RIGHT, Qt.ItemDataRole.TextAlignmentRole)
         self.model.appendRow(items)
         self._rows[key] = self.model.rowCount() - 1
         items[0].setData(source, SOURCE_ROLE)

@@ -138,6 +138,9 @@ class ProbabilityLegend(QWidget):
         fm = self.fontMetrics()
         return QSize(fm.horizontalAdvance("p  0   .25   .5   .75   1") + 40, fm.height() + 16)
 
+    def minimumSizeHint(self) -> QSize:
+        return self.sizeHint()  # a squeezed ramp would be unreadable: the toolbar wraps instead
+
     def paintEvent(self, _event) -> None:
         c = theme.colors()
         p = QPainter(self)
