@@ -463,8 +463,8 @@ def _ckpt(tmp_path: Path) -> Path:
         ),
         (
             hostile.wrapper_subclass_parameter(),
-            "refused to load: it holds a tensor subclass (torch._utils._rebuild_wrapper_subclass); "
-            "weights must be dense float32, bfloat16, float16 tensors",
+            "refused to load: it holds a tensor subclass, and weights must be dense float32, bfloat16 "
+            "or float16 tensors (torch._utils._rebuild_wrapper_subclass)",
         ),
         (
             hostile.declared_bytearray(),

@@ -144,8 +144,8 @@ def _refusal(exc: PickleRefused) -> str:
         return f"file is truncated or corrupt ({exc.reason})"
     if exc.kind == "global" and exc.reason:
         return (
-            f"refused to load: it holds {exc.reason} ({exc.name}); weights must be dense "
-            f"{', '.join(WEIGHT_DTYPES)} tensors"
+            f"refused to load: it holds {exc.reason}, and weights must be dense float32, bfloat16 "
+            f"or float16 tensors ({exc.name})"
         )
     if exc.kind == "global":
         return f"refused to load: the file contains pickled code or objects that are not tensors ({exc.name})"

@@ -85,7 +85,7 @@ TORCH_REFUSED: dict[tuple[str, str], str] = {
     ("torch._utils", "_rebuild_sparse_tensor"): _SPARSE,
     ("torch._utils", "_rebuild_sparse_csr_tensor"): _SPARSE,
     ("torch._utils", "_rebuild_nested_tensor"): "a nested tensor",
-    ("torch._utils", "_rebuild_meta_tensor_no_storage"): "a meta-device tensor (it holds no values)",
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"): "a meta-device tensor, which holds no values",
     ("torch._utils", "_rebuild_qtensor"): "a quantized tensor",
     ("torch._utils", "_rebuild_wrapper_subclass"): _SUBCLASS,
     ("torch._utils", "_rebuild_subclass"): _SUBCLASS,
