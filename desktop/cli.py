@@ -19,7 +19,7 @@ from . import __version__, paths
 from .engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
 from .engine.device import DEVICES, PRECISIONS
 from .engine.errors import NanoscopeError, is_out_of_memory
-from .engine.kf_config import ConfigMemory
+from .engine.kempnerforge.config import ConfigMemory
 from .engine.messages import TokenEvent
 from .engine.params import CHAT_DEFAULTS, KNOB, MAX_TOKENS_MAX, SamplingParams
 from .export_cli import add_export_parser, cmd_export

@@ -1,6 +1,6 @@
 """``nanoscope export MODEL --hf OUT``: a nanochat checkpoint as a transformers NanoChat folder.
 
-The export itself lives in :mod:`desktop.engine.export_hf`; this module adds the subcommand to
+The export itself lives in :mod:`desktop.engine.hf.export`; this module adds the subcommand to
 the CLI's parser and prints the result: a summary line with the measured logit differences, or
 with ``--json`` one JSON object.
 """
@@ -30,7 +30,7 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .engine.discovery import resolve_spec
-    from .engine.export_hf import export_to_hf
+    from .engine.hf.export import export_to_hf
 
     base = paths.nanochat_base_dir()
     directory, step = resolve_spec(args.model, base)

@@ -1,4 +1,4 @@
-"""File › Export to Hugging Face…: run :func:`~desktop.engine.export_hf.export_to_hf` off the GUI
+"""File › Export to Hugging Face…: run :func:`~desktop.engine.hf.export.export_to_hf` off the GUI
 thread and report the outcome as a banner notice.
 
 The export loads the checkpoint, writes the folder and loads it back twice to compare logits, so
@@ -46,7 +46,7 @@ class HFExportTask(QObject):
         return True
 
     def _run(self, directory: Path, out: Path, options: LoadOptions) -> None:
-        from .engine.export_hf import export_to_hf
+        from .engine.hf.export import export_to_hf
 
         try:
             report = export_to_hf(directory, out, options)

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from . import paths
 from .engine.backend import DEFAULT_STREAM, LoadOptions, ModelInfo, Prompt, StreamOptions
-from .engine.kf_config import NO_TOML, ConfigMemory
+from .engine.kempnerforge.config import NO_TOML, ConfigMemory
 from .engine.messages import Message, TokenEvent
 from .engine.params import SamplingParams
 from .settings import Settings

@@ -45,7 +45,7 @@ def _key(args: argparse.Namespace) -> str | None:
 def open_served(args: argparse.Namespace) -> Backend:
     """The backend for ``--server`` / ``--model`` (NanoscopeError with one line when they do not fit)."""
     from .engine.registry import open_backend
-    from .engine.remote_servers import remote_target
+    from .engine.remote.servers import remote_target
 
     if args.model is not None:
         raise NanoscopeError("give either a checkpoint or --server with --model, not both")
@@ -63,7 +63,7 @@ def open_served(args: argparse.Namespace) -> Backend:
 
 def list_served(args: argparse.Namespace) -> int:
     """Print the server's models (one per line, or one JSON object with ``--json``)."""
-    from .engine.remote_http import api_root, list_models
+    from .engine.remote.http import api_root, list_models
 
     served = list_models(args.server, _key(args))
     if args.json:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .engine.discovery import CheckpointEntry
-from .engine.remote_http import RemoteError, list_models, where
-from .engine.remote_servers import ServerEndpoint, directory, remote_target
+from .engine.remote.http import RemoteError, list_models, where
+from .engine.remote.servers import ServerEndpoint, directory, remote_target
 from .keystore import KeyStore, keystore
 from .settings import Settings
 

@@ -60,3 +60,18 @@ def _is_running(thread) -> bool:
         return thread.isRunning()
     except RuntimeError:  # the C++ object was deleted (deleteLater after finished): not running
         return False
+
+
+@pytest.fixture(autouse=True)
+def _collect_qt_garbage_here(request):
+    """Collect the cycles a GUI test leaves behind on the GUI thread, where Qt objects must die.
+
+    Left to the cyclic collector, a window or widget of this test could be freed later on
+    whatever thread allocates at that moment (a summary in the executor, a worker), and Qt warns
+    that its timers "cannot be stopped from another thread" in some later, unrelated test.
+    """
+    yield
+    if "qtbot" in request.fixturenames or "qapp" in request.fixturenames:
+        import gc
+
+        gc.collect()

@@ -22,9 +22,9 @@ from desktop.engine.backend import LoadOptions
 from desktop.engine.chat_template import ChatTemplate, message_dicts
 from desktop.engine.discovery import discover, summarize
 from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError, UnsupportedFormatError
-from desktop.engine.export_hf import CHAT_TEMPLATE, SAMPLE_CONVERSATION
 from desktop.engine.generation import Specials
-from desktop.engine.hf_backend import HFBackend
+from desktop.engine.hf.backend import HFBackend
+from desktop.engine.hf.export import CHAT_TEMPLATE, SAMPLE_CONVERSATION
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, Message
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from desktop.engine.kempnerforge.backend import KempnerForgeBackend
 from kf_reference import (
     EOS,
     MarkerOnLoad,
@@ -26,7 +27,6 @@ from kf_reference import (
 
 from desktop.engine.backend import GenerationStats, LoadOptions, Prompt
 from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError, UnsupportedFormatError
-from desktop.engine.kempnerforge import KempnerForgeBackend
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
 
@@ -360,7 +360,7 @@ def test_a_chat_template_renders_to_the_ids_of_apply_chat_template(tmp_path):
 )
 def test_encoding_and_eos_match_autotokenizer(tmp_path, files):
     transformers = pytest.importorskip("transformers")
-    from desktop.engine.kf_tokenizer import KFTokenizer
+    from desktop.engine.kempnerforge.tokenizer import KFTokenizer
 
     directory = write_tokenizer(tmp_path / "tok")
     for name, content in files.items():
@@ -487,7 +487,7 @@ def test_storage_outside_the_checkpoint_or_past_the_file_end_is_refused(tmp_path
     rewrite_metadata(step, escape)
     assert "not a file in the checkpoint" in failure(CheckpointError, open_cpu, run)
     (step / ".metadata").write_bytes(original)
-    from desktop.engine.dcp_metadata import read_dcp_metadata
+    from desktop.engine.kempnerforge.dcp_metadata import read_dcp_metadata
 
     storage = read_dcp_metadata(step).storage
     model_end = max(i.offset + i.length for (key, _), i in storage.items() if key.startswith("model."))
@@ -497,7 +497,7 @@ def test_storage_outside_the_checkpoint_or_past_the_file_end_is_refused(tmp_path
 
 
 def test_optimizer_records_are_never_read(tmp_path, tokenizer_dir):
-    from desktop.engine.dcp_metadata import read_dcp_metadata
+    from desktop.engine.kempnerforge.dcp_metadata import read_dcp_metadata
 
     run, ref = write_run(tmp_path, RefConfig(), tokenizer=tokenizer_dir)
     step = run / "step_10"
@@ -514,7 +514,7 @@ def test_optimizer_records_are_never_read(tmp_path, tokenizer_dir):
 
 
 def test_non_finite_weights_and_too_little_memory_are_refused(tmp_path, tokenizer_dir, monkeypatch):
-    from desktop.engine import kempnerforge
+    from desktop.engine.kempnerforge import backend as kempnerforge
     from desktop.engine.errors import OutOfMemoryError
 
     run, _ = write_run(tmp_path, RefConfig(), tokenizer=tokenizer_dir)
@@ -530,7 +530,7 @@ def test_non_finite_weights_and_too_little_memory_are_refused(tmp_path, tokenize
 
 
 def test_the_remembered_config_is_found_from_a_step_directory(tmp_path):
-    from desktop.engine.kf_config import ConfigMemory
+    from desktop.engine.kempnerforge.config import ConfigMemory
 
     run = tmp_path / "run"
     (run / "step_5").mkdir(parents=True)
@@ -547,7 +547,7 @@ def test_the_remembered_config_is_found_from_a_step_directory(tmp_path):
 
 def test_the_tokenizer_json_post_processor_decides_as_in_autotokenizer(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from desktop.engine.kf_tokenizer import KFTokenizer
+    from desktop.engine.kempnerforge.tokenizer import KFTokenizer
 
     directory = write_tokenizer(tmp_path / "tok")
     (directory / "tokenizer_config.json").write_text(

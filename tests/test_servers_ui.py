@@ -21,7 +21,7 @@ from desktop.app import build, shutdown
 from desktop.compare.same_model import compare_replies
 from desktop.engine.messages import TokenEvent, TokenTrace
 from desktop.engine.params import SamplingParams
-from desktop.engine.remote_servers import directory
+from desktop.engine.remote.servers import directory
 from desktop.keystore import NO_KEYRING, KeyStore
 from desktop.servers import publish
 from desktop.settings import Settings

@@ -53,7 +53,7 @@ def meta_file(directory: Path, step: int) -> Path:
 
 
 def detect_unsupported(path: Path) -> None:
-    """Raise a clear error for formats we recognise but do not load yet (docs/ARCHITECTURE.md, Eras: Loading)."""
+    """Raise a clear error for formats we recognise but this backend does not load."""
     if path.is_file() and path.suffix == ".gguf":
         raise UnsupportedFormatError(f"{path}: GGUF files are not supported yet")
     if not path.is_dir():

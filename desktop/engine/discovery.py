@@ -12,10 +12,10 @@ from pathlib import Path
 from . import checkpoint as ckpt
 from .classify import classify
 from .errors import NanoscopeError
-from .hf_files import display_name, find_hf_directories, is_hf_directory
-from .hf_summary import summary_fields
-from .kf_layout import find_runs, is_kf_target
-from .kf_summary import summary_fields as kf_summary_fields
+from .hf.files import display_name, find_hf_directories, is_hf_directory
+from .hf.summary import summary_fields
+from .kempnerforge.layout import find_runs, is_kf_target
+from .kempnerforge.summary import summary_fields as kf_summary_fields
 
 # Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
 PHASES = {

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..engine.remote_http import RemoteError, ServedModel, api_root, list_models
+from ..engine.remote.http import RemoteError, ServedModel, api_root, list_models
 from ..keystore import KeyStore
 from ..servers import new_server_id
 from ..settings import Settings

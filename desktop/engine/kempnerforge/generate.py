@@ -21,14 +21,14 @@ from dataclasses import replace
 
 import torch
 
-from .backend import GenerationStats
-from .errors import ContextError
-from .generation import PartTracker
-from .kf_model import KFCache, KFTransformer
-from .kf_tokenizer import KFTokenizer
-from .messages import TokenEvent
-from .params import SamplingParams
-from .scoring import token_label
+from ..backend import GenerationStats
+from ..errors import ContextError
+from ..generation import PartTracker
+from ..messages import TokenEvent
+from ..params import SamplingParams
+from ..scoring import token_label
+from .model import KFCache, KFTransformer
+from .tokenizer import KFTokenizer
 
 
 def sample(

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from .attention import sdpa_attention
-from .hf_config import HFConfig, Rope
+from ..attention import sdpa_attention
+from .config import HFConfig, Rope
 
 if TYPE_CHECKING:
-    from .kvcache import KVCache
+    from ..kvcache import KVCache
 
 # A window wider than any context: every HF layer attends causally to all earlier positions.
 FULL_WINDOW = 1 << 62

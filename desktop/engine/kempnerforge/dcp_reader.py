@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
+from ..errors import CheckpointError, UnsupportedFormatError
+from ..pickle_scan import TORCH_POLICY, PickleRefused, scan_bytes
 from .dcp_metadata import DTYPE_BYTES, Chunk, DcpMetadata, StorageItem, TensorEntry
-from .errors import CheckpointError, UnsupportedFormatError
-from .pickle_scan import TORCH_POLICY, PickleRefused, scan_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, UnsupportedFormatError
-from .kf_layout import KFCheckpoint, run_dir
+from ..errors import CheckpointError, UnsupportedFormatError
+from .layout import KFCheckpoint, run_dir
 
 if sys.version_info >= (3, 11):
     import tomllib

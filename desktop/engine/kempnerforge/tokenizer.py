@@ -22,10 +22,10 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
-from .chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source
-from .errors import TokenizerError
-from .safe_json import JsonRefused, loads_bounded
-from .tokenizer_checks import EncodingCancelled, checked_tokenizer_json, clean_text, rust_errors
+from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source
+from ..errors import TokenizerError
+from ..safe_json import JsonRefused, loads_bounded
+from ..tokenizer_checks import EncodingCancelled, checked_tokenizer_json, clean_text, rust_errors
 
 logger = logging.getLogger(__name__)
 

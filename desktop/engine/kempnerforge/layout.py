@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CheckpointError
+from ..safe_json import loads_bounded
 from .dcp_metadata import METADATA_NAME
-from .errors import CheckpointError
-from .safe_json import loads_bounded
 
 STEP_RE = re.compile(r"step_(\d+)")
 STAGE_RE = re.compile(r"pp(\d+)")

@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..errors import NanoscopeError, UnsupportedFormatError
+from .config import NO_TOML, load_config
 from .dcp_metadata import DTYPE_BYTES, read_dcp_metadata
-from .errors import NanoscopeError, UnsupportedFormatError
-from .kf_config import NO_TOML, load_config
-from .kf_layout import resolve_checkpoint
-from .kf_weights import EMBEDDING, OUTPUT, check_weights, model_entries
+from .layout import resolve_checkpoint
+from .weights import EMBEDDING, OUTPUT, check_weights, model_entries
 
 _LAYER = re.compile(r"layers\.(\d+)\.")
 

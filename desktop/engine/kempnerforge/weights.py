@@ -7,9 +7,9 @@ unexpected keys and wrong shapes are listed in one line.
 
 from __future__ import annotations
 
+from ..errors import CheckpointError, UnsupportedFormatError
+from .config import KFModelConfig
 from .dcp_metadata import DcpMetadata
-from .errors import CheckpointError, UnsupportedFormatError
-from .kf_config import KFModelConfig
 
 MODEL_PREFIX = "model."
 EMBEDDING = "token_embedding.embedding.weight"

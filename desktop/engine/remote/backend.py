@@ -22,11 +22,11 @@ from typing import Any
 
 import httpx
 
-from .backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
-from .messages import Message, TokenEvent
-from .params import SamplingParams
-from .remote_events import ChunkReader
-from .remote_http import (
+from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
+from ..messages import Message, TokenEvent
+from ..params import SamplingParams
+from .events import ChunkReader
+from .http import (
     CONNECT_TIMEOUT_S,
     RemoteError,
     ServedModel,
@@ -36,8 +36,8 @@ from .remote_http import (
     named_fields,
     where,
 )
-from .remote_servers import ServerEndpoint, directory, parse_target, refusals
-from .remote_sse import Cancelled, EventStream, StepRunner
+from .servers import ServerEndpoint, directory, parse_target, refusals
+from .sse import Cancelled, EventStream, StepRunner
 
 logger = logging.getLogger(__name__)
 

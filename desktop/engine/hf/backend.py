@@ -22,13 +22,17 @@ from typing import Any
 
 import torch
 
-from .backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
-from .chat_template import message_dicts
-from .device import describe_device, dtype_name, pick_device, pick_dtype
-from .errors import ContextError, DeviceError, TokenizerError
-from .generation import stream_reply
-from .hf_config import HFConfig, parse_config, token_ids
-from .hf_files import (
+from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
+from ..chat_template import message_dicts
+from ..device import describe_device, dtype_name, pick_device, pick_dtype
+from ..errors import ContextError, DeviceError, TokenizerError
+from ..generation import stream_reply
+from ..kvcache import KVCache
+from ..messages import Message, TokenEvent
+from ..params import SamplingParams
+from ..scoring import score_reply, token_label
+from .config import HFConfig, parse_config, token_ids
+from .files import (
     CONFIG_NAME,
     GENERATION_CONFIG_NAME,
     TOKENIZER_CONFIG_NAME,
@@ -36,13 +40,9 @@ from .hf_files import (
     read_json,
     read_optional_json,
 )
-from .hf_model import HFCausalLM
-from .hf_tokenizer import HFTokenizer
-from .hf_weights import load_weights
-from .kvcache import KVCache
-from .messages import Message, TokenEvent
-from .params import SamplingParams
-from .scoring import score_reply, token_label
+from .model import HFCausalLM
+from .tokenizer import HFTokenizer
+from .weights import load_weights
 
 logger = logging.getLogger(__name__)
 

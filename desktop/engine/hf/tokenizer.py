@@ -24,9 +24,9 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
-from .chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source
-from .errors import TokenizerError
-from .hf_files import MAX_JSON_BYTES, TOKENIZER_NAME
+from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source
+from ..errors import TokenizerError
+from .files import MAX_JSON_BYTES, TOKENIZER_NAME
 
 logger = logging.getLogger(__name__)
 

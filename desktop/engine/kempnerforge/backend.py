@@ -26,23 +26,23 @@ from typing import Any
 
 import torch
 
-from . import checkpoint as ckpt
-from .backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
-from .chat_template import message_dicts
+from .. import checkpoint as ckpt
+from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
+from ..chat_template import message_dicts
+from ..device import describe_device, dtype_name, pick_device, pick_dtype
+from ..errors import ContextError, DeviceError, OutOfMemoryError, TokenizerError, is_out_of_memory
+from ..memory import available_ram, human
+from ..messages import Message, TokenEvent
+from ..params import SamplingParams
+from ..scoring import score_reply, token_label
+from .config import KFModelConfig, KFRunConfig, load_config
 from .dcp_metadata import DcpMetadata, read_dcp_metadata
 from .dcp_reader import read_tensors
-from .device import describe_device, dtype_name, pick_device, pick_dtype
-from .errors import ContextError, DeviceError, OutOfMemoryError, TokenizerError, is_out_of_memory
-from .kf_config import KFModelConfig, KFRunConfig, load_config
-from .kf_generate import stream_kf
-from .kf_layout import KFCheckpoint, resolve_checkpoint
-from .kf_model import Block, KFCache, KFTransformer, Norm
-from .kf_tokenizer import KFTokenizer, load_run_tokenizer, resolve_tokenizer_dir
-from .kf_weights import EMBEDDING, OUTPUT, check_weights, model_entries
-from .memory import available_ram, human
-from .messages import Message, TokenEvent
-from .params import SamplingParams
-from .scoring import score_reply, token_label
+from .generate import stream_kf
+from .layout import KFCheckpoint, resolve_checkpoint
+from .model import Block, KFCache, KFTransformer, Norm
+from .tokenizer import KFTokenizer, load_run_tokenizer, resolve_tokenizer_dir
+from .weights import EMBEDDING, OUTPUT, check_weights, model_entries
 
 logger = logging.getLogger(__name__)
 

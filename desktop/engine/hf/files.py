@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"

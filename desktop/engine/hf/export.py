@@ -30,21 +30,21 @@ from typing import Any, cast
 
 import torch
 
-from . import checkpoint as ckpt
-from .backend import LoadOptions, Progress
-from .chat_format import render_for_completion
-from .chat_template import message_dicts
-from .config import ModelConfig
-from .errors import CheckpointError, NanoscopeError, UnsupportedFormatError
-from .hf_backend import HFBackend
-from .hf_tokenizer_convert import SAMPLE_TEXTS, build_tokenizer, check_same_encoding
-from .loader import load_model
-from .messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
-from .model import rotary_tables
-from .nanochat_backend import tokenizer_dirs
-from .safe_pickle import load_tiktoken_pickle
-from .special_tokens import ASSISTANT_END, BOS, SPECIAL_TOKENS
-from .tokenizer import select_tokenizer
+from .. import checkpoint as ckpt
+from ..backend import LoadOptions, Progress
+from ..chat_format import render_for_completion
+from ..chat_template import message_dicts
+from ..config import ModelConfig
+from ..errors import CheckpointError, NanoscopeError, UnsupportedFormatError
+from ..loader import load_model
+from ..messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
+from ..model import rotary_tables
+from ..nanochat_backend import tokenizer_dirs
+from ..safe_pickle import load_tiktoken_pickle
+from ..special_tokens import ASSISTANT_END, BOS, SPECIAL_TOKENS
+from ..tokenizer import select_tokenizer
+from .backend import HFBackend
+from .tokenizer_convert import SAMPLE_TEXTS, build_tokenizer, check_same_encoding
 
 logger = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import check_finite
-from .errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
-from .hf_config import HFConfig
-from .hf_files import FLOAT_DTYPES, TensorInfo, read_tensor_index
-from .memory import available_ram, human
+from ..checkpoint import check_finite
+from ..errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
+from ..memory import available_ram, human
+from .config import HFConfig
+from .files import FLOAT_DTYPES, TensorInfo, read_tensor_index
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kf_config import KFModelConfig
+from .config import KFModelConfig
 
 QK_NORM_EPS = 1e-5  # Attention builds RMSNorm(head_dim) with the default eps, not model.norm_eps
 # Above this many logits a prefill computes only the last position's (memory); below it, every

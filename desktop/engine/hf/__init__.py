@@ -1,0 +1,1 @@
+"""Hugging Face safetensors folders (transformers NanoChat port, Llama) and export to them."""

@@ -1,0 +1,1 @@
+"""Models served over the OpenAI-compatible HTTP API (vLLM, SGLang, llama-server, transformers serve)."""
