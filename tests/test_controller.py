@@ -168,9 +168,8 @@ def test_the_raw_token_labels_come_from_the_reply(qtbot, chat):
 def test_a_run_without_its_training_toml_asks_for_one_and_remembers_it(qtbot, tmp_path):
     """KempnerForge keeps the model config in the training TOML: the slot asks for it, loads with
     the one picked, and uses it again next time without asking."""
-    from desktop.engine.kempnerforge.config import NO_TOML
-
     from desktop.engine.errors import CheckpointError
+    from desktop.engine.kempnerforge.config import NO_TOML
 
     seen_configs: list[Path | None] = []
 

@@ -16,11 +16,11 @@ from checkpoint_factory import _rewrite, write_checkpoint
 from hf_factory import load_reference, reference_greedy
 
 from desktop.cli import main
-from desktop.engine.hf import export as export_hf
 from desktop.engine.backend import LoadOptions
 from desktop.engine.chat_format import render_for_completion
 from desktop.engine.chat_template import message_dicts
 from desktop.engine.errors import CheckpointError, UnsupportedFormatError
+from desktop.engine.hf import export as export_hf
 from desktop.engine.hf.export import SAMPLE_CONVERSATION, export_to_hf
 from desktop.engine.hf.tokenizer_convert import SAMPLE_TEXTS
 from desktop.engine.messages import Message

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from desktop.engine.kempnerforge.backend import KempnerForgeBackend
 from kf_reference import (
     EOS,
     MarkerOnLoad,
@@ -27,6 +26,7 @@ from kf_reference import (
 
 from desktop.engine.backend import GenerationStats, LoadOptions, Prompt
 from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError, UnsupportedFormatError
+from desktop.engine.kempnerforge.backend import KempnerForgeBackend
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
 
@@ -514,8 +514,8 @@ def test_optimizer_records_are_never_read(tmp_path, tokenizer_dir):
 
 
 def test_non_finite_weights_and_too_little_memory_are_refused(tmp_path, tokenizer_dir, monkeypatch):
-    from desktop.engine.kempnerforge import backend as kempnerforge
     from desktop.engine.errors import OutOfMemoryError
+    from desktop.engine.kempnerforge import backend as kempnerforge
 
     run, _ = write_run(tmp_path, RefConfig(), tokenizer=tokenizer_dir)
     monkeypatch.setattr(kempnerforge, "available_ram", lambda: 1000)

@@ -18,11 +18,11 @@ from openai_fault_server import DROP, FaultServer, Pause, Reply, chat_chunk, err
 from served_model import Served, local_greedy, served_model
 
 from desktop.cli import main
-from desktop.engine.remote import backend as remote_backend
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
 from desktop.engine.messages import Message
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
+from desktop.engine.remote import backend as remote_backend
 from desktop.engine.remote.events import STOP_LABEL
 from desktop.engine.remote.http import RemoteError, api_root, transport_error
 from desktop.engine.remote.servers import ServerEndpoint, directory, refusals, remote_target

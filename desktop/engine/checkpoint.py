@@ -280,7 +280,10 @@ def _weights_only_refusal(exc: pickle.UnpicklingError) -> str:
     """torch's weights_only refusal as one line of ours: its own text is a paragraph of advice."""
     found = re.search(r"GLOBAL ([\w.]+)", str(exc))
     if found:  # the pickle names a class or function: code, or objects that are not tensors
-        return f"refused to load: the file contains pickled code or objects that are not tensors ({found.group(1)})"
+        return (
+            "refused to load: the file contains pickled code or objects that are not tensors "
+            f"({found.group(1)})"
+        )
     return "not a PyTorch checkpoint, or the file is truncated or corrupt"
 
 
