@@ -1,8 +1,11 @@
-"""Render the main window's states to PNG (offscreen) for the docs and for review.
+"""Render the main window's states to PNG (offscreen) for the README and for review.
 
     QT_QPA_PLATFORM=offscreen python docs/screenshots/render.py [--theme light|dark] [--out DIR]
+        [--size 1360x860]
 
-Uses the bundled demo model (or a tiny generated checkpoint when the demo is missing).
+Runs the real app on the bundled demo model: the empty chat, a chat, a load error, and Compare
+with three steps of the demo run (probabilities on, diff A vs C) and with its first and last
+steps side by side. ``--size 800x600`` shows the narrow layout.
 """
 
 from __future__ import annotations
@@ -20,37 +23,49 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-async def scenario(window, out: Path, theme: str) -> None:
+def _next(signal, accept=lambda *args: True) -> asyncio.Future:
+    """A future for the next emission of ``signal`` whose arguments ``accept`` takes."""
+    future = asyncio.get_running_loop().create_future()
+
+    def on_signal(*args) -> None:
+        if not future.done() and accept(*args):
+            future.set_result(args)
+            signal.disconnect(on_signal)
+
+    signal.connect(on_signal)
+    return future
+
+
+async def _settle() -> None:
+    """Let the window lay itself out and paint before a grab."""
+    for _ in range(3):
+        QApplication.processEvents()
+        await asyncio.sleep(0)
+
+
+async def scenario(window, out: Path, theme: str, size: tuple[int, int]) -> None:
+    from desktop.compare.analysis import sweep_steps
+    from desktop.engine.checkpoint import model_steps
     from desktop.paths import demo_checkpoint
     from desktop.ui.theme import apply_theme
 
-    app = QApplication.instance()
-    apply_theme(app, theme)
-    window.resize(1360, 860)
+    window.settings.set("theme", theme)  # start() applies the theme of the settings
+    apply_theme(QApplication.instance(), theme)
+    window.resize(*size)
     window.show()
     c = window.controller
-    c.refresh_list()
-    window.background.scan()
-    loaded = asyncio.get_running_loop().create_future()
-    c.model_loaded.connect(lambda info: loaded.done() or loaded.set_result(info))
-    c.model_load_failed.connect(lambda p, r: loaded.done() or loaded.set_exception(RuntimeError(r)))
-    demo = demo_checkpoint()
-    from desktop.engine.checkpoint import model_steps
-
-    await asyncio.sleep(0.5)
-    c.load_checkpoint(demo, model_steps(demo)[-1])
+    loaded = _next(c.model_loaded)
+    window.start()  # lists the checkpoints and loads the newest demo step
     await loaded
+    await _settle()
     window.grab().save(str(out / f"empty-{theme}.png"))
 
     async def ask(text: str) -> None:
-        done = asyncio.get_running_loop().create_future()
-        slot = lambda stats: done.done() or done.set_result(stats)  # noqa: E731
-        c.reply_finished.connect(slot)
+        done = _next(c.reply_finished)
         window.input.editor.setPlainText(text)
         window.input._submit()
         await done
-        c.reply_finished.disconnect(slot)
-        await asyncio.sleep(0.2)
+        await _settle()
 
     window.sampling.apply_preset("Greedy")
     await ask("What is 12 times 7?")
@@ -59,10 +74,46 @@ async def scenario(window, out: Path, theme: str) -> None:
     window.grab().save(str(out / f"chat-{theme}.png"))
     window.banner.show_error(
         "Could not load /data/ckpt/d20",
-        "model_000500.pt: file is truncated or corrupt (PytorchStreamReader failed reading zip archive)",
+        "model_000500.pt: not a PyTorch checkpoint, or the file is truncated or corrupt",
     )
-    await asyncio.sleep(0.1)
+    await _settle()
     window.grab().save(str(out / f"error-{theme}.png"))
+    window.banner.hide()
+
+    demo = demo_checkpoint()
+    steps = model_steps(demo)
+    view, compare = window.compare_view, window.compare
+    window.tabs.setCurrentWidget(view)
+
+    async def compare_steps(chosen: list[int], prompt: str, temperature: float = 0.0) -> None:
+        while len(compare.panes) < len(chosen):
+            compare.add_pane()
+        while len(compare.panes) > len(chosen):
+            compare.remove_pane(len(compare.panes) - 1)
+        for i, step in enumerate(chosen):
+            if compare.panes[i].loaded_key != (demo, step):
+                done = _next(compare.pane_loaded, lambda index, _info, i=i: index == i)
+                compare.load(i, demo, step)
+                await done
+        view.temperature.setValue(temperature)
+        view.seed.setValue(7)  # one seed for every pane: where they part is the checkpoints' doing
+        view.max_tokens.setValue(48)
+        finished = _next(compare.busy_changed, lambda busy: not busy)
+        view.input.editor.setPlainText(prompt)
+        view.input._submit()
+        await finished
+        await _settle()
+
+    view.overlay_box.setChecked(True)
+    await compare_steps(sweep_steps(steps, 3), "How many e are in elephant?")
+    view.diff_box.setChecked(True)
+    view.diff_b.setCurrentIndex(2)
+    view.diff_b.activated.emit(2)
+    await _settle()
+    window.grab().save(str(out / f"compare-3-panes-{theme}.png"))
+    view.diff_box.setChecked(False)
+    await compare_steps([steps[0], steps[-1]], "What is 1234 plus 5678?")
+    window.grab().save(str(out / f"compare-2-panes-{theme}.png"))
     window.close()
 
 
@@ -70,7 +121,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--theme", default="light", choices=["light", "dark"])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots")
+    parser.add_argument("--size", default="1360x860", help="window size, WIDTHxHEIGHT")
     args = parser.parse_args()
+    width, height = (int(n) for n in args.size.lower().split("x"))
     from desktop import paths
 
     paths.set_home(tempfile.mkdtemp(prefix="nanoscope-shots-"))
@@ -79,7 +132,7 @@ def main() -> int:
 
     window = build()
     args.out.mkdir(parents=True, exist_ok=True)
-    qasync.run(scenario(window, args.out, args.theme))
+    qasync.run(scenario(window, args.out, args.theme, (width, height)))
     return 0
 
 

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout, QWidget  # noqa: E402
 
+from desktop.engine.discovery import CheckpointSummary  # noqa: E402
 from desktop.engine.messages import (  # noqa: E402
     PYTHON,
     PYTHON_OUTPUT,
@@ -38,6 +39,7 @@ from desktop.ui.checkpoint_picker import CheckpointPicker  # noqa: E402
 from desktop.ui.error_banner import ErrorBanner  # noqa: E402
 from desktop.ui.history_sidebar import MARK_END, MARK_START, HistorySidebar  # noqa: E402
 from desktop.ui.input_box import InputBox  # noqa: E402
+from desktop.ui.model_picker import ModelPicker  # noqa: E402
 from desktop.ui.sampling_panel import SamplingPanel  # noqa: E402
 from desktop.ui.shortcuts_dialog import ShortcutsDialog  # noqa: E402
 from desktop.ui.status_bar import StatusBar  # noqa: E402
@@ -243,12 +245,42 @@ def main_window(app: QApplication, dark: bool) -> QMainWindow:
     return win
 
 
+def model_picker() -> ModelPicker:
+    """Ctrl+K with a few runs, an opened folder, their shapes and when each was last used."""
+    sft, base, mine = (
+        Path(p) for p in ("/data/chatsft_checkpoints/d20", "/data/base_checkpoints/d32", "/home/me/my-run")
+    )
+    dialog = ModelPicker()
+    dialog.set_entries(
+        [
+            Entry("base", "d32", base, [71680]),
+            Entry("sft", "d20", sft, [700, 1400, 21400]),
+            Entry("folder", "my-run", mine, [300]),
+        ]
+    )
+    shapes = {sft: ("E7", 561_000_000, 2048, "bfloat16"), base: ("E7", 1_880_000_000, 2048, "bfloat16")}
+    shapes[mine] = ("E2", 85_000_000, 1024, "float32")
+    for path, steps in ((base, [71680]), (sft, [700, 1400, 21400]), (mine, [300])):
+        era, params, ctx, dtype = shapes[path]
+        for step in steps:
+            dialog.set_summary(
+                CheckpointSummary(path, step, era, params, ctx, 65536, 20, 1280, dtype, params * 2, 40960)
+            )
+    now = time.time()
+    dialog.set_recent([{"dir": str(sft), "step": 1400, "used": now - 3 * 86400}])
+    dialog.set_loaded((sft, 21400))
+    dialog.highlight(sft, 21400)
+    return dialog
+
+
 def render(app: QApplication, out: Path, mode: str) -> None:
     apply_theme(app, mode)
     dark = mode == "dark"
     window = main_window(app, dark)
     shoot(window, out / f"window-{mode}.png", app)
     shoot(window, out / f"window-narrow-{mode}.png", app, (1000, 680))
+
+    shoot(model_picker(), out / f"model-picker-{mode}.png", app, (900, 330))
 
     chat = ChatView()
     shoot(chat, out / f"chat-empty-{mode}.png", app, (760, 420))
