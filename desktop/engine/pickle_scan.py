@@ -254,7 +254,6 @@ _FAST_ARGS: dict[int, tuple[str, int, str]] = {
     ord("r"): ("LONG_BINPUT", 4, ""),
     ord("h"): ("BINGET", 1, ""),
     ord("j"): ("LONG_BINGET", 4, ""),
-    0x94: ("MEMOIZE", 0, ""),
 }
 
 
