@@ -608,17 +608,26 @@ def change_files(ckpt):
 SCENARIOS = {"change_files": change_files}
 
 
-def status_kb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
+def peak_kb():
+    """The high-water mark of resident memory: VmHWM on Linux, ru_maxrss elsewhere (bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except OSError:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss // 1024 if sys.platform == "darwin" else rss
 
 
 def reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM back to the current RSS (Linux 4.0+)
+    """Linux 4.0+: VmHWM back to the current RSS, so each case's peak is its own. Elsewhere the mark
+    only rises, and a case is measured by how far it raises it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 with open(sys.argv[1]) as f:
@@ -628,7 +637,7 @@ with open(sys.argv[2], "w") as results:
         os.write(2, ("\n@@case " + case["name"] + "\n").encode())
         out, err = io.StringIO(), io.StringIO()
         reset_peak()
-        before = status_kb("VmRSS")
+        before = peak_kb()
         started = time.perf_counter()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -638,7 +647,7 @@ with open(sys.argv[2], "w") as results:
             err.write(traceback.format_exc())
             rc = -1
         record = {"name": case["name"], "rc": rc, "out": out.getvalue(), "err": err.getvalue(),
-                  "peak_kb": status_kb("VmHWM") - before, "seconds": time.perf_counter() - started}
+                  "peak_kb": peak_kb() - before, "seconds": time.perf_counter() - started}
         results.write(json.dumps(record) + "\n")
         results.flush()
 '''
@@ -682,7 +691,6 @@ def corpus(tmp_path_factory) -> CorpusRun:
     return CorpusRun(cases, results, raw, died)
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS per case needs Linux /proc")
 @pytest.mark.parametrize("name", list(SPECS))
 def test_hostile_case(corpus: CorpusRun, name: str) -> None:
     case = corpus.cases[name]
