@@ -34,6 +34,11 @@ def default_opener(target: Path, options: LoadOptions, progress: Progress) -> Ba
     return open_backend(target, options, progress)
 
 
+def _fatal(exc: BaseException) -> bool:
+    """What must end the thread rather than be reported: the interpreter shutting down."""
+    return isinstance(exc, (KeyboardInterrupt, SystemExit))
+
+
 def describe_failure(exc: BaseException) -> str:
     """One readable line for any exception a backend raises."""
     if isinstance(exc, NanoscopeError):
@@ -128,7 +133,11 @@ class ModelWorker(QObject):
     def _on_load(self, target: str, options: LoadOptions) -> None:
         try:
             backend = self._open(Path(target), options, self.progress.emit)
-        except Exception as exc:  # every failure is reported; the worker keeps running
+        # BaseException: a Rust panic in a tokenizer (pyo3's PanicException) is not an Exception,
+        # and it must not take the worker's slot down without a word.
+        except BaseException as exc:  # every failure is reported; the worker keeps running
+            if _fatal(exc):
+                raise
             logger.warning("load of %s failed", target, exc_info=not isinstance(exc, NanoscopeError))
             self.load_failed.emit(describe_failure(exc))
             return
@@ -167,7 +176,9 @@ class ModelWorker(QObject):
             events = backend.stream(prompt, params, self.cancel, options, stats)
             for ev in _in_turns(events, step_lock):
                 self.token.emit(request_id, ev)
-        except Exception as exc:
+        except BaseException as exc:
+            if _fatal(exc):
+                raise
             logger.warning("generation %d failed", request_id, exc_info=not isinstance(exc, NanoscopeError))
             self.failed.emit(request_id, describe_failure(exc))
             return
@@ -190,7 +201,9 @@ class ModelWorker(QObject):
             result = backend.score(
                 prompt, reply_ids, top=int(options.get("top") or 0), skip=options.get("skip")
             )
-        except Exception as exc:
+        except BaseException as exc:
+            if _fatal(exc):
+                raise
             logger.warning("score %d failed", request_id, exc_info=not isinstance(exc, NanoscopeError))
             self.failed.emit(request_id, describe_failure(exc))
             return

@@ -167,3 +167,25 @@ def test_shutdown_stops_a_running_generation(qtbot, sft_dir):
         host.generate(1, HI, SamplingParams(temperature=1.0, max_tokens=100000))
     assert host.shutdown(timeout_ms=30000)
     assert host.model_thread.isFinished()
+
+
+def test_a_rust_panic_in_a_backend_is_reported_and_the_worker_stays_usable(qtbot, tmp_path):
+    """pyo3's PanicException derives from BaseException, not Exception: it must still end the
+    request with ``failed``, not kill the slot silently."""
+    from fake_backend import FakeBackend, open_fake
+
+    class PanicException(BaseException):  # what pyo3 raises for a Rust panic
+        pass
+
+    class PanickingBackend(FakeBackend):
+        def stream(self, *args, **kwargs):
+            raise PanicException("called `Option::unwrap()` on a `None` value")
+
+    worker = ModelWorker(opener=lambda target, options, progress: PanickingBackend(target, options))
+    rec = Recorder(worker)
+    worker._on_load(str(tmp_path / "m"), CPU)
+    worker._on_generate(1, HI, SamplingParams(), StreamOptions(), None)
+    assert rec.named("failed") == [(1, "PanicException: called `Option::unwrap()` on a `None` value")]
+    worker.backend = open_fake(tmp_path / "m", CPU, lambda *_: None)
+    worker._on_generate(2, HI, SamplingParams(temperature=0.0, max_tokens=3), StreamOptions(), None)
+    assert rec.named("finished")[-1][0] == 2

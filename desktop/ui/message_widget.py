@@ -99,6 +99,8 @@ def format_stats(meta: dict) -> tuple[str, str]:
         bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if stats.get("stopped") in STOP_REASONS:
         bits.append(STOP_REASONS[stats["stopped"]])
+    if stats.get("greedy_fallbacks"):  # the distribution degenerated (e.g. a tiny temperature)
+        bits.append(f"⚠ {stats['greedy_fallbacks']} token(s) taken greedily")
     sampling = meta.get("sampling") or {}
     if sampling:
         t = sampling.get("temperature")
