@@ -735,17 +735,19 @@ _LEAVES = (
     | st.floats(allow_nan=False)
     | st.text(max_size=20)
     | st.binary(max_size=20)
+    | st.frozensets(st.integers(-50, 50), max_size=5)  # hashable members only: a leaf, not a nest
 )
-_VALUES = st.recursive(
-    _LEAVES,
-    lambda inner: (
+
+
+def _containers(inner: st.SearchStrategy) -> st.SearchStrategy:
+    return (
         st.lists(inner, max_size=5)
         | st.lists(inner, max_size=5).map(tuple)
         | st.dictionaries(st.text(max_size=8), inner, max_size=5)
-        | st.frozensets(st.integers(-50, 50), max_size=5)
-    ),
-    max_leaves=40,
-)
+    )
+
+
+_VALUES = st.recursive(_LEAVES, _containers, max_leaves=40)
 
 
 def _scan(data: bytes):
