@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from .errors import ContextError
 from .messages import Message, TokenEvent
 from .params import SAMPLING_KEYS, SamplingParams
 
@@ -104,6 +105,12 @@ class Prompt:
     context_length: int
     dropped_turns: int = 0
     truncated: bool = False  # the last message alone was too long; only its end was kept
+
+    def require_ids(self) -> list[int]:
+        """The exact ids, for a backend that computes on them; one line when there are none."""
+        if self.ids is None:
+            raise ContextError("this prompt has no token ids")
+        return list(self.ids)
 
     def usage(self) -> dict[str, Any]:
         return {

@@ -27,13 +27,14 @@ from .backend import (
 )
 from .chat_format import render_completion_prompt, render_for_completion
 from .discovery import PHASES
-from .errors import ContextError, NanoscopeError, TokenizerError
+from .errors import NanoscopeError, TokenizerError
 from .generation import stream_reply
 from .kvcache import KVCache
 from .loader import LoadedModel, load_model
 from .messages import Message, TokenEvent
 from .params import SamplingParams
 from .scoring import score_reply, token_label
+from .threads import torch_threads
 from .tokenizer import Tokenizer, select_tokenizer
 
 # A reply may take up to this share of the context when old turns must make room for it; longer
@@ -177,12 +178,12 @@ class NanochatBackend:
     ) -> Iterator[TokenEvent]:
         """Stream a reply to ``prompt``. With ``options.reuse_cache`` the KV cache of the previous
         request is kept: generation prefills only what follows the longest prefix it shares."""
-        ids = _ids_of(prompt)
+        ids = prompt.require_ids()
         if not options.reuse_cache or self._cache is None:
             cfg = self.model.config
             cap = min(cfg.rope_len, len(ids) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
-        with _torch_threads(options.threads):
+        with torch_threads(options.threads):
             yield from stream_reply(
                 self.model,
                 self.tok,
@@ -197,7 +198,7 @@ class NanochatBackend:
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
     ) -> dict[str, Any]:
-        return score_reply(self.model, self.tok, _ids_of(prompt), reply_ids, top=top, skip=skip)
+        return score_reply(self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip)
 
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""
@@ -211,31 +212,3 @@ class NanochatBackend:
         self.loaded.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def _ids_of(prompt: Prompt) -> list[int]:
-    if prompt.ids is None:
-        raise ContextError("this prompt has no token ids")
-    return list(prompt.ids)
-
-
-class _torch_threads:
-    """Run with ``count`` intra-op threads on this thread, then restore the previous count.
-
-    torch keeps the count per thread once a thread has run an op (and hands the last value set
-    to threads that start later), so parallel Compare panes each set their share on their own
-    thread. A generator holds it across its yields, which all run on the worker's thread.
-    """
-
-    def __init__(self, count: int | None) -> None:
-        self.count = count
-        self.before = 0
-
-    def __enter__(self) -> None:
-        if self.count:
-            self.before = torch.get_num_threads()
-            torch.set_num_threads(self.count)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.count:
-            torch.set_num_threads(self.before)

@@ -202,7 +202,7 @@ class HFBackend:
         options: StreamOptions = DEFAULT_OPTIONS,
         stats: GenerationStats | None = None,
     ) -> Iterator[TokenEvent]:
-        ids = _ids_of(prompt)
+        ids = prompt.require_ids()
         if not options.reuse_cache or self._cache is None:
             cap = min(self.config.rope_len, len(ids) + (params.max_tokens or self.config.sequence_len))
             self._cache = self._new_cache(cap)
@@ -227,7 +227,7 @@ class HFBackend:
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
     ) -> dict[str, Any]:
-        return score_reply(self.model, self.tok, _ids_of(prompt), reply_ids, top=top, skip=skip)  # type: ignore[arg-type]
+        return score_reply(self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip)  # type: ignore[arg-type]
 
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""
@@ -241,9 +241,3 @@ class HFBackend:
 
 def _plain(messages: Sequence[Message]) -> str:
     return "".join(m.plain_text() for m in messages if m.role != "system")
-
-
-def _ids_of(prompt: Prompt) -> list[int]:
-    if prompt.ids is None:
-        raise ContextError("this prompt has no token ids")
-    return list(prompt.ids)

@@ -35,6 +35,7 @@ from ..memory import available_ram, human
 from ..messages import Message, TokenEvent
 from ..params import SamplingParams
 from ..scoring import score_reply, token_label
+from ..threads import torch_threads
 from .config import KFModelConfig, KFRunConfig, load_config
 from .dcp_metadata import DcpMetadata, read_dcp_metadata
 from .dcp_reader import read_tensors
@@ -295,7 +296,7 @@ class KempnerForgeBackend:
         options: StreamOptions = _DEFAULT_STREAM,
         stats: GenerationStats | None = None,
     ) -> Iterator[TokenEvent]:
-        ids = _ids_of(prompt)
+        ids = prompt.require_ids()
         ignored = [k for k in ("min_p", "repetition_penalty") if k in params.active()]
         if ignored:
             logger.warning("KempnerForge's sampler has no %s; ignored", " or ".join(ignored))
@@ -303,7 +304,7 @@ class KempnerForgeBackend:
         want = min(cfg.max_seq_len, len(ids) + (params.max_tokens or cfg.max_seq_len))
         if not options.reuse_cache or self._cache is None:
             self._cache = KFCache(cfg, want, self.model.device, self.model.compute_dtype)
-        with _torch_threads(options.threads):
+        with torch_threads(options.threads):
             yield from stream_kf(
                 self.model, self.tok, ids, params, self._cache, cancel, stats, options.logprobs
             )
@@ -311,7 +312,7 @@ class KempnerForgeBackend:
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
     ) -> dict[str, Any]:
-        return score_reply(self.model, self.tok, _ids_of(prompt), reply_ids, top=top, skip=skip)  # type: ignore[arg-type]
+        return score_reply(self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip)  # type: ignore[arg-type]
 
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""  # type: ignore[arg-type]
@@ -321,25 +322,3 @@ class KempnerForgeBackend:
         self.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def _ids_of(prompt: Prompt) -> list[int]:
-    if prompt.ids is None:
-        raise ContextError("this prompt has no token ids")
-    return list(prompt.ids)
-
-
-class _torch_threads:
-    """Run with ``count`` intra-op threads on this thread, then restore the count (Compare panes)."""
-
-    def __init__(self, count: int | None) -> None:
-        self.count, self.before = count, 0
-
-    def __enter__(self) -> None:
-        if self.count:
-            self.before = torch.get_num_threads()
-            torch.set_num_threads(self.count)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.count:
-            torch.set_num_threads(self.before)
