@@ -68,7 +68,7 @@ class Tally:
         self.final += final
 
     def cells(self) -> str:
-        pct = (lambda k: f"{100 * k / self.n:.0f}%") if self.n else (lambda k: "–")
+        pct = (lambda k: f"{100 * k / self.n:.1f}%") if self.n else (lambda k: "–")
         return f"{self.n} | {self.exact} ({pct(self.exact)}) | {self.final} ({pct(self.final)})"
 
 
