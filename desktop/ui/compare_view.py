@@ -517,7 +517,8 @@ class CompareView(QWidget):
             self.status.setText("")
         elif c.divergence is not None:
             self.status.setText(
-                f"The replies agree for {c.divergence} tokens, then diverge (marked ▍ in each pane)."
+                f"The replies agree for {c.divergence} token{'' if c.divergence == 1 else 's'}, "
+                "then diverge (marked ▍ in each pane)."
             )
         elif c.busy:
             self.status.setText("The replies agree so far…")
