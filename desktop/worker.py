@@ -21,6 +21,7 @@ from .engine.backend import DEFAULT_STREAM, Backend, GenerationStats, LoadOption
 from .engine.errors import NanoscopeError, is_out_of_memory
 from .engine.messages import Message, TokenEvent
 from .engine.params import SamplingParams
+from .engine.tokenizer_checks import EncodingCancelled
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,12 @@ class ModelWorker(QObject):
         stats = GenerationStats()
         try:
             backend = self._require()
-            prompt = backend.render(conversation, params.max_tokens or 256)
+            try:
+                prompt = backend.render(conversation, params.max_tokens or 256, cancel=self.cancel)
+            except EncodingCancelled:  # Stop pressed while a long prompt was being tokenized
+                stats.stopped = "cancelled"
+                self.finished.emit(request_id, stats.to_dict())
+                return
             self.context.emit(request_id, prompt)
             events = backend.stream(prompt, params, self.cancel, options, stats)
             for ev in _in_turns(events, step_lock):

@@ -59,7 +59,11 @@ class FakeBackend:
         return self._info
 
     def render(
-        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+        self,
+        conversation: Sequence[Message] | str,
+        max_tokens: int | None,
+        chat: bool | None = None,
+        cancel: threading.Event | None = None,
     ) -> Prompt:
         turns = [conversation] if isinstance(conversation, str) else [m.plain_text() for m in conversation]
         budget = CONTEXT - min(max_tokens or 0, CONTEXT // 4)

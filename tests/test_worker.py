@@ -189,3 +189,21 @@ def test_a_rust_panic_in_a_backend_is_reported_and_the_worker_stays_usable(qtbot
     worker.backend = open_fake(tmp_path / "m", CPU, lambda *_: None)
     worker._on_generate(2, HI, SamplingParams(temperature=0.0, max_tokens=3), StreamOptions(), None)
     assert rec.named("finished")[-1][0] == 2
+
+
+def test_stop_reaches_the_tokenization_of_a_long_prompt(qtbot, sft_dir):
+    """A prompt that takes long to tokenize is cut off by Stop before the token loop starts
+    (chat rendering encodes it a chunk at a time and checks the Event between chunks)."""
+    worker = ModelWorker()
+    rec = Recorder(worker)
+    worker._on_load(str(sft_dir), CPU)
+    worker.cancel.set()  # Stop pressed while the prompt is still being encoded
+    long_prompt = [Message.of_text("user", "a line of a long paste\n" * 2000)]
+    worker._on_generate(4, long_prompt, SamplingParams(max_tokens=8), StreamOptions(), None)
+    # Nothing after the tokenizer ran: no prompt was reported, nothing was prefilled or sampled.
+    assert rec.named("context") == [] and rec.named("token") == [] and rec.named("failed") == []
+    (request, stats) = rec.named("finished")[0]
+    assert request == 4 and stats["stopped"] == "cancelled" and stats["new_tokens"] == 0
+    worker.cancel.clear()  # the next request runs as usual
+    worker._on_generate(5, HI, SamplingParams(temperature=0.0, max_tokens=3), StreamOptions(), None)
+    assert rec.named("finished")[-1][1]["new_tokens"] > 0

@@ -174,11 +174,16 @@ class Backend(Protocol):
     def info(self) -> ModelInfo: ...
 
     def render(
-        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+        self,
+        conversation: Sequence[Message] | str,
+        max_tokens: int | None,
+        chat: bool | None = None,
+        cancel: threading.Event | None = None,
     ) -> Prompt:
         """The prompt for a conversation or a text (completion), oldest turns dropped to leave
         room for ``max_tokens`` (None: nothing is dropped). ``chat`` None lets the backend choose
-        (a base checkpoint continues text); True asks for the chat format, an error without one."""
+        (a base checkpoint continues text); True asks for the chat format, an error without one.
+        ``cancel``, set while a long prompt is tokenized, ends it (EncodingCancelled)."""
         ...
 
     def stream(

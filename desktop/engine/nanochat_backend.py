@@ -132,7 +132,11 @@ class NanochatBackend:
         return self._info
 
     def render(
-        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+        self,
+        conversation: Sequence[Message] | str,
+        max_tokens: int | None,
+        chat: bool | None = None,
+        cancel: threading.Event | None = None,
     ) -> Prompt:
         """Prompt ids; with ``max_tokens``, the oldest turns make room for a reply of up to a
         quarter of the context (None: nothing is dropped)."""
@@ -140,17 +144,18 @@ class NanochatBackend:
         budget = None if max_tokens is None else max(1, seq - min(max_tokens, seq // REPLY_SHARE))
         if chat and not self.tok.has_chat_tokens:
             raise TokenizerError(f"{self.tok.path}: this tokenizer has no chat tokens")
+        tok = _Cancellable(self.tok, cancel) if cancel is not None else self.tok
         if isinstance(conversation, str):
             messages: tuple[Message, ...] = ()
-            rendered = render_completion_prompt(self.tok, conversation, budget)
+            rendered = render_completion_prompt(tok, conversation, budget)
         elif chat or (chat is None and self.chat_mode):
             messages = tuple(conversation)
-            rendered = render_for_completion(self.tok, list(messages), budget)
+            rendered = render_for_completion(tok, list(messages), budget)
             messages = messages[rendered.dropped_turns :] if rendered.dropped_turns else messages
         else:
             messages = tuple(conversation)
             text = "".join(m.plain_text() for m in messages if m.role != "system")
-            rendered = render_completion_prompt(self.tok, text, budget)
+            rendered = render_completion_prompt(tok, text, budget)
         return Prompt(
             messages=messages,
             ids=tuple(rendered.ids),
@@ -212,3 +217,18 @@ class NanochatBackend:
         self.loaded.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+class _Cancellable:
+    """The tokenizer with Stop wired into every encode, for chat rendering (which calls
+    ``encode`` per turn and knows nothing of cancellation)."""
+
+    def __init__(self, tok: Tokenizer, cancel: threading.Event) -> None:
+        self._tok = tok
+        self._cancel = cancel
+
+    def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
+        return self._tok.encode(text, cancel or self._cancel)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tok, name)

@@ -148,7 +148,11 @@ class HFBackend:
         return self._info
 
     def render(
-        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+        self,
+        conversation: Sequence[Message] | str,
+        max_tokens: int | None,
+        chat: bool | None = None,
+        cancel: threading.Event | None = None,
     ) -> Prompt:
         """Completion text through the tokenizer (its post-processor adds BOS where it says so), or a
         conversation through the chat template; the oldest turns make room for the reply."""

@@ -244,7 +244,11 @@ class KempnerForgeBackend:
         return self._info
 
     def render(
-        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+        self,
+        conversation: Sequence[Message] | str,
+        max_tokens: int | None,
+        chat: bool | None = None,
+        cancel: threading.Event | None = None,
     ) -> Prompt:
         """A completion (text, or a conversation's messages joined) encoded as KempnerForge's
         script encodes it, its end kept to leave room for the reply; or, where the tokenizer has a

@@ -197,7 +197,11 @@ class RemoteBackend:
     # ----- prompts -------------------------------------------------------------------------------
 
     def render(
-        self, conversation: Sequence[Message] | str, max_tokens: int | None, chat: bool | None = None
+        self,
+        conversation: Sequence[Message] | str,
+        max_tokens: int | None,
+        chat: bool | None = None,
+        cancel: threading.Event | None = None,
     ) -> Prompt:
         """The messages as they go to the server (it applies its own chat template); nothing is
         dropped here: a server answers a prompt that does not fit with a readable 400."""
