@@ -42,6 +42,16 @@ SPECIAL_TOKEN_KEYS = (
 MAX_TEMPLATE_CHARS = 1 << 20
 
 
+def token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken object
+    ({"content": ...})."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
 class _GenerationBlock(jinja2.ext.Extension):
     """``{% generation %}…{% endgeneration %}`` marks assistant text for training masks in
     transformers; rendering only needs the body."""

@@ -24,20 +24,11 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
-from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source
+from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
 from ..errors import TokenizerError
 from .files import MAX_JSON_BYTES, TOKENIZER_NAME
 
 logger = logging.getLogger(__name__)
-
-
-def _token_text(value: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string or an AddedToken object."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
 
 
 def _load(path: Path) -> RustTokenizer:
@@ -82,7 +73,7 @@ class HFTokenizer:
         self._added = {t.content: i for i, t in added.items()}
         self._names = {i: t.content for i, t in added.items() if t.special}
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        tokens = {key: _token_text(tokenizer_config.get(key)) for key in SPECIAL_TOKEN_KEYS}
+        tokens = {key: token_text(tokenizer_config.get(key)) for key in SPECIAL_TOKEN_KEYS}
         self.special_tokens = {k: v for k, v in tokens.items() if v is not None}
         bos_text = self.special_tokens.get("bos_token")
         found_bos = self._tok.token_to_id(bos_text) if bos_text else None

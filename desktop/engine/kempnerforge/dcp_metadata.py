@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
-from ..pickle_scan import DCP_POLICY, PickleRefused, read_limited, scan_bytes
+from ..pickle_scan import DCP_POLICY, DTYPE_SIZES, PickleRefused, read_limited, scan_bytes
 
 METADATA_NAME = ".metadata"
 # The metadata of a 70B run with its optimizer state is a few MB; far more is not DCP metadata.
@@ -35,18 +35,22 @@ _DCP = "torch.distributed.checkpoint.metadata"
 _ONLY = "a DCP .metadata holds only torch.distributed.checkpoint's metadata classes"
 _FS = "torch.distributed.checkpoint.filesystem"
 
-# torch dtype names DCP records -> their element size in bytes.
+# The torch dtype names a DCP record may carry (a subset of what torch.save can), sized by the
+# pickle scan's one table.
 DTYPE_BYTES = {
-    "float32": 4,
-    "float64": 8,
-    "float16": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
+    name: DTYPE_SIZES[name]
+    for name in (
+        "float32",
+        "float64",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+    )
 }
 FLOAT_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16"})
 

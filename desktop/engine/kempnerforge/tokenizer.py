@@ -22,7 +22,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
-from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source
+from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
 from ..errors import TokenizerError
 from ..safe_json import JsonRefused, loads_bounded
 from ..tokenizer_checks import EncodingCancelled, checked_tokenizer_json, clean_text, rust_errors
@@ -58,15 +58,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _token_text(value: object) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
 def _class_defaults(config: dict[str, Any], directory: Path) -> dict[str, Any]:
     cls = config.get("tokenizer_class")
     if isinstance(cls, str):
@@ -92,7 +83,7 @@ class KFTokenizer:
         # What transformers' tokenizer would name each special token: the files, then its class.
         named = {**_class_defaults(config, directory), **_read_json(directory / "special_tokens_map.json")}
         named.update({k: v for k, v in config.items() if k in SPECIAL_TOKEN_KEYS})
-        special = {k: t for k in SPECIAL_TOKEN_KEYS if (t := _token_text(named.get(k))) is not None}
+        special = {k: t for k in SPECIAL_TOKEN_KEYS if (t := token_text(named.get(k))) is not None}
         self._specials = {
             int(i): t.content for i, t in self._tok.get_added_tokens_decoder().items() if t.special
         }
