@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--top-k", type=int, default=CHAT_DEFAULTS.top_k)
     p_bench.add_argument("--threads", type=int, default=None)
     p_bench.add_argument("--repeats", type=int, default=3)
+    p_bench.add_argument(
+        "--stream-tokens",
+        type=int,
+        default=2048,
+        help="peak memory is measured while prompt + reply fill this many positions (capped at the context)",
+    )
     add_export_parser(sub)
     return parser
 
@@ -326,6 +332,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ("--new-tokens", args.new_tokens, MAX_TOKENS_MAX),
         ("--prompt-tokens", args.prompt_tokens, MAX_TOKENS_MAX),
         ("--repeats", args.repeats, MAX_REPEATS),
+        ("--stream-tokens", args.stream_tokens, MAX_TOKENS_MAX),
     ):
         if not 1 <= value <= most:
             raise NanoscopeError(f"{flag} must be between 1 and {most}, got {value}")
@@ -348,6 +355,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         params=params,
         threads=args.threads,
         repeats=args.repeats,
+        stream_tokens=args.stream_tokens,
     )
     result = run_bench(request, warn=lambda text: print(f"nanoscope: warning: {text}", file=sys.stderr))
     if not args.json:

@@ -335,6 +335,9 @@ BENCH_FIGURES = (
     "rss_after_load_mb",
     "rss_budget_mb",
     "peak_rss_mb",
+    "kv_cache_mb",
+    "stream_peak_rss_mb",
+    "stream_rss_budget_mb",
     "turn_ttft_cached_ms",
     "turn_ttft_full_ms",
 )

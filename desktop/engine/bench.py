@@ -1,5 +1,8 @@
 """``nanoscope bench``: load time, prefill, decode, bandwidth utilisation, memory, prefix-cache gain.
 
+Memory is reported twice: after loading, and at the peak of streaming a long reply (``stream_tokens``
+positions, 2,048 by default), each against a budget.
+
 Every speed is set against bandwidths measured in the same run on the same device, because
 absolute numbers on a shared machine mean little. :func:`run_bench` returns the figures; the
 CLI prints them.
@@ -13,12 +16,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .backend import Backend, GenerationStats, Prompt, StreamOptions
+from .config import ModelConfig, table_bytes
 from .gemv import ExactLinear
 from .params import CHAT_DEFAULTS, SamplingParams
 
@@ -59,6 +63,17 @@ def peak_rss_bytes() -> int:
                 return int(line.split()[1]) * 1024
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Start the peak count afresh, so that :func:`peak_rss_bytes` gives the peak of what runs next
+    (Linux: writing 5 to ``/proc/self/clear_refs`` resets VmHWM). False where that is not possible:
+    the peak then still counts everything since the process started."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def _sync(device: torch.device) -> None:
@@ -134,6 +149,42 @@ def turn_ttft(backend: Backend, vocab_size: int, history_len: int, repeats: int 
     return statistics.median(cached), statistics.median(full)
 
 
+def kv_cache_bytes(cfg: ModelConfig, positions: int, dtype: torch.dtype) -> int:
+    """Bytes of a batch-1 KV cache (with the per-position state some eras keep) for ``positions``."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return table_bytes(replace(cfg, sequence_len=positions), elem)["KV cache"]
+
+
+# What the process holds besides the weights and the KV cache: interpreter, torch, activations.
+RSS_OVERHEAD = 300 << 20
+
+
+def stream_memory(
+    backend: Backend, cfg: ModelConfig, dtype: torch.dtype, file_bytes: int, positions: int
+) -> dict:
+    """Peak RSS while one reply streams until prompt + reply fill ``positions`` (at most the model's
+    context; the prompt is the first half), against checkpoint + KV cache + 300 MB. ``backend``
+    must not stop early (an ids-only tokenizer has no stop tokens)."""
+    n = max(2, min(positions, cfg.sequence_len))
+    n_prompt = n // 2
+    prompt = _prompt(cfg.vocab_size, n_prompt, seed=3)
+    params = CHAT_DEFAULTS.with_values(max_tokens=n - n_prompt, seed=1)
+    scoped = reset_peak_rss()
+    stats = _run(backend, prompt, params, reuse=False)
+    peak = peak_rss_bytes()
+    budget = file_bytes + kv_cache_bytes(cfg, n, dtype) + RSS_OVERHEAD
+    return {
+        "stream_positions": n_prompt + stats.new_tokens,
+        "stream_prompt_tokens": n_prompt,
+        "kv_cache_mb": round(kv_cache_bytes(cfg, n, dtype) / 2**20, 1),
+        # "stream": the peak of the stream alone; "process": since start (no way to reset it here).
+        "stream_peak_scope": "stream" if scoped else "process",
+        "stream_peak_rss_mb": round(peak / 2**20, 1),
+        "stream_rss_budget_mb": round(budget / 2**20, 1),
+        "stream_within_budget": peak <= budget,
+    }
+
+
 @dataclass(frozen=True)
 class BenchRequest:
     directory: Path
@@ -148,6 +199,7 @@ class BenchRequest:
     params: SamplingParams = CHAT_DEFAULTS
     threads: int | None = None
     repeats: int = 3
+    stream_tokens: int = 2048
 
 
 def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
@@ -186,9 +238,13 @@ def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
     cached, full = turn_ttft(backend, cfg.vocab_size, hist_len)
 
     bw = measure_bandwidth(dev)
+    peak_rss = peak_rss_bytes()  # before the stream below starts its own count
+    file_bytes = loaded.model_file.stat().st_size
+    backend.reset_cache()  # the stream's KV cache is the only one held while it runs
+    ids_only = NanochatBackend(loaded, IdsOnlyTokenizer(cfg.vocab_size))
+    stream = stream_memory(ids_only, cfg, loaded.model.compute_dtype, file_bytes, req.stream_tokens)
     step_bytes = loaded.model.decode_bytes()
     streamed_gbs = step_bytes * decode / 1e9
-    file_bytes = loaded.model_file.stat().st_size
     result = {
         "model": str(directory),
         "step": loaded.step,
@@ -216,7 +272,8 @@ def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
         "rss_after_load_mb": round(rss_after_load / 2**20, 1),
         # The load budget: the checkpoint's bytes + 15% + 300 MB (interpreter, torch, Qt-free).
         "rss_budget_mb": round((file_bytes * 1.15 + (300 << 20)) / 2**20, 1),
-        "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
+        "peak_rss_mb": round(peak_rss / 2**20, 1),
+        **stream,
         "turn_history_tokens": hist_len,
         "turn_ttft_cached_ms": round(cached, 2),
         "turn_ttft_full_ms": round(full, 2),
