@@ -51,7 +51,7 @@ class _Cache:
         self.k = torch.zeros(L, B, T, H, D)
         self.v = torch.zeros(L, B, T, H, D)
         self.seqlens = torch.zeros(B, dtype=torch.int32)
-        self.prev_embedding = None
+        self.prev_embedding: torch.Tensor | None = None
 
     def pos(self) -> int:
         return int(self.seqlens[0].item())
