@@ -68,7 +68,10 @@ def sample_next(
     history: torch.Tensor | None = None,
     on_greedy: GreedyFallback | None = None,
 ) -> torch.Tensor:
-    """Sample one token per row from ``logits`` (B, V) float32. Returns (B, 1) int64."""
+    """Sample one token per row from ``logits`` (B, V) float32. Returns (B, 1) int64.
+
+    ``rng`` lives on ``logits``' device (the model's, where nanochat creates it too): on a GPU
+    the draw then stays there, and a seed gives that device's stream of numbers."""
     if params.repetition_penalty != 1.0 and history is not None and history.numel():
         logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
     temperature, top_k = params.temperature, params.top_k
