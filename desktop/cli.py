@@ -210,6 +210,7 @@ def open_model(args: argparse.Namespace) -> Backend:
         softcap=args.softcap,
         base_dir=base,
         config=config or remembered.get(directory),
+        kernel_cache=paths.kernel_timings_file(),
     )
     backend = open_backend(directory, options)
     if config is not None and backend.info().family == "kempnerforge":
@@ -356,11 +357,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         threads=args.threads,
         repeats=args.repeats,
         stream_tokens=args.stream_tokens,
+        kernel_cache=paths.kernel_timings_file(),
     )
     result = run_bench(request, warn=lambda text: print(f"nanoscope: warning: {text}", file=sys.stderr))
     if not args.json:
         for k, v in result.items():
-            print(f"{k:22} {v}")
+            if isinstance(v, list):  # the kernels: one line each
+                print(f"{k:22} " + f"\n{'':22} ".join(map(str, v)))
+            else:
+                print(f"{k:22} {v}")
     print(json.dumps(result))
     return 0
 

@@ -116,6 +116,7 @@ class ModelSlot(QObject):
             dtype=self.settings.get("dtype"),
             base_dir=paths.nanochat_base_dir(),
             config=config or self._configs.get(Path(path)),
+            kernel_cache=paths.kernel_timings_file(),
         )
         where = f"{Path(path).name} step {step}" if step is not None else Path(path).name
         self.loading.emit(0, f"loading {where}")

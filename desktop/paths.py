@@ -64,6 +64,11 @@ def kempnerforge_configs_file() -> Path:
     return cache_dir() / "kempnerforge_configs.json"
 
 
+def kernel_timings_file() -> Path:
+    """How fast each matrix-product kernel ran on this machine (engine/kernel_tuning.py)."""
+    return cache_dir() / "kernel_timings.json"
+
+
 def cache_dir() -> Path:
     d = _ensure("cache", platformdirs.user_cache_dir)
     tag = d / "CACHEDIR.TAG"

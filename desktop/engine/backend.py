@@ -83,6 +83,7 @@ class ModelInfo:
     meta_hash: str = ""
     warnings: tuple[str, ...] = ()
     load_seconds: float = 0.0
+    kernels: tuple[str, ...] = ()  # which kernel computes each matrix shape, and why (local models)
 
     def reply_meta(self) -> dict[str, Any]:
         """What a reply records about the model that wrote it (the keys of REPLY_META)."""
@@ -132,6 +133,7 @@ class LoadOptions:
     softcap: float | None = None  # override a logit softcap the checkpoint does not record
     base_dir: Path | None = None  # the nanochat base dir, for its shared tokenizer
     config: Path | None = None  # a KempnerForge run's training TOML (None: the one next to the run)
+    kernel_cache: Path | None = None  # where this machine's kernel timings are kept (kernel_tuning)
     # A served model ("remote:<server id>/<model>"): the server's URL and key (else the registry
     # looks the server id up), a display name, and how long a silent stream may pause.
     server_url: str | None = None

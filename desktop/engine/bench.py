@@ -24,6 +24,7 @@ import torch
 from .backend import Backend, GenerationStats, Prompt, StreamOptions
 from .config import ModelConfig, table_bytes
 from .gemv import ExactLinear
+from .kernel_tuning import tuner_for
 from .params import CHAT_DEFAULTS, SamplingParams
 
 
@@ -200,6 +201,7 @@ class BenchRequest:
     threads: int | None = None
     repeats: int = 3
     stream_tokens: int = 2048
+    kernel_cache: Path | None = None  # this machine's kernel timings (see kernel_tuning)
 
 
 def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
@@ -213,7 +215,9 @@ def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
         torch.set_num_threads(req.threads)
     directory, step = req.directory, req.step
     t0 = time.perf_counter()
-    loaded = load_model(directory, step, req.device, req.dtype, req.softcap)
+    tuner = tuner_for(req.kernel_cache)
+    timed_before = tuner.measured
+    loaded = load_model(directory, step, req.device, req.dtype, req.softcap, kernel_cache=req.kernel_cache)
     load_s = time.perf_counter() - t0
     rss_after_load = peak_rss_bytes()
     cfg = loaded.config
@@ -278,6 +282,10 @@ def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
         "turn_ttft_cached_ms": round(cached, 2),
         "turn_ttft_full_ms": round(full, 2),
         "turn_ttft_ratio": round(cached / full, 3) if full else None,
+        # Candidates timed for this model (0: every verdict came from the timings file), and the
+        # kernel each matrix shape uses.
+        "kernels_timed": tuner.measured - timed_before,
+        "kernels": [choice.line() for choice in loaded.model.kernel_choices()],
     }
     if dev.type == "cuda":  # pragma: no cover - GPU only
         result["peak_vram_mb"] = round(torch.cuda.max_memory_allocated(dev) / 2**20, 1)

@@ -1,8 +1,12 @@
 """The matrix products of a decode step: exact (fp32, bit-identical to the plain path) or fast.
 
 Decoding one token multiplies every weight matrix by one row, so a decode step is as fast as
-these matrix-vector products stream the weights. Besides :class:`PlainLinear` (torch's own
-``F.linear``, the reference), three kinds replace ``nn.Linear.forward``:
+these matrix-vector products stream the weights. Which kernel is fastest changes with the CPU,
+the shape and the thread count (fp32 ``F.linear`` streams at 13-16 GB/s on one AMD EPYC and at
+27 GB/s on an Intel Sapphire Rapids), so nothing here decides by a table: the candidates of a
+mode are timed on the machine and the fastest that keeps the mode's contract is kept
+(:mod:`.kernel_tuning`). Besides :class:`PlainLinear` (torch's own ``F.linear``, the
+reference), the kernels that replace ``nn.Linear.forward`` are:
 
 * :class:`ExactLinear` (fp32). With one input row, torch's CPU ``F.linear`` runs the BLAS GEMV,
   often on one core, at about half the memory bandwidth two cores reach. Viewing the weight's
@@ -13,13 +17,18 @@ these matrix-vector products stream the weights. Besides :class:`PlainLinear` (t
   another kernel), so every faster route is checked against the plain computation with random
   rows, for each shape, thread count and alignment it meets, and a route that differs is never
   used. A fused matrix (q|k|v) is checked against the separate products the plain path runs.
-* :class:`PackedFp16Linear` (fast mode on x86 CPUs): fp16 weights packed for fbgemm's
-  half-precision GEMM, fp32 activations and accumulation. Half the bytes per step, and closer
-  to fp32 than bf16 compute.
-* :class:`Int8Linear` (int8 mode on x86 CPUs): fbgemm's dynamic quantisation, int8 weights per
-  output channel and int8 activations per call.
+  Among the routes that give the bits (splits into 1, 2 or 4 blocks per thread, one
+  ``F.linear``), the fastest measured one is used.
+* Fast mode's candidates: :class:`PackedFp16Linear` (fp16 weights packed for fbgemm's
+  half-precision GEMM, fp32 activations and accumulation; x86), :class:`HalfLinear` (fp16 or
+  bf16 weights and activations, ``F.linear``; bf16 runs on AMX or AVX512-BF16 through oneDNN
+  where the CPU has them) and the fp32 routes.
+* Int8 mode's candidates: :class:`Int8Linear` (fbgemm's dynamic quantisation, int8 weights per
+  output channel and int8 activations per call; x86), :class:`Int8WeightOnlyLinear` (int8
+  weights dequantised in registers, bf16 activations) and :class:`Int4WeightOnlyLinear` (4-bit
+  groups of 32), each kept only where its error is within the mode's bound.
 
-The fast kinds own their weights (packed), so the fp32 matrix can be freed after packing.
+The fast kinds own their weights (packed or cast), so the fp32 matrix can be freed afterwards.
 """
 
 from __future__ import annotations
@@ -49,21 +58,30 @@ ALIGNMENT = 64
 PROBE_ROWS = 6
 
 Route = Callable[[torch.Tensor], torch.Tensor]
+# (product, thread count, candidate routes by name) -> the names, fastest first (kernel_tuning).
+Ranker = Callable[["ExactLinear", int, dict[str, Route]], list[str]]
 
 # (device, dtype, shape, parts, weight alignment, route, threads, input alignment) -> the route
 # gives the plain path's bits. The summation order depends on these, not on the values.
 _verdicts: dict[tuple, bool] = {}
 
 
-def _blocks_for(rows: int, threads: int) -> int:
-    """The largest block count <= BLOCKS_PER_THREAD * ``threads`` dividing ``rows`` (1: no split,
-    as with a single thread, where blocks would only run one after another)."""
+def _blocks_for(rows: int, threads: int, per_thread: int = BLOCKS_PER_THREAD) -> int:
+    """The largest block count <= ``per_thread * threads`` dividing ``rows`` (1: no split, as
+    with a single thread, where blocks would only run one after another)."""
     if threads < 2:
         return 1
-    for p in range(min(BLOCKS_PER_THREAD * threads, rows), 1, -1):
+    for p in range(min(per_thread * threads, rows), 1, -1):
         if rows % p == 0:
             return p
     return 1
+
+
+def _split_counts(rows: int, threads: int) -> list[int]:
+    """The block counts worth timing: 1, 2 and 4 blocks per thread, where they divide ``rows``.
+    Which one streams fastest depends on the CPU's caches and prefetchers, so all are measured."""
+    counts = {_blocks_for(rows, threads, per) for per in (1, BLOCKS_PER_THREAD, 4)}
+    return sorted(c for c in counts if c > 1)
 
 
 def alignment(t: torch.Tensor) -> int:
@@ -110,6 +128,8 @@ class ExactLinear:
             and self.weight_nbytes >= MIN_SPLIT_BYTES
         )
         self._routes: dict[tuple[int, int], Route] = {}  # (threads, input alignment) -> route
+        self.chosen = "F.linear"  # the name of the route the last choice settled on
+        self.rank: Ranker | None = None  # set by kernel_tuning: orders the routes by speed
 
     def plain(self, x: torch.Tensor) -> torch.Tensor:
         """What the plain path computes: ``F.linear``, once per part of a fused matrix."""
@@ -127,22 +147,32 @@ class ExactLinear:
             route = self._routes[key] = self._choose(*key)
         return route(x)
 
-    def _choose(self, threads: int, align: int) -> Route:
-        """The first candidate route that gives the plain bits here, else the plain route."""
+    def routes(self, threads: int) -> dict[str, Route]:
+        """The candidate routes at ``threads`` threads, by name. "F.linear" on an unfused weight
+        is the plain path itself; every other route must prove it gives the same bits."""
         n, c = self.weight.shape
-        candidates: list[tuple[str, Route]] = []
-        blocks = _blocks_for(n, threads) if self._splittable else 1
-        if blocks > 1:
-            view = self.weight.view(blocks, n // blocks, c).mT
-            candidates.append((f"split into {blocks}", partial(_split, view)))
-        if self.parts:
-            candidates.append(("one F.linear", self._linear))
-        for name, route in candidates:
-            if self._verdict(name, route, threads, align):
-                return route
+        found: dict[str, Route] = {}
+        if self._splittable:
+            for blocks in _split_counts(n, threads):
+                view = self.weight.view(blocks, n // blocks, c).mT
+                found[f"split into {blocks}"] = partial(_split, view)
+        found["F.linear"] = self._linear
         if self.parts:  # each part by its own fastest route that gives F.linear's bits
-            return self._by_parts
-        return self._linear
+            found["by parts"] = self._by_parts
+        return found
+
+    def _choose(self, threads: int, align: int) -> Route:
+        """The fastest candidate route (as measured by ``rank``) that gives the plain bits here."""
+        routes = self.routes(threads)
+        ranked = self.rank is not None and len(routes) > 1
+        names = self.rank(self, threads, routes) if self.rank is not None and ranked else list(routes)
+        # Exact by construction: F.linear is the plain path of an unfused weight, and the parts
+        # are each their own ExactLinear. Every other route must prove itself.
+        safe = "by parts" if self.parts else "F.linear"
+        self.chosen = next(
+            name for name in names if name == safe or self._verdict(name, routes[name], threads, align)
+        )
+        return routes[self.chosen]
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
@@ -213,6 +243,67 @@ class Int8Linear:
         return torch.ops.quantized.linear_dynamic(x, self._packed)
 
 
+class HalfLinear:
+    """fp16 or bf16 weights and activations through ``F.linear`` (oneDNN on x86, which uses AMX
+    and AVX512-BF16 where the CPU has them), fp32 out. The fp32 weight is not kept."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.weight = weight.to(dtype).contiguous()
+        self.weight_nbytes = self.weight.numel() * self.weight.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.dtype), self.weight).float()
+
+
+class Int8WeightOnlyLinear:
+    """int8 weights (per output channel, symmetric) dequantised inside torch's
+    ``_weight_int8pack_mm``; bf16 activations (with fp32 ones that kernel is 10x slower)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+        self.q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.scale = scale.bfloat16()
+        self.in_features = w.shape[1]
+        self.weight_nbytes = self.q.numel() + self.scale.numel() * 2
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).bfloat16()
+        out = torch._weight_int8pack_mm(rows, self.q, self.scale)
+        return out.float().view(*x.shape[:-1], -1)
+
+
+INT4_GROUP = 32  # columns per scale and offset: 64 or 128 save a little memory and lose more
+
+
+class Int4WeightOnlyLinear:
+    """4-bit weights (asymmetric, a scale and an offset per group of :data:`INT4_GROUP` columns)
+    in torch's packed CPU layout, dequantised inside ``_weight_int4pack_mm_for_cpu``; bf16
+    activations. A quarter of fp16's bytes; kept only where its error fits the mode."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        n, k = weight.shape
+        if k % INT4_GROUP:
+            raise ValueError(f"{k} columns are not a multiple of {INT4_GROUP}")
+        groups = weight.float().view(n, k // INT4_GROUP, INT4_GROUP)
+        low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        scale = ((high - low) / 15).clamp_min(1e-12)
+        q = torch.clamp(torch.round((groups - low) / scale), 0, 15).to(torch.int32).view(n, k)
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        # torch's convention: w = (q - 8) * scale + offset, as (groups, rows, 2) bf16
+        offset = low + 8 * scale
+        self.scales = torch.stack([scale.view(n, -1), offset.view(n, -1)], -1).transpose(0, 1).contiguous()
+        self.scales = self.scales.bfloat16()
+        self.in_features = k
+        self.weight_nbytes = self.packed.numel() * self.packed.element_size() + self.scales.numel() * 2
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).bfloat16()
+        out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP, self.scales)
+        return out.float().view(*x.shape[:-1], -1)
+
+
 class PlainLinear:
     """torch's own ``F.linear``: the reference the other kinds are checked against."""
 
@@ -224,46 +315,22 @@ class PlainLinear:
         return F.linear(x, self.weight)
 
 
-Kernel = PlainLinear | ExactLinear | PackedFp16Linear | Int8Linear
-_KERNELS = {"plain": PlainLinear, "exact": ExactLinear, "fp16": PackedFp16Linear, "int8": Int8Linear}
-GEMV_KINDS = tuple(_KERNELS)
+Kernel = (
+    PlainLinear
+    | ExactLinear
+    | PackedFp16Linear
+    | Int8Linear
+    | HalfLinear
+    | Int8WeightOnlyLinear
+    | Int4WeightOnlyLinear
+)
+GEMV_KINDS = ("plain", "exact", "fp16", "int8")
 MIN_PACKED_SIDE = 64  # gates (a dozen rows or columns) stay fp32: packing them saves nothing
 
 
 def packs(weight: torch.Tensor, kind: str) -> bool:
-    """Whether ``kind`` packs this weight into a form of its own (the fp32 matrix is then unused)."""
+    """Whether ``kind`` stores this weight in a form of its own (the fp32 matrix is then unused)."""
     return kind in ("fp16", "int8") and weight.device.type == "cpu" and min(weight.shape) >= MIN_PACKED_SIDE
-
-
-def make_product(weight: torch.Tensor, kind: str, parts: Sequence[int] = ()) -> Kernel:
-    """The kernel computing ``x @ weight.T`` for ``kind`` (a bias-free weight). ``parts``: the
-    row counts of the matrices fused into ``weight``, which exact mode must match one by one."""
-    if kind not in GEMV_KINDS:
-        raise ValueError(f"unknown matrix-vector kind {kind!r}")
-    if kind in ("fp16", "int8") and not packs(weight, kind):
-        kind = "exact"
-    if kind == "exact":
-        return ExactLinear(weight, parts)
-    return _KERNELS[kind](weight)
-
-
-Release = Callable[[torch.Tensor], object]
-
-
-def install_gemv(module: torch.nn.Linear, kind: str, release: Release | None = None) -> None:
-    """Route a bias-free Linear through ``kind``'s kernel.
-
-    A packing kind takes over the weight: the module's own ``weight`` becomes None, and the fp32
-    matrix, which the model no longer needs, goes to ``release`` at once (to drop its pages from
-    memory before the next one is packed).
-    """
-    weight = module.weight
-    # An instance attribute shadows Linear.forward (mypy: a kernel is the same kind of callable).
-    module.forward = make_product(weight, kind)  # type: ignore[method-assign, assignment]
-    if packs(weight, kind):
-        module.register_parameter("weight", None)
-        if release is not None:
-            release(weight)
 
 
 def weight_bytes(module: torch.nn.Linear) -> int:

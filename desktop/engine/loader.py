@@ -15,6 +15,7 @@ from .classify import classify, is_ignorable
 from .config import ModelConfig, table_bytes
 from .device import Precision, describe_device, pick_device, pick_precision
 from .errors import CheckpointError, OutOfMemoryError, is_out_of_memory
+from .kernel_tuning import tuner_for
 from .model import GPT
 from .pickle_scan import TensorInfo
 
@@ -111,8 +112,12 @@ def load_model(
     dtype: str = "auto",
     softcap: float | None = None,
     progress: Progress | None = None,
+    kernel_cache: Path | None = None,
 ) -> LoadedModel:
-    """Classify, verify and load a checkpoint. Every failure is a one-line :class:`CheckpointError`."""
+    """Classify, verify and load a checkpoint. Every failure is a one-line :class:`CheckpointError`.
+
+    ``kernel_cache``: the file where this machine's kernel timings are kept (see
+    :mod:`.kernel_tuning`); None keeps them in memory for this process only."""
     started = time.perf_counter()
     report = progress or (lambda _pct, _msg: None)
     directory = Path(directory).expanduser()
@@ -153,7 +158,8 @@ def load_model(
         wanted = {k: t.to(device=dev, dtype=compute) for k, t in wanted.items()}
         model.load_state_dict(wanted, strict=True, assign=True)
         del sd, wanted
-        model.prepare(dev, compute, precision.gemv)
+        report(70, "choosing kernels")
+        model.prepare(dev, compute, precision.gemv, tuner_for(kernel_cache))
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise

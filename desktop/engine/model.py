@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from .attention import flash_attn_kvcache_fn, sdpa_attention
 from .config import ModelConfig
-from .gemv import Kernel, Release, alignment, install_gemv, make_product, packs, weight_bytes
+from .gemv import Kernel, alignment, packs, weight_bytes
+from .kernel_tuning import Choice, KernelTuner, tuner_for
 from .kvcache import KVCache
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
@@ -85,26 +86,26 @@ class Attention(nn.Module):
         self.qkv: Kernel | None = None  # q|k|v as one matrix, once bound for inference
         self.proj: Product | None = None
 
-    def bind(self, kind: str, release: Release | None) -> None:
+    def bind(self, kind: str, tuner: KernelTuner) -> None:
         """Install the kernels of ``kind``; q, k and v become one matrix where that is safe.
 
         One product instead of three per token, and q|k come out side by side, ready for RoPE and
-        the norm. Fusing copies the three matrices; the pages of the (memory-mapped) originals are
-        then released, so memory does not grow. "plain" keeps nanochat's three separate
+        the norm. Fusing copies the three matrices; the originals are then dropped, so memory
+        does not grow. "plain" keeps nanochat's three separate
         ``F.linear`` calls, and exact mode checks every route for the fused matrix against them
         (see ``gemv.ExactLinear``): a BLAS may sum a 3C-row product in another order than three
         C-row ones (MKL's threaded SGEMV splits the rows among threads by the row count).
         """
-        self.qkv = self._fuse_qkv(kind, release) if kind != "plain" else None
+        self.qkv = self._fuse_qkv(kind, tuner) if kind != "plain" else None
         if self.qkv is None:
             for lin in (self.c_q, self.c_k, self.c_v):
-                install_gemv(lin, kind, release)
-        install_gemv(self.c_proj, kind, release)
+                tuner.install(lin, kind)
+        tuner.install(self.c_proj, kind)
         self.proj = self.c_proj.forward
         if self.ve_channels:
-            install_gemv(self.ve_gate, kind, release)
+            tuner.install(self.ve_gate, kind)
 
-    def _fuse_qkv(self, kind: str, release: Release | None) -> Kernel | None:
+    def _fuse_qkv(self, kind: str, tuner: KernelTuner) -> Kernel | None:
         """q|k|v as one product, or None where exact mode could not reproduce the separate ones."""
         parts = (self.c_q, self.c_k, self.c_v)
         originals = [lin.weight for lin in parts]
@@ -115,15 +116,12 @@ class Attention(nn.Module):
         if kind == "exact" and moved:
             # The plain path multiplies the originals; a BLAS may sum otherwise at another alignment.
             return None
-        product = make_product(fused, kind, rows)
+        product = tuner.product(fused, kind, rows)
         for lin, view in zip(parts, views, strict=True):
             if packs(fused, kind):
                 lin.register_parameter("weight", None)
             else:  # state_dict and parameter counts still see q, k and v, now views of one matrix
                 lin.weight = nn.Parameter(view, requires_grad=False)
-        if release is not None:
-            for w in originals:
-                release(w)
         return product
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,11 +201,11 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(cfg.hidden_dim, cfg.n_embd, bias=False)
         self.products: tuple[Product, ...] = ()  # fc, proj(, gate) kernels, once bound for inference
 
-    def bind(self, kind: str, release: Release | None) -> None:
+    def bind(self, kind: str, tuner: KernelTuner) -> None:
         """Install the kernels of ``kind`` (see ``Attention.bind``)."""
         linears = (self.c_fc, self.c_proj, self.c_gate) if self.swiglu else (self.c_fc, self.c_proj)
         for lin in linears:
-            install_gemv(lin, kind, release)
+            tuner.install(lin, kind)
         self.products = tuple(lin.forward for lin in linears)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -342,6 +340,7 @@ class GPT(nn.Module):
         self._scalar_views: dict[str, list[torch.Tensor]] | None = None
         self._layers: list[tuple[Block, int, torch.Tensor | None]] | None = None  # set by prepare
         self._lm_head: Product | None = None  # the head's kernel; set by prepare
+        self.tuner: KernelTuner | None = None  # chose the kernels; set by prepare
 
     @property
     def blocks(self) -> Sequence[Block]:
@@ -365,17 +364,17 @@ class GPT(nn.Module):
         return self.rotation.dtype
 
     def prepare(
-        self, device: torch.device, dtype: torch.dtype, gemv: str = "exact", release: Release | None = None
+        self, device: torch.device, dtype: torch.dtype, gemv: str = "exact", tuner: KernelTuner | None = None
     ) -> None:
         """Ready a model whose weights were just attached for inference: rotary tables, frozen
         weights, scalars in their cheapest form, and the matrix-vector kernels of ``gemv``:
-        "exact", "fp16", "int8" (see :mod:`.gemv`), or "plain" for torch's own ``F.linear``.
+        "exact", "fp16", "int8" (see :mod:`.gemv`), or "plain" for torch's own ``F.linear``,
+        each chosen by ``tuner``'s measurements (default: timings kept in memory only).
 
         Scalars cost more than the arithmetic in a one-token step: torch wraps a Python float into
         a tensor on every op (~2 us), and indexing a parameter makes a view each time. So learned
         scalars become views made once, and on the CPU constants become 0-dim fp32 tensors, which
-        torch takes as a scalar with the same value a Python float gives. Weights packed into
-        another form are handed to ``release`` one by one (see ``install_gemv``)."""
+        torch takes as a scalar with the same value a Python float gives."""
         self.set_rotary(device, dtype)
         self.requires_grad_(False)
         self._scalar_views = {name: list(t.unbind(0)) for name, t in self._scalar_params().items()}
@@ -383,15 +382,17 @@ class GPT(nn.Module):
         # Off the CPU a Python float is cheap next to a kernel launch, and stays the safe choice.
         host = torch.tensor if device.type == "cpu" else float
         self.softcap = host(cfg.softcap)
+        tuner = tuner or tuner_for(None)
+        self.tuner = tuner
         bound: set[int] = set()  # the Linears attention and MLP installed themselves
         for block in self.blocks:
             block.attn.qk_scale, block.attn.ve_scale = host(cfg.qk_scale), host(cfg.ve_gate_scale)
             for part in (block.attn, block.mlp):
-                part.bind(gemv, release)
+                part.bind(gemv, tuner)
                 bound.update(map(id, part.modules()))
         for module in self.modules():  # the head, the gates, Engram and mHC
             if isinstance(module, nn.Linear) and id(module) not in bound:
-                install_gemv(module, gemv, release)
+                tuner.install(module, gemv)
         self._layers = self._layer_inputs()
         self._lm_head = self.lm_head.forward
 
@@ -413,6 +414,21 @@ class GPT(nn.Module):
     def _scalars(self) -> dict[str, list[torch.Tensor]] | dict[str, torch.Tensor]:
         """Learned scalars: views made once when prepared, the parameters themselves while training."""
         return self._scalar_views if self._scalar_views is not None else self._scalar_params()
+
+    def products(self) -> list[Kernel]:
+        """Every matrix product's kernel once bound (q|k|v fused counts once), in model order."""
+        found: list[Kernel] = []
+        for module in self.modules():
+            if isinstance(module, Attention) and module.qkv is not None:
+                found.append(module.qkv)
+            kernel = module.__dict__.get("forward") if isinstance(module, nn.Linear) else None
+            if kernel is not None:
+                found.append(kernel)
+        return found
+
+    def kernel_choices(self) -> list[Choice]:
+        """Which kernel computes each distinct matrix shape, with the timings that chose it."""
+        return self.tuner.describe(self.products()) if self.tuner is not None else []
 
     def decode_bytes(self) -> int:
         """Bytes one decode step reads from weights: every matrix once, one row of each embedding."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,9 @@ class NanochatBackend:
     ) -> NanochatBackend:
         opts = options or LoadOptions()
         directory = Path(directory).expanduser()
-        loaded = load_model(directory, opts.step, opts.device, opts.dtype, opts.softcap, progress)
+        loaded = load_model(
+            directory, opts.step, opts.device, opts.dtype, opts.softcap, progress, opts.kernel_cache
+        )
         tok = select_tokenizer(
             tokenizer_dirs(directory, opts.base_dir),
             loaded.config.vocab_size,
@@ -102,6 +105,8 @@ class NanochatBackend:
             cache = KVCache(self.model.config, 1, 4, self.model.device, self.model.compute_dtype)
             self.model(ids, cache, last_only=True)
             self.model(ids[:, :1], cache, last_only=True)
+        # The first one-row products chose their routes: now the choices can be shown.
+        self._info = replace(self._info, kernels=tuple(c.line() for c in self.model.kernel_choices()))
 
     def _describe(self) -> ModelInfo:
         loaded, cfg = self.loaded, self.loaded.config

@@ -445,7 +445,7 @@ class MainWindow(QMainWindow):
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self.picker.set_progress(100, "loaded")
         self._remember_use(info)
-        self.status.set_device_info(info.device_name, info.precision, info.attention)
+        self.status.set_device_info(info.device_name, info.precision, info.attention, info.kernels)
         self._show_context(*self.controller.context_usage())
         self.chat.set_model_name(info.name)
         caps = info.capabilities

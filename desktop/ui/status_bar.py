@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
 from . import theme
 
 WARN_ABOVE = 0.8  # the context bar turns amber past this fraction, red when full
+
+
+PRECISION_TIP = "Precision of the weights and compute"
 
 
 def context_level(used: int, total: int) -> str:
@@ -26,7 +31,7 @@ class StatusBar(QStatusBar):
         self.device = QLabel("No model loaded")
         self.device.setToolTip("Where the model runs")
         self.dtype = QLabel()
-        self.dtype.setToolTip("Precision of the weights and compute")
+        self.dtype.setToolTip(PRECISION_TIP)
         self.attention = QLabel()
         self.attention.setToolTip("Attention kernel")
         self.speed = QLabel("— tok/s")
@@ -58,12 +63,20 @@ class StatusBar(QStatusBar):
         self.dtype.hide()
         self.attention.hide()
 
-    def set_device_info(self, device: str, precision: str = "", attention: str = "") -> None:
-        """What runs the model: "CPU · 8 threads", "float32", "sdpa" (empty ones are hidden)."""
+    def set_device_info(
+        self, device: str, precision: str = "", attention: str = "", kernels: Sequence[str] = ()
+    ) -> None:
+        """What runs the model: "CPU · 8 threads", "float32", "sdpa" (empty ones are hidden), and
+        in the precision's tooltip which kernel computes each matrix shape, as timed on this CPU."""
         self.device.setText(device or "No model loaded")
         for label, text in ((self.dtype, precision), (self.attention, attention)):
             label.setText(text)
             label.setVisible(bool(text))
+        tip = PRECISION_TIP
+        if kernels:
+            tip += "\n\nMatrix products, each by the fastest kernel timed on this machine (µs per product):\n"
+            tip += "\n".join(f"• {line}" for line in kernels)
+        self.dtype.setToolTip(tip)
 
     def set_speed(self, tok_s: float | None, ttft_ms: float | None) -> None:
         self.speed.setText(f"{tok_s:.1f} tok/s" if tok_s else "— tok/s")

@@ -24,7 +24,7 @@ import torch
 
 from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
 from ..chat_template import message_dicts
-from ..device import describe_device, dtype_name, pick_device, pick_dtype
+from ..device import describe_device, dtype_name, fast_dtype, hardware, pick_device, pick_dtype
 from ..errors import ContextError, DeviceError, TokenizerError
 from ..generation import stream_reply
 from ..kvcache import KVCache
@@ -56,9 +56,7 @@ def _dtype_for(device: torch.device, preference: str) -> torch.dtype:
     if preference == "int8":
         raise DeviceError("int8 is available for nanochat checkpoints only; pick float32 or fast")
     if preference == "fast":
-        return (
-            torch.float16 if device.type == "cuda" and not torch.cuda.is_bf16_supported() else torch.bfloat16
-        )
+        return fast_dtype(hardware(device))
     return pick_dtype(device, preference)
 
 

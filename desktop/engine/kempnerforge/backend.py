@@ -29,7 +29,7 @@ import torch
 from .. import checkpoint as ckpt
 from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
 from ..chat_template import message_dicts
-from ..device import describe_device, dtype_name, pick_device, pick_dtype
+from ..device import describe_device, dtype_name, fast_dtype, hardware, pick_device, pick_dtype
 from ..errors import ContextError, DeviceError, OutOfMemoryError, TokenizerError, is_out_of_memory
 from ..memory import available_ram, human
 from ..messages import Message, TokenEvent
@@ -58,7 +58,7 @@ def _precision(device: torch.device, preference: str) -> torch.dtype:
     if preference == "int8":
         raise DeviceError("int8 is not available for KempnerForge models (use float32, bfloat16 or float16)")
     if preference == "fast":
-        return torch.bfloat16
+        return fast_dtype(hardware(device))
     return pick_dtype(device, preference)
 
 
