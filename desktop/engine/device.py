@@ -8,7 +8,8 @@ Precisions the user can ask for:
 * ``bfloat16`` / ``float16``: weights and compute in that type, except that on an x86 CPU
   ``float16`` keeps fp32 activations and packs only the weights for fbgemm (see :mod:`.gemv`);
 * ``fast``: the quickest 16-bit form for the device (:func:`choose_precision` says why each);
-* ``int8`` (x86 CPUs): int8 weights, activations quantised per product.
+  on a CPU, whichever 16-bit weight kernel is timed fastest there (:mod:`.kernel_tuning`);
+* ``int8`` (CPUs): 8-bit weights, by whichever int8 kernel is timed fastest there.
 
 The rules are pure functions of a :class:`Hardware` record, so they are tested against faked
 GPUs (no GPU has been available to this project); :func:`hardware` is the only place that asks
@@ -115,9 +116,10 @@ def fast_dtype(hw: Hardware) -> torch.dtype:
       cores, so bf16 products run emulated on the fp32 units while fp16 has tensor cores;
     * MPS before macOS 14, which has no bf16 at all.
 
-    On MPS with macOS 14, and on CPUs without fbgemm (Apple M-series and other arm64), bf16. Not
-    measured: M1/M2 GPUs and the M1 CPU lack bf16 arithmetic (bf16 is widened to fp32, a shift),
-    but decoding one token is bound by the bytes streamed, which bf16 halves there too.
+    On MPS with macOS 14, bf16. Not measured: M1/M2 GPUs lack bf16 arithmetic (bf16 is widened
+    to fp32, a shift), but decoding one token is bound by the bytes streamed, which bf16 halves
+    there too. (CPUs do not use this: :func:`choose_precision` gives them 16-bit weights with fp32
+    activations, by the kernel timed fastest on the machine.)
     """
     import torch
 
@@ -129,20 +131,24 @@ def fast_dtype(hw: Hardware) -> torch.dtype:
 
 
 def choose_precision(hw: Hardware, preference: str = "auto") -> Precision:
-    """The precision ``preference`` means on ``hw``. The packed CPU kernels (fp16 weights, int8)
-    are chosen only for a CPU with fbgemm: nothing off the CPU reaches them."""
+    """The precision ``preference`` means on ``hw``.
+
+    On a CPU, "fast" and "int8" name a contract, not a kernel: fp32 activations, and weights in
+    whichever 16-bit (or 8-bit) form this machine multiplies fastest within the mode's error
+    bound, found by timing them (:mod:`.kernel_tuning`: fbgemm where torch has it (x86), torch's
+    fp16 ``F.linear`` and weight-only int8 elsewhere too). Off the CPU no packed kernel exists."""
     import torch
 
     if preference not in PRECISIONS:
         raise DeviceError(f"unknown precision {preference!r} (choose from {', '.join(PRECISIONS)})")
-    cpu_packed = hw.kind == "cpu" and hw.fbgemm
+    cpu = hw.kind == "cpu"
     if preference == "int8":
-        if not cpu_packed:
-            where = f"not on {hw.kind.upper()}" if hw.kind != "cpu" else "and this torch build has no fbgemm"
-            raise DeviceError(f"int8 runs on x86 CPUs only (torch's fbgemm kernels), {where}; pick fast")
+        if not cpu:
+            raise DeviceError(f"int8 runs on the CPU only, not on {hw.kind.upper()}; pick fast")
         return Precision(torch.float32, "int8", "int8 weights")
-    if preference in ("fast", "float16") and cpu_packed:
-        # fbgemm's fp16 GEMM: half the bytes, fp32 activations and sums (closer to fp32 than bf16).
+    if cpu and (preference == "fast" or (preference == "float16" and hw.fbgemm)):
+        # 16-bit weights, fp32 activations and sums: half the bytes, ~1e-7 next-token KL (bf16
+        # compute costs ~1e-4). An explicit float16 without fbgemm computes in fp16 as asked.
         return Precision(torch.float32, "fp16", "fp16 weights")
     dtype = fast_dtype(hw) if preference == "fast" else choose_dtype(hw, preference)
     return Precision(dtype, "exact", dtype_name(dtype))

@@ -348,10 +348,10 @@ class KernelTuner:
         n, k = weight.shape
         entry = f"{kind} {weight.dtype} {n}x{k}"
         refused: dict[str, str] = {}
-        # fp32 is a candidate of fast mode too: on a CPU whose fp32 products stream fast enough,
-        # halving the bytes may not pay for the conversion.
-        fp32 = [Candidate("fp32 exact", self.exact)] if kind == "fp16" else []
-        candidates = {c.name: c for c in (*_candidates(kind), *fp32)}
+        # fp32 is a candidate of every lossy mode: where fp32 products stream fast enough (small
+        # matrices, a CPU without a fast 16- or 8-bit kernel), fewer bytes may not pay for the
+        # conversion, and fp32 keeps every contract.
+        candidates = {c.name: c for c in (*_candidates(kind), Candidate("fp32 exact", self.exact))}
         with self._lock:
             timed = self.timings(entry, threads)
             untimed = [c for name, c in candidates.items() if name not in timed]

@@ -177,6 +177,7 @@ def load_model(
             for block in model.blocks:
                 block.attn.use_flash = True
             attention = "flash-attn"
+    memory.release_freed_memory()  # the file's bytes, conversions and tuning buffers, now freed
     report(100, "ready")
     return LoadedModel(
         model=model,

@@ -9,9 +9,11 @@ here would cost the GUI thread seconds.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import psutil
@@ -38,6 +40,28 @@ def available_ram() -> int | None:
     except (OSError, psutil.Error) as error:
         logger.warning("Cannot read the free memory, so the memory check is off: %s", error)
         return None
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None (macOS and musl return freed memory differently)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Give the pages of freed allocations back to the OS.
+
+    A prefill's activations (tens of MB at a thousand tokens) come from the C heap, and glibc
+    keeps freed heap memory mapped for reuse, so without this the process stays that much bigger
+    after every long prompt. Costs about a millisecond; call it when a request ends."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def available_vram() -> int | None:

@@ -32,6 +32,7 @@ from .errors import NanoscopeError, TokenizerError
 from .generation import stream_reply
 from .kvcache import KVCache
 from .loader import LoadedModel, load_model
+from .memory import release_freed_memory
 from .messages import Message, TokenEvent
 from .params import SamplingParams
 from .scoring import score_reply, token_label
@@ -193,17 +194,20 @@ class NanochatBackend:
             cfg = self.model.config
             cap = min(cfg.rope_len, len(ids) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
-        with torch_threads(options.threads):
-            yield from stream_reply(
-                self.model,
-                self.tok,
-                ids,
-                params,
-                cache=self._cache,
-                cancel=cancel,
-                stats=stats,
-                logprobs=options.logprobs,
-            )
+        try:
+            with torch_threads(options.threads):
+                yield from stream_reply(
+                    self.model,
+                    self.tok,
+                    ids,
+                    params,
+                    cache=self._cache,
+                    cancel=cancel,
+                    stats=stats,
+                    logprobs=options.logprobs,
+                )
+        finally:
+            release_freed_memory()
 
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None

@@ -6,7 +6,6 @@ so a user sees that a 1.9B checkpoint needs 8 GB before pressing Load.
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
@@ -25,9 +24,11 @@ from PySide6.QtWidgets import (
 from ..engine.discovery import PHASES
 from . import icons, theme, widgets
 
-# Int8 needs torch's fbgemm kernels, which x86 builds carry; asking torch would mean importing it.
-PRECISIONS = (("Auto", "auto"), ("Exact · fp32", "float32"), ("Fast · 16-bit", "fast")) + (
-    (("Int8 · CPU", "int8"),) if platform.machine().lower() in ("x86_64", "amd64") else ()
+PRECISIONS = (
+    ("Auto", "auto"),
+    ("Exact · fp32", "float32"),
+    ("Fast · 16-bit", "fast"),
+    ("Int8 · CPU", "int8"),
 )
 LOOKING = "Looking for checkpoints…"  # until the first folder scan answers
 NONE_FOUND = "No checkpoints found: use Open folder… or train one with nanochat"
@@ -119,9 +120,10 @@ class CheckpointPicker(QFrame):
             self.precision.addItem(label, value)
         self.precision.setToolTip(
             "Exact: float32, the same tokens as nanochat's Engine.\n"
-            "Fast: 16-bit weights: bfloat16 on GPUs; on x86 CPUs float16 weights with float32\n"
-            "activations (about 1.5x faster, next-token KL ~1e-7). Close, not identical, numbers.\n"
-            "Int8: int8 weights and activations on x86 CPUs: faster still, visibly lossy.\n"
+            "Fast: 16-bit weights: bfloat16 on GPUs; on CPUs float16 weights with float32\n"
+            "activations (next-token KL ~1e-7). Close, not identical, numbers.\n"
+            "Int8 (CPU): 8-bit weights: faster still, visibly lossy.\n"
+            "On a CPU the fastest kernel for each is timed on first use and remembered.\n"
             "Auto: bfloat16 on recent NVIDIA GPUs, float32 elsewhere (as nanochat)."
         )
         self.load_btn = QPushButton("Load")
