@@ -124,6 +124,10 @@ def test_info_describes_the_model(models):
     assert info.context_length == 128 and info.vocab_size == 400
     assert info.capabilities.logprobs and info.capabilities.scoring
     assert open_hf(models["nanochat"]).info().family == "hf-nanochat"
+    # every matrix shape's kernel, as chosen by timing on this machine, for the status bar
+    shapes = {(int(n), int(k)) for n, k in (line.split(" ")[0].split("×") for line in info.kernels)}
+    assert (info.vocab_size, reference.config.hidden_size) in shapes
+    assert all(" exact: " in line for line in info.kernels)
 
 
 def test_seeded_sampling_follows_the_engine_sampler(models):

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..chat_template import message_dicts
 from ..device import describe_device, dtype_name, fast_dtype, hardware, pick_device, pick_dtype
 from ..errors import ContextError, DeviceError, TokenizerError
 from ..generation import stream_reply
+from ..kernel_tuning import tuner_for
 from ..kvcache import KVCache
 from ..messages import Message, TokenEvent
 from ..params import SamplingParams
@@ -105,7 +107,7 @@ class HFBackend:
         dtype = _dtype_for(device, opts.dtype)
         report(20, "Reading weights")
         weights = load_weights(directory, config, dtype, device)
-        model = HFCausalLM(config, weights)
+        model = HFCausalLM(config, weights, tuner_for(opts.kernel_cache))
         report(90, "Warming up")
         info = ModelInfo(
             family=config.family,
@@ -135,8 +137,14 @@ class HFBackend:
         return backend
 
     def warm_up(self) -> None:
+        """A prefill and a one-token step: the first one-row products choose their routes, which
+        the precision's tooltip then lists."""
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.model.device)
-        self.model(ids, self._new_cache(4), last_only=True)
+        cache = self._new_cache(4)
+        self.model(ids, cache, last_only=True)
+        self.model(ids[:, :1], cache, last_only=True)
+        choices = self.model.tuner.describe(self.model.products())
+        self._info = replace(self._info, kernels=tuple(choice.line() for choice in choices))
 
     def _new_cache(self, capacity: int) -> KVCache:
         # KVCache reads only the fields HFConfig shares with nanochat's ModelConfig.

@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from ..attention import sdpa_attention
+from ..gemv import ExactLinear
+from ..kernel_tuning import KernelTuner
 from .config import HFConfig, Rope
 
 if TYPE_CHECKING:
@@ -80,7 +83,7 @@ class Layer:
 class HFCausalLM:
     """Weights plus the forward; ``model(ids, cache, last_only)`` as :class:`~desktop.engine.model.GPT`."""
 
-    def __init__(self, config: HFConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, config: HFConfig, weights: dict[str, torch.Tensor], tuner: KernelTuner) -> None:
         self.config = config
         self.nanochat = config.model_type == "nanochat"
         self.embed = weights["model.embed_tokens.weight"]
@@ -89,6 +92,19 @@ class HFCausalLM:
         self.layers = [self._layer(weights, i) for i in range(config.n_layer)]
         self.inv_freq = inv_freq(config.rope, config.head_dim).to(self.embed.device)
         self._cos = self._sin = torch.empty(0)
+        # Every bias-free matrix by the fastest route that gives F.linear's bits (see
+        # kernel_tuning): transformers' numbers, on all cores where one-row F.linear uses one.
+        matrices = [t for name, t in weights.items() if name.endswith(".weight") and t.dim() == 2]
+        self._products = {id(w): tuner.exact(w) for w in (*matrices, self.head)}
+        self.tuner = tuner
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Tensor:
+        if bias is not None:  # F.linear adds a bias inside the GEMM; a product then an add rounds twice
+            return F.linear(x, weight, bias)
+        return self._products[id(weight)](x)
+
+    def products(self) -> list[ExactLinear]:
+        return list(self._products.values())
 
     @staticmethod
     def _layer(w: dict[str, torch.Tensor], i: int) -> Layer:
@@ -156,9 +172,9 @@ class HFCausalLM:
     ) -> torch.Tensor:
         cfg = self.config
         B, T, _ = x.shape
-        q = F.linear(x, layer.q, layer.q_bias).view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
-        k = F.linear(x, layer.k, layer.k_bias).view(B, T, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
-        v = F.linear(x, layer.v, layer.v_bias).view(B, T, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
+        q = self._linear(x, layer.q, layer.q_bias).view(B, T, cfg.n_head, cfg.head_dim).transpose(1, 2)
+        k = self._linear(x, layer.k, layer.k_bias).view(B, T, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
+        v = self._linear(x, layer.v, layer.v_bias).view(B, T, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
         q, k = self._rotate(q, *rope), self._rotate(k, *rope)
         if self.nanochat:  # RoPE, then QK-norm (the port's order)
             q, k = self._rms(q, None), self._rms(k, None)
@@ -169,14 +185,15 @@ class HFCausalLM:
             v_cache[:, pos : pos + T] = v.transpose(1, 2)
             k, v = k_cache[:, : pos + T].transpose(1, 2), v_cache[:, : pos + T].transpose(1, 2)
         y = sdpa_attention(q, k, v, FULL_WINDOW)
-        return F.linear(y.transpose(1, 2).reshape(B, T, -1), layer.o, layer.o_bias)
+        return self._linear(y.transpose(1, 2).reshape(B, T, -1), layer.o, layer.o_bias)
 
     def _mlp(self, x: torch.Tensor, layer: Layer) -> torch.Tensor:
         if layer.gate is not None:
-            hidden = F.silu(F.linear(x, layer.gate, layer.gate_bias)) * F.linear(x, layer.up, layer.up_bias)
+            gate = F.silu(self._linear(x, layer.gate, layer.gate_bias))
+            hidden = gate * self._linear(x, layer.up, layer.up_bias)
         else:
-            hidden = torch.square(F.relu(F.linear(x, layer.up, layer.up_bias)))
-        return F.linear(hidden, layer.down, layer.down_bias)
+            hidden = torch.square(F.relu(self._linear(x, layer.up, layer.up_bias)))
+        return self._linear(hidden, layer.down, layer.down_bias)
 
     @torch.inference_mode()
     def __call__(
@@ -204,7 +221,7 @@ class HFCausalLM:
         x = self._rms(x, self.final_norm)
         if last_only:
             x = x[:, -1:]
-        logits = F.linear(x, self.head)
+        logits = self._linear(x, self.head)
         cap = self.config.softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
