@@ -18,6 +18,7 @@ from backend_helpers import reply_ids, stream
 from hf_factory import LLAMA_TEMPLATE, load_reference, reference_greedy, write_hf_model
 
 from desktop.cli import main
+from desktop.engine import gemv
 from desktop.engine.backend import LoadOptions
 from desktop.engine.chat_template import ChatTemplate, message_dicts
 from desktop.engine.discovery import discover, summarize
@@ -116,7 +117,8 @@ def test_chat_template_gives_transformers_ids(models, name):
     assert backend.info().capabilities.chat
 
 
-def test_info_describes_the_model(models):
+def test_info_describes_the_model(models, monkeypatch):
+    monkeypatch.setattr(gemv, "MIN_SPLIT_BYTES", 1)  # the tiny test matrices are timed like real ones
     info = open_hf(models["llama"]).info()
     reference, _ = load_reference(models["llama"])
     assert info.family == "hf-llama" and info.era == "hf-llama"

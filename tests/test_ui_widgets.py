@@ -549,6 +549,18 @@ def test_context_bar_turns_amber_over_80_percent(qtbot):
     assert status.attention.isHidden()
 
 
+def test_the_precision_tooltip_lists_the_kernels_and_forgets_them_on_the_next_model(qtbot):
+    status = StatusBar()
+    qtbot.addWidget(status)
+    plain = status.dtype.toolTip()
+    lines = ("2304×768 int8: int8 weight-only (µs: int8 weight-only 261, fbgemm int8 314); refused <x>",)
+    status.set_device_info("CPU · 2 threads", "int8 weights", "sdpa", lines)
+    tip = status.dtype.toolTip()
+    assert "2304×768 int8: int8 weight-only" in tip and "refused &lt;x&gt;" in tip  # escaped, not markup
+    status.set_device_info("CUDA: H100 (SM 9.0)", "bfloat16", "sdpa")  # a model with no CPU kernels
+    assert status.dtype.toolTip() == plain
+
+
 def test_banner_levels_details_and_dismiss(qtbot):
     banner = ErrorBanner()
     qtbot.addWidget(banner)

@@ -418,7 +418,8 @@ class KernelTuner:
             choice = self._choices.get(kernel)
             if choice is None and isinstance(kernel, ExactLinear):
                 timings = self.timings(_exact_entry(kernel), threads)
-                choice = Choice(tuple(kernel.weight.shape), "exact", kernel.chosen, timings)  # type: ignore[arg-type]
+                if timings:  # an untimed product (a gate of a dozen weights) has one route
+                    choice = Choice(tuple(kernel.weight.shape), "exact", kernel.chosen, timings)  # type: ignore[arg-type]
             if choice is not None:
                 seen.setdefault((choice.shape, choice.mode, choice.chosen), choice)
         return list(seen.values())
@@ -426,6 +427,15 @@ class KernelTuner:
 
 def _bind(kernel: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], object]:
     return lambda: kernel(x)
+
+
+def shown_precision(name: str, choices: Sequence[Choice]) -> str:
+    """``name``, unless a 16- or 8-bit mode found fp32 fastest for every matrix (a tiny model):
+    then the model runs in fp32, and the status bar should say so."""
+    lossy = [choice for choice in choices if choice.mode != "exact"]
+    if lossy and all(choice.chosen == "fp32 exact" for choice in lossy):
+        return "float32 (fastest here)"
+    return name
 
 
 def _exact_entry(product: ExactLinear) -> str:

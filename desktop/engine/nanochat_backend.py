@@ -30,6 +30,7 @@ from .chat_format import render_completion_prompt, render_for_completion
 from .discovery import PHASES
 from .errors import NanoscopeError, TokenizerError
 from .generation import stream_reply
+from .kernel_tuning import shown_precision
 from .kvcache import KVCache
 from .loader import LoadedModel, load_model
 from .memory import release_freed_memory
@@ -107,7 +108,12 @@ class NanochatBackend:
             self.model(ids, cache, last_only=True)
             self.model(ids[:, :1], cache, last_only=True)
         # The first one-row products chose their routes: now the choices can be shown.
-        self._info = replace(self._info, kernels=tuple(c.line() for c in self.model.kernel_choices()))
+        choices = self.model.kernel_choices()
+        self._info = replace(
+            self._info,
+            kernels=tuple(choice.line() for choice in choices),
+            precision=shown_precision(self._info.precision, choices),
+        )
 
     def _describe(self) -> ModelInfo:
         loaded, cfg = self.loaded, self.loaded.config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
@@ -74,8 +75,12 @@ class StatusBar(QStatusBar):
             label.setVisible(bool(text))
         tip = PRECISION_TIP
         if kernels:
-            tip += "\n\nMatrix products, each by the fastest kernel timed on this machine (µs per product):\n"
-            tip += "\n".join(f"• {line}" for line in kernels)
+            # Rich text with pre-wrapped lines: Qt would break a long plain-text line mid-list.
+            lines = "<br>".join(f"• {html.escape(line)}" for line in kernels)
+            tip = (
+                f"<p>{PRECISION_TIP}</p><p>Matrix products, each by the fastest kernel timed on this"
+                f" machine (µs per product):</p><p style='white-space:pre'>{lines}</p>"
+            )
         self.dtype.setToolTip(tip)
 
     def set_speed(self, tok_s: float | None, ttft_ms: float | None) -> None:
