@@ -24,6 +24,7 @@ from kf_reference import (
     write_toml,
 )
 
+from desktop.engine import gemv
 from desktop.engine.backend import GenerationStats, LoadOptions, Prompt
 from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError, UnsupportedFormatError
 from desktop.engine.kempnerforge.backend import KempnerForgeBackend
@@ -91,6 +92,25 @@ def test_logits_and_greedy_ids_equal_the_reference(tmp_path, tokenizer_dir, name
     assert reply_ids(backend, prompt, temperature=0.0, max_tokens=20) == reference_reply(
         ref, prompt.ids, 20, eos, temperature=0
     )
+
+
+def test_products_timed_on_this_machine_keep_the_reference_bits(tmp_path, tokenizer_dir, monkeypatch):
+    """With every matrix big enough to be split across threads (as real ones are), the routes the
+    tuner picks still give KempnerForge's logits bit for bit, and the kernels are listed."""
+    monkeypatch.setattr(gemv, "MIN_SPLIT_BYTES", 1)
+    run, ref = write_run(tmp_path, CONFIGS[sorted(CONFIGS)[0]], tokenizer=tokenizer_dir)
+    backend = open_cpu(run)
+    prompt = backend.render(PROMPT, None)
+    one_row = torch.tensor([list(prompt.ids)[:1]])  # one row: the products take the timed routes
+    with torch.no_grad():
+        assert torch.equal(backend.model(one_row), ref(one_row))
+    eos = backend.tok.eos_id
+    assert reply_ids(backend, prompt, temperature=0.0, max_tokens=12) == reference_reply(
+        ref, prompt.ids, 12, eos, temperature=0
+    )
+    shapes = {line.split(" ")[0] for line in backend.info().kernels}
+    vocab, dim = backend.model.output.shape
+    assert f"{vocab}×{dim}" in shapes
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -31,6 +31,7 @@ from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Pro
 from ..chat_template import message_dicts
 from ..device import describe_device, dtype_name, fast_dtype, hardware, pick_device, pick_dtype
 from ..errors import ContextError, DeviceError, OutOfMemoryError, TokenizerError, is_out_of_memory
+from ..kernel_tuning import KernelTuner, tuner_for
 from ..memory import available_ram, human
 from ..messages import Message, TokenEvent
 from ..params import SamplingParams
@@ -66,7 +67,9 @@ def _norm(t: dict[str, torch.Tensor], name: str) -> Norm:
     return Norm(t[f"{name}.weight"], t.get(f"{name}.bias"))
 
 
-def assemble(cfg: KFModelConfig, t: dict[str, torch.Tensor], device: torch.device) -> KFTransformer:
+def assemble(
+    cfg: KFModelConfig, t: dict[str, torch.Tensor], device: torch.device, tuner: KernelTuner
+) -> KFTransformer:
     blocks = []
     for i in range(cfg.n_layers):
         p = f"layers.{i}"
@@ -85,7 +88,7 @@ def assemble(cfg: KFModelConfig, t: dict[str, torch.Tensor], device: torch.devic
                 down=t[f"{p}.mlp.down_proj.weight"],
             )
         )
-    return KFTransformer(cfg, t[EMBEDDING], blocks, _norm(t, "norm"), t[OUTPUT], device)
+    return KFTransformer(cfg, t[EMBEDDING], blocks, _norm(t, "norm"), t[OUTPUT], device, tuner)
 
 
 def _tie(cfg: KFModelConfig, t: dict[str, torch.Tensor], stages: int, warnings: list[str]) -> None:
@@ -209,7 +212,7 @@ class KempnerForgeBackend:
                 report(92, f"moving the weights to {device}")
                 moved: dict[int, torch.Tensor] = {}
                 tensors = {k: moved.setdefault(id(v), v.to(device)) for k, v in tensors.items()}
-            model = assemble(cfg, tensors, device)
+            model = assemble(cfg, tensors, device, tuner_for(opts.kernel_cache))
         except (RuntimeError, MemoryError) as exc:
             if is_out_of_memory(exc):
                 raise OutOfMemoryError(
@@ -239,6 +242,9 @@ class KempnerForgeBackend:
                 self._info = replace(self._info, warnings=(*self._info.warnings, note))
                 self.model.sdpa_backend = "auto"
                 self.model(ids)
+            self.model(ids[:, :1])  # one row: the products choose their routes, shown in the tooltip
+        choices = self.model.tuner.describe(self.model.products())
+        self._info = replace(self._info, kernels=tuple(choice.line() for choice in choices))
 
     def info(self) -> ModelInfo:
         return self._info

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..gemv import ExactLinear
+from ..kernel_tuning import KernelTuner
 from .config import KFModelConfig
 
 QK_NORM_EPS = 1e-5  # Attention builds RMSNorm(head_dim) with the default eps, not model.norm_eps
@@ -129,15 +131,26 @@ class KFTransformer:
         norm: Norm,
         output: torch.Tensor,
         device: torch.device,
+        tuner: KernelTuner,
     ) -> None:
         self.config = cfg
         self.embedding, self.blocks, self.norm, self.output = embedding, blocks, norm, output
+        # Every matrix by the fastest route that gives F.linear's bits (see kernel_tuning).
+        matrices = [output, *(w for b in blocks for w in (b.q, b.k, b.v, b.o, b.gate, b.up, b.down))]
+        self._products = {id(w): tuner.exact(w) for w in matrices if w is not None}
+        self.tuner = tuner
         self.device = device
         self.compute_dtype = embedding.dtype
         cos, sin = rope_tables(cfg)
         self.cos, self.sin = cos.to(device), sin.to(device)
         self.n_rep = cfg.n_heads // cfg.n_kv_heads
         self.sdpa_backend = cfg.sdpa_backend
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self._products[id(weight)](x)
+
+    def products(self) -> list[ExactLinear]:
+        return list(self._products.values())
 
     def tensors(self) -> Iterator[torch.Tensor]:
         seen: set[int] = set()
@@ -177,9 +190,9 @@ class KFTransformer:
         act = self.config.activation
         if act == "silu":
             assert b.gate is not None
-            return F.linear(F.silu(F.linear(x, b.gate)) * F.linear(x, b.up), b.down)
-        hidden = F.linear(x, b.up)
-        return F.linear(F.gelu(hidden) if act == "gelu" else F.relu(hidden), b.down)
+            return self._linear(F.silu(self._linear(x, b.gate)) * self._linear(x, b.up), b.down)
+        hidden = self._linear(x, b.up)
+        return self._linear(F.gelu(hidden) if act == "gelu" else F.relu(hidden), b.down)
 
     def _sdpa_context(self) -> contextlib.AbstractContextManager:
         if self.sdpa_backend == "auto":
@@ -199,9 +212,9 @@ class KFTransformer:
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         hd = self.config.head_dim
-        q = F.linear(x, b.q).view(batch, seq_len, -1, hd)
-        k = F.linear(x, b.k).view(batch, seq_len, -1, hd)
-        v = F.linear(x, b.v).view(batch, seq_len, -1, hd)
+        q = self._linear(x, b.q).view(batch, seq_len, -1, hd)
+        k = self._linear(x, b.k).view(batch, seq_len, -1, hd)
+        v = self._linear(x, b.v).view(batch, seq_len, -1, hd)
         if b.q_norm is not None and b.k_norm is not None:
             q = rms_norm(q, b.q_norm, QK_NORM_EPS)
             k = rms_norm(k, b.k_norm, QK_NORM_EPS)
@@ -223,7 +236,7 @@ class KFTransformer:
             else:
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None or seq_len > 1)
         out = out.transpose(1, 2).contiguous().view(batch, seq_len, -1)
-        return F.linear(out, b.o)
+        return self._linear(out, b.o)
 
     def __call__(
         self, ids: torch.Tensor, cache: KFCache | None = None, last_only: bool = False
@@ -250,4 +263,4 @@ class KFTransformer:
         h = self._norm(h, self.norm)
         if last_only and seq_len * self.config.vocab_size > FULL_LOGITS_LIMIT:
             h = h[:, -1:]
-        return F.linear(h, self.output)
+        return self._linear(h, self.output)
