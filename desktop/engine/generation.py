@@ -21,11 +21,13 @@ from .calculator import calculate
 from .detokenize import StreamDecoder
 from .errors import ContextError
 from .kvcache import KVCache
+from .memory import release_freed_memory
 from .messages import PYTHON, PYTHON_OUTPUT, TEXT, THOUGHT, TOOL_QUERY, TOOL_RESULT, TokenEvent
 from .model import GPT
 from .params import SamplingParams
 from .sampling import sample_next
 from .scoring import token_label
+from .threads import torch_threads
 from .tokenizer import Tokenizer
 
 
@@ -248,9 +250,29 @@ def stream_reply(
     cancel: threading.Event | None = None,
     stats: GenerationStats | None = None,
     logprobs: int = 0,
+    threads: int | None = None,
 ) -> Iterator[TokenEvent]:
     """Stream one reply as :class:`TokenEvent`; ``stats`` is filled in as it goes. With
-    ``logprobs`` > 0 each event carries its token's log-probability and that many alternatives."""
+    ``logprobs`` > 0 each event carries its token's log-probability and that many alternatives.
+    ``threads``: intra-op threads for this reply (None: as set). When it ends, the heap its
+    prefill freed goes back to the OS."""
+    try:
+        with torch_threads(threads):
+            yield from _reply_events(model, tok, prompt, params, cache, cancel, stats, logprobs)
+    finally:
+        release_freed_memory()
+
+
+def _reply_events(
+    model: GPT,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    cache: KVCache | None,
+    cancel: threading.Event | None,
+    stats: GenerationStats | None,
+    logprobs: int,
+) -> Iterator[TokenEvent]:
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt)
     stats.prefilled_tokens = len(prompt) if cache is None else reuse_prefix(cache, prompt)

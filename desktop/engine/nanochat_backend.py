@@ -33,11 +33,9 @@ from .generation import stream_reply
 from .kernel_tuning import shown_precision
 from .kvcache import KVCache
 from .loader import LoadedModel, load_model
-from .memory import release_freed_memory
 from .messages import Message, TokenEvent
 from .params import SamplingParams
 from .scoring import score_reply, token_label
-from .threads import torch_threads
 from .tokenizer import Tokenizer, select_tokenizer
 
 # A reply may take up to this share of the context when old turns must make room for it; longer
@@ -200,20 +198,17 @@ class NanochatBackend:
             cfg = self.model.config
             cap = min(cfg.rope_len, len(ids) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
-        try:
-            with torch_threads(options.threads):
-                yield from stream_reply(
-                    self.model,
-                    self.tok,
-                    ids,
-                    params,
-                    cache=self._cache,
-                    cancel=cancel,
-                    stats=stats,
-                    logprobs=options.logprobs,
-                )
-        finally:
-            release_freed_memory()
+        yield from stream_reply(
+            self.model,
+            self.tok,
+            ids,
+            params,
+            cache=self._cache,
+            cancel=cancel,
+            stats=stats,
+            logprobs=options.logprobs,
+            threads=options.threads,
+        )
 
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None

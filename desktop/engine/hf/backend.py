@@ -216,23 +216,17 @@ class HFBackend:
         if not options.reuse_cache or self._cache is None:
             cap = min(self.config.rope_len, len(ids) + (params.max_tokens or self.config.sequence_len))
             self._cache = self._new_cache(cap)
-        threads = torch.get_num_threads()
-        if options.threads:
-            torch.set_num_threads(options.threads)
-        try:
-            yield from stream_reply(
-                self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
-                self.tok,
-                ids,
-                params,
-                cache=self._cache,
-                cancel=cancel,
-                stats=stats,
-                logprobs=options.logprobs,
-            )
-        finally:
-            if options.threads:
-                torch.set_num_threads(threads)
+        yield from stream_reply(
+            self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
+            self.tok,
+            ids,
+            params,
+            cache=self._cache,
+            cancel=cancel,
+            stats=stats,
+            logprobs=options.logprobs,
+            threads=options.threads,
+        )
 
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
