@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 import torch
@@ -68,6 +69,29 @@ def test_a_candidate_outside_the_bound_is_refused_whatever_its_speed():
     int4 = choice.timings_us.get("int4 weight-only")  # timed wherever this torch has the kernel
     if int4 is not None and int4 < choice.timings_us[choice.chosen]:
         assert choice.refused["int4 weight-only"].startswith("error ")
+
+
+def test_two_panes_loading_at_once_time_a_shape_once():
+    """Compare loads its panes on their own threads with one shared tuner: the second waits for
+    the first's timings instead of timing the same shape again on a CPU the first is loading."""
+    tuner = KernelTuner()
+    kernels: dict[int, object] = {}
+
+    def load(seed: int) -> None:
+        kernels[seed] = tuner.product(_weight(seed=seed), "int8")
+
+    workers = [threading.Thread(target=load, args=(seed,)) for seed in (1, 2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    choices = [_choice(tuner, kernels[seed]) for seed in (1, 2)]
+    alone = KernelTuner()
+    alone.product(_weight(seed=1), "int8")
+    assert tuner.measured == alone.measured  # one set of timings for the shape, not two
+    for seed, choice in zip((1, 2), choices, strict=True):
+        assert relative_error(kernels[seed], _weight(seed=seed)) <= TOLERANCE["int8"]
+        assert choice.timings_us == choices[0].timings_us
 
 
 def test_timings_are_kept_per_machine_and_thread_count(tmp_path, quiet_machine, threads):

@@ -362,7 +362,8 @@ class KernelTuner:
             kernel = candidates[name].build(weight)
             error = relative_error(kernel, weight)
             if error <= bound:
-                self._choices[kernel] = Choice((n, k), kind, name, timed, refused)
+                with self._lock:  # Compare's panes load on their own threads
+                    self._choices[kernel] = Choice((n, k), kind, name, timed, refused)
                 return kernel
             refused[name] = f"error {error:.1e} > {bound:.0e}"
         logger.info("%s %dx%d: no candidate within %.0e; exact fp32", kind, n, k, bound)
@@ -415,7 +416,8 @@ class KernelTuner:
         threads = torch.get_num_threads()
         seen: dict[tuple, Choice] = {}
         for kernel in kernels:
-            choice = self._choices.get(kernel)
+            with self._lock:
+                choice = self._choices.get(kernel)
             if choice is None and isinstance(kernel, ExactLinear):
                 timings = self.timings(_exact_entry(kernel), threads)
                 if timings:  # an untimed product (a gate of a dozen weights) has one route
