@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=2048,
         help="peak memory is measured while prompt + reply fill this many positions (capped at the context)",
     )
+    p_bench.add_argument(
+        "--retime",
+        action="store_true",
+        help="forget this machine's kernel timings and time every candidate again (e.g. after they "
+        "were taken on a busy machine)",
+    )
     add_export_parser(sub)
     return parser
 
@@ -358,6 +364,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         stream_tokens=args.stream_tokens,
         kernel_cache=paths.kernel_timings_file(),
+        retime=args.retime,
     )
     result = run_bench(request, warn=lambda text: print(f"nanoscope: warning: {text}", file=sys.stderr))
     if not args.json:

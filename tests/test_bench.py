@@ -6,6 +6,7 @@ never a speed or whether this machine's RSS fits: both depend on the machine.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from checkpoint_factory import write_checkpoint
 
 from desktop.cli import main
+from desktop.engine import gemv, kernel_tuning
 from desktop.engine.bench import (
     RSS_OVERHEAD,
     BenchRequest,
@@ -92,3 +94,21 @@ def test_stream_tokens_flag_is_checked_before_anything_loads(capsys, tmp_path, v
     err = capsys.readouterr().err
     message = f"--stream-tokens must be between 1 and 1048576, got {value}"
     assert (code, err) == (2, f"nanoscope: error: {message}\n")
+
+
+def test_retime_times_the_kernels_again_where_a_plain_run_uses_the_saved_ones(
+    checkpoint, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(gemv, "MIN_SPLIT_BYTES", 1)  # the tiny checkpoint's matrices are timed
+    monkeypatch.setattr(kernel_tuning, "BUSY_SHARE", float("inf"))  # saved whatever else runs
+    home = tmp_path / "home"
+    args = ["--home", str(home), "bench", str(checkpoint), "--device", "cpu", "--dtype", "float32"]
+    args += ["--repeats", "1", "--new-tokens", "2", "--prompt-tokens", "4", "--stream-tokens", "8", "--json"]
+
+    def timed(extra: list[str]) -> int:
+        assert main(args + extra) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["kernels_timed"]
+
+    assert timed([]) > 0  # a new machine: everything is timed
+    assert timed([]) == 0  # then remembered
+    assert timed(["--retime"]) > 0

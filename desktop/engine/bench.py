@@ -202,6 +202,7 @@ class BenchRequest:
     repeats: int = 3
     stream_tokens: int = 2048
     kernel_cache: Path | None = None  # this machine's kernel timings (see kernel_tuning)
+    retime: bool = False  # forget them first
 
 
 def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
@@ -216,6 +217,8 @@ def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
     directory, step = req.directory, req.step
     t0 = time.perf_counter()
     tuner = tuner_for(req.kernel_cache)
+    if req.retime:
+        tuner.forget()
     timed_before = tuner.measured
     loaded = load_model(directory, step, req.device, req.dtype, req.softcap, kernel_cache=req.kernel_cache)
     load_s = time.perf_counter() - t0

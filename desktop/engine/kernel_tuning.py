@@ -271,6 +271,13 @@ class KernelTuner:
         except OSError as exc:
             logger.warning("could not save kernel timings to %s: %s", self.cache_file, exc)
 
+    def forget(self) -> None:
+        """Drop this machine's timings, here and in the file: every candidate is timed again."""
+        with self._lock:
+            self._timings.clear()
+            self._provisional.clear()
+            self._write()
+
     def timings(self, entry: str, threads: int) -> dict[str, float]:
         with self._lock:
             return dict(self._timings.get(str(threads), {}).get(entry, {}))
