@@ -336,6 +336,7 @@ BENCH_FIGURES = (
     "rss_budget_mb",
     "peak_rss_mb",
     "kv_cache_mb",
+    "stream_start_rss_mb",
     "stream_peak_rss_mb",
     "stream_rss_budget_mb",
     "turn_ttft_cached_ms",

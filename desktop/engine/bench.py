@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
 import torch
 
 from .backend import Backend, GenerationStats, Prompt, StreamOptions
@@ -64,6 +65,10 @@ def peak_rss_bytes() -> int:
                 return int(line.split()[1]) * 1024
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
+
+
+def current_rss_bytes() -> int:
+    return int(psutil.Process().memory_info().rss)
 
 
 def reset_peak_rss() -> bool:
@@ -171,6 +176,7 @@ def stream_memory(
     prompt = _prompt(cfg.vocab_size, n_prompt, seed=3)
     params = CHAT_DEFAULTS.with_values(max_tokens=n - n_prompt, seed=1)
     scoped = reset_peak_rss()
+    before = current_rss_bytes()
     stats = _run(backend, prompt, params, reuse=False)
     peak = peak_rss_bytes()
     budget = file_bytes + kv_cache_bytes(cfg, n, dtype) + RSS_OVERHEAD
@@ -180,6 +186,7 @@ def stream_memory(
         "kv_cache_mb": round(kv_cache_bytes(cfg, n, dtype) / 2**20, 1),
         # "stream": the peak of the stream alone; "process": since start (no way to reset it here).
         "stream_peak_scope": "stream" if scoped else "process",
+        "stream_start_rss_mb": round(before / 2**20, 1),
         "stream_peak_rss_mb": round(peak / 2**20, 1),
         "stream_rss_budget_mb": round(budget / 2**20, 1),
         "stream_within_budget": peak <= budget,
