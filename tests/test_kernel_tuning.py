@@ -193,4 +193,3 @@ def test_a_model_shows_its_kernels_and_a_second_load_times_nothing(tmp_path, qui
 
 def _lossy_choices(lines: tuple[str, ...]) -> list[str]:
     return [line.split(" (")[0] for line in lines if " exact: " not in line]
-
