@@ -143,7 +143,7 @@ class HFBackend:
         cache = self._new_cache(4)
         self.model(ids, cache, last_only=True)
         self.model(ids[:, :1], cache, last_only=True)
-        choices = self.model.tuner.describe(self.model.products())
+        choices = self.model.kernel_choices()
         self._info = replace(self._info, kernels=tuple(choice.line() for choice in choices))
 
     def _new_cache(self, capacity: int) -> KVCache:

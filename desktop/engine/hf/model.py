@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..attention import sdpa_attention
-from ..gemv import ExactLinear
-from ..kernel_tuning import KernelTuner
+from ..kernel_tuning import Choice, KernelTuner
 from .config import HFConfig, Rope
 
 if TYPE_CHECKING:
@@ -103,8 +102,9 @@ class HFCausalLM:
             return F.linear(x, weight, bias)
         return self._products[id(weight)](x)
 
-    def products(self) -> list[ExactLinear]:
-        return list(self._products.values())
+    def kernel_choices(self) -> list[Choice]:
+        """Which route computes each matrix shape, as :meth:`GPT.kernel_choices` tells it."""
+        return self.tuner.describe(list(self._products.values()))
 
     @staticmethod
     def _layer(w: dict[str, torch.Tensor], i: int) -> Layer:

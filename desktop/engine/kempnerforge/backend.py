@@ -243,7 +243,7 @@ class KempnerForgeBackend:
                 self.model.sdpa_backend = "auto"
                 self.model(ids)
             self.model(ids[:, :1])  # one row: the products choose their routes, shown in the tooltip
-        choices = self.model.tuner.describe(self.model.products())
+        choices = self.model.kernel_choices()
         self._info = replace(self._info, kernels=tuple(choice.line() for choice in choices))
 
     def info(self) -> ModelInfo:

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..gemv import ExactLinear
-from ..kernel_tuning import KernelTuner
+from ..kernel_tuning import Choice, KernelTuner
 from .config import KFModelConfig
 
 QK_NORM_EPS = 1e-5  # Attention builds RMSNorm(head_dim) with the default eps, not model.norm_eps
@@ -149,8 +148,9 @@ class KFTransformer:
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self._products[id(weight)](x)
 
-    def products(self) -> list[ExactLinear]:
-        return list(self._products.values())
+    def kernel_choices(self) -> list[Choice]:
+        """Which route computes each matrix shape, as :meth:`GPT.kernel_choices` tells it."""
+        return self.tuner.describe(list(self._products.values()))
 
     def tensors(self) -> Iterator[torch.Tensor]:
         seen: set[int] = set()
