@@ -1,0 +1,33 @@
+"""``python -m tools.golden FAMILY [options]``: write one family's golden cases.
+
+Families and their writers (each a module here with ``main(argv) -> int``):
+
+* ``nanochat``: upstream karpathy/nanochat, one revision per era (:mod:`tools.golden.nanochat`);
+* ``fork``: the C++ fork's variants (:mod:`tools.golden.fork`);
+* ``kempnerforge``: a DCP run saved by KempnerForge's own checkpoint code (:mod:`tools.golden.kempnerforge`);
+* ``transformers``: ``save_pretrained`` folders (:mod:`tools.golden.transformers_models`).
+
+Each takes ``--src`` (a fetched mirror or checkout of the upstream, where it has one) and ``--out``
+(default ``tests/golden``), and records the exact commit of every upstream file it ran.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+FAMILIES = {
+    "nanochat": "tools.golden.nanochat",
+    "fork": "tools.golden.fork",
+    "kempnerforge": "tools.golden.kempnerforge",
+    "transformers": "tools.golden.transformers_models",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in FAMILIES:
+        print(f"usage: python -m tools.golden {{{','.join(FAMILIES)}}} [options]", file=sys.stderr)
+        return 2
+    module = importlib.import_module(FAMILIES[argv[0]])
+    return int(module.main(argv[1:]))
