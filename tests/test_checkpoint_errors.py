@@ -541,15 +541,6 @@ def test_a_compressed_data_pkl_is_refused(tmp_path):
     )
 
 
-def test_the_legacy_torch_format_is_refused(tmp_path):
-    ckpt = _ckpt(tmp_path)
-    path = model_file(ckpt)
-    torch.save({"w": torch.zeros(2)}, path, _use_new_zipfile_serialization=False)
-    assert failure(CheckpointError, load, ckpt) == (
-        f"{path}: file is truncated or corrupt (not a torch zip archive (truncated, or the legacy format))"
-    )
-
-
 def test_code_in_data_pkl_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     ckpt = _ckpt(tmp_path)

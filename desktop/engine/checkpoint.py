@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
-from .pickle_scan import PickleRefused, TensorInfo, noun, scan_torch_file
+from .pickle_scan import PickleRefused, TensorInfo, noun
 from .safe_json import JsonRefused, loads_bounded
+from .torch_files import scan_torch_file
 
 MODEL_RE = re.compile(r"model_(\d+)\.pt")
 META_RE = re.compile(r"meta_(\d+)\.json")
@@ -149,6 +150,8 @@ def _refusal(exc: PickleRefused) -> str:
         )
     if exc.kind == "global":
         return f"refused to load: the file contains pickled code or objects that are not tensors ({exc.name})"
+    if exc.kind == "construct":
+        return f"refused to load: {exc.reason}"
     return f"refused to load: {exc.reason}"
 
 
@@ -176,7 +179,7 @@ def load_state_dict(
     import torch
 
     try:
-        if mmap:
+        if mmap and zipfile.is_zipfile(path):  # torch maps only the zip format
             sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         else:
             with open(path, "rb") as f:  # a file object: names that are not UTF-8 open too

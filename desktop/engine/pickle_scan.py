@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import io
 import pickletools
-import struct
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +108,8 @@ _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 class PickleRefused(ValueError):
     """Why a pickle was refused, in one line without the file name.
 
-    ``kind``: "corrupt" (not a well-formed pickle), "limit" (a size or nesting bound) or
+    ``kind``: "corrupt" (not a well-formed pickle), "limit" (a size or nesting bound),
+    "construct" (well-formed, but a construct the file's kind never holds; ``reason`` names it) or
     "global" (a name not on the allowlist, in ``name``; ``reason`` then says what it stands for
     when that is known).
     """
@@ -130,6 +129,9 @@ class Policy:
     values: frozenset[tuple[str, str]] = frozenset()  # may only be passed as arguments
     explained: Mapping[tuple[str, str], str] = field(default_factory=dict)
     persistent_ids: bool = False  # torch's storages
+    # nn.Module.state_dict()'s OrderedDict carries ``_metadata`` (each module's version), which
+    # pickle writes as BUILD on the OrderedDict: allowed with exactly that state (op_BUILD).
+    state_dict_metadata: bool = False
     max_bytes: int = 64 << 20
     max_depth: int = 32
     max_marks: int = 32
@@ -143,6 +145,7 @@ TORCH_POLICY = Policy(
     values=frozenset(STORAGE_TYPES) | frozenset(("torch", d) for d in DTYPE_SIZES),
     explained=TORCH_REFUSED,
     persistent_ids=True,
+    state_dict_metadata=True,
 )
 # nanochat's tokenizer: tiktoken.Encoding by NEWOBJ + BUILD; protocol 2 spells bytes with
 # _codecs.encode. A 2**17-token pickle is a few MB and ~0.5M opcodes.
@@ -269,12 +272,13 @@ class _Item:
     """What an object would be, as far as the checks care: its kind, nesting depth and, for
     short strings, small ints, tuples, globals, storages and tensors, its value."""
 
-    __slots__ = ("depth", "kind", "value")
+    __slots__ = ("depth", "kind", "ordered", "value")
 
     def __init__(self, kind: str, depth: int = 0, value: object = None) -> None:
         self.kind = kind
         self.depth = depth
         self.value = value
+        self.ordered = False  # a collections.OrderedDict whose state was not set yet (see op_BUILD)
 
 
 # Every bytes object is the same stand-in: atoms are never changed, and no check needs their value.
@@ -292,7 +296,11 @@ class _Storage:
 class _Machine:
     def __init__(self, policy: Policy, records: Mapping[str, int] | None) -> None:
         self.policy = policy
-        self.records = records  # storage key -> bytes in the archive (torch files)
+        # storage key -> bytes in the archive (torch zip files). None in torch's legacy stream,
+        # whose storages follow the pickle: each is recorded in ``declared`` and checked after.
+        self.records = records
+        self.declared: dict[str, _Storage] = {}
+        self.end = 0  # the position after STOP
         self.stack: list[_Item] = []
         self.marks: list[int] = []
         self.memo: dict[int, _Item] = {}
@@ -300,14 +308,14 @@ class _Machine:
             name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
         }
 
-    def run(self, data: bytes) -> _Item:
+    def run(self, data: bytes, start: int = 0) -> _Item:
         # Length-prefixed strings, small ints and memo reads/writes are most of a pickle (a
         # tokenizer is ~3 of them per token), so they are decoded here directly; every other
         # opcode is decoded by pickletools' own argument readers and goes to its op_ method.
         stack, marks, memo, handlers = self.stack, self.marks, self.memo, self.handlers
         max_ops, max_stack, max_memo = self.policy.max_ops, self.policy.max_stack, self.policy.max_memo
         reader = io.BytesIO(data)
-        pos, end, ops = 0, len(data), 0
+        pos, end, ops = start, len(data), 0
         try:
             while pos < end:
                 code, at = data[pos], pos
@@ -383,6 +391,7 @@ class _Machine:
                         raise PickleRefused("limit", f"the pickle remembers more than {max_memo} objects")
                     continue
                 if name == "STOP":
+                    self.end = pos
                     return self._stop(at)
                 handler = handlers.get(name)
                 if handler is None:
@@ -467,7 +476,9 @@ class _Machine:
         if args.kind != "tuple":
             raise PickleRefused("corrupt", f"{opname} arguments are a {noun(args.kind)}, not a tuple")
         if func.value == _ORDERED_DICT:
-            return _Item("dict", 1 + args.depth, [])
+            item = _Item("dict", 1 + args.depth, [])
+            item.ordered = True
+            return item
         if func.value in (_REBUILD_V2, _REBUILD_V3):
             return _Item("tensor", 1 + args.depth, self.tensor(func.value, args))
         if func.value == _REBUILD_PARAMETER:
@@ -508,15 +519,25 @@ class _Machine:
 
     def storage(self, pid: _Item) -> _Item:
         parts = pid.value
-        if pid.kind != "tuple" or not isinstance(parts, tuple) or len(parts) != 5:
-            raise PickleRefused("corrupt", "a persistent id is not torch's 5-part storage tuple")
-        tag, kind, key, _location, numel = (p.value for p in parts)
+        # The zip format's id has 5 parts; the legacy stream's a 6th, a view of another
+        # storage, which torch has not written since 2018 (None).
+        legacy = self.records is None
+        if pid.kind != "tuple" or not isinstance(parts, tuple) or len(parts) != 5 + legacy:
+            raise PickleRefused("corrupt", f"a persistent id is not torch's {5 + legacy}-part storage tuple")
+        if legacy and (parts[5].kind != "atom" or parts[5].value is not None):
+            raise PickleRefused("construct", "it holds a storage view, which only torch before 1.0 writes")
+        tag, kind, key, _location, numel = (p.value for p in parts[:5])
         if tag != "storage" or parts[1].kind != "global" or kind not in STORAGE_TYPES:
             raise PickleRefused("corrupt", "a persistent id is not a torch storage")
         if not isinstance(key, str) or not _small_int(numel):
             raise PickleRefused("corrupt", "a storage has a malformed key or size")
         dtype, itemsize = STORAGE_TYPES[kind]  # type: ignore[index]
-        available = (self.records or {}).get(key)
+        found = _Storage(dtype, itemsize, key, numel)  # type: ignore[arg-type]
+        if self.records is None:  # legacy: its record follows the pickle, checked by the caller
+            if self.declared.setdefault(key, found) != found:
+                raise PickleRefused("corrupt", f"storage '{key}' is declared twice, differently")
+            return _Item("storage", 0, found)
+        available = self.records.get(key)
         if available is None:
             raise PickleRefused("corrupt", f"storage '{key}' has no data record in the archive")
         if numel * itemsize > available:  # type: ignore[operator]
@@ -524,7 +545,7 @@ class _Machine:
                 "corrupt",
                 f"storage '{key}' declares {numel * itemsize} bytes but its record holds {available}",  # type: ignore[operator]
             )
-        return _Item("storage", 0, _Storage(dtype, itemsize, key, numel))  # type: ignore[arg-type]
+        return _Item("storage", 0, found)
 
     # -- opcodes (op_<NAME>(arg)); STOP is handled in run() --
 
@@ -678,8 +699,15 @@ class _Machine:
     def op_BUILD(self, arg: object) -> None:
         state = self.pop()
         target = self.top()
-        if target.kind != "object":
-            raise PickleRefused("corrupt", f"BUILD sets the state of a {noun(target.kind)}")
+        if target.kind == "dict" and target.ordered and self.policy.state_dict_metadata:
+            _check_state_dict_metadata(state)
+            target.ordered = False  # one BUILD per OrderedDict, as pickle writes it
+        elif target.kind != "object":
+            raise PickleRefused(
+                "construct",
+                f"it sets attributes on a {noun(target.kind)} (pickle BUILD); a saved state dict "
+                "sets only the '_metadata' of its OrderedDict",
+            )
         target.depth = max(target.depth, 1 + state.depth)
         if target.depth > self.policy.max_depth:
             raise PickleRefused(
@@ -717,6 +745,43 @@ def _int_tuple(item: object) -> tuple[int, ...] | None:
     return tuple(i.value for i in item)  # type: ignore[misc]
 
 
+# nn.Module.state_dict() records {"version": module._version} per module (plus what a module's
+# own state-dict hook adds, which nothing nanochat uses does); a few keys is generous.
+_MAX_METADATA_FIELDS = 8
+
+
+def _check_state_dict_metadata(state: _Item) -> None:
+    """The state a state dict's BUILD may set: ``{'_metadata': OrderedDict(path -> {str: int})}``.
+
+    Anything else (another attribute, a value that is not a small table of ints) is refused: it
+    would be an object's state smuggled onto a dict, not something torch writes.
+    """
+    entries = state.value if state.kind == "dict" else None
+    if not isinstance(entries, list) or len(entries) != 1 or entries[0][0] != "_metadata":
+        raise PickleRefused(
+            "construct",
+            "it sets attributes other than '_metadata' on its OrderedDict (pickle BUILD); "
+            "a saved state dict carries only that one",
+        )
+    table = entries[0][1]
+    rows = table.value if table.kind == "dict" else None
+    if not isinstance(rows, list):
+        raise PickleRefused("construct", "its state dict's '_metadata' is not a table (pickle BUILD)")
+    for path, row in rows:
+        fields = row.value if row.kind == "dict" and not row.ordered else None
+        if (
+            not isinstance(path, str)
+            or not isinstance(fields, list)
+            or len(fields) > _MAX_METADATA_FIELDS
+            or not all(isinstance(k, str) and _small_int(v.value) for k, v in fields)
+        ):
+            raise PickleRefused(
+                "construct",
+                "its state dict's '_metadata' holds something other than module names with a few "
+                "integer fields (pickle BUILD)",
+            )
+
+
 def _genops_reason(exc: Exception) -> str:
     text = " ".join(str(exc).split())
     if "exhausted" in text or "but only" in text or "not enough data" in text:
@@ -734,6 +799,43 @@ def scan_bytes(data: bytes, policy: Policy, records: Mapping[str, int] | None = 
     if len(data) > policy.max_bytes:
         raise PickleRefused("limit", f"the pickle is {len(data)} bytes (limit {policy.max_bytes})")
     return _Machine(policy, records).run(data)
+
+
+def scan_at(data: bytes, start: int, policy: Policy) -> int:
+    """Check the pickle that starts at ``data[start]`` (more may follow it); returns the
+    position after its STOP."""
+    machine = _Machine(policy, None)
+    machine.run(data, start)
+    return machine.end
+
+
+@dataclass(frozen=True)
+class StateDictPickle:
+    """What one torch pickle holds, for :mod:`.torch_files`."""
+
+    entries: tuple[tuple[object, TensorInfo | str], ...]  # (key, tensor or the kind of non-tensor)
+    top: str  # the kind of the top object ("dict" for a state dict)
+    end: int  # the position after its STOP
+    # storage key -> (elements, bytes per element), when the storages follow the pickle (legacy)
+    storages: Mapping[str, tuple[int, int]]
+
+
+def scan_torch_pickle(
+    data: bytes, records: Mapping[str, int] | None = None, start: int = 0
+) -> StateDictPickle:
+    """Check the pickle at ``data[start:]`` under :data:`TORCH_POLICY`.
+
+    ``records``: each storage's bytes in a zip archive, checked against what the pickle declares;
+    None for torch's legacy stream, where the declared storages are returned to be checked.
+    """
+    machine = _Machine(TORCH_POLICY, records)
+    top = machine.run(data, start)
+    entries = tuple(
+        (key, item.value if item.kind == "tensor" else item.kind)
+        for key, item in (top.value if top.kind == "dict" and isinstance(top.value, list) else ())
+    )
+    storages = {k: (s.numel, s.itemsize) for k, s in machine.declared.items()}
+    return StateDictPickle(entries, top.kind, machine.end, storages)  # type: ignore[arg-type]
 
 
 def read_limited(path: Path, limit: int) -> bytes:
@@ -761,53 +863,3 @@ def scan_tokenizer_pickle(path: Path) -> bytes:
 def scan_dcp_metadata(path: Path) -> None:
     """Check a torch.distributed.checkpoint ``.metadata`` pickle before anything unpickles it."""
     scan_bytes(read_limited(path, DCP_POLICY.max_bytes), DCP_POLICY)
-
-
-@dataclass(frozen=True)
-class TorchScan:
-    """What ``data.pkl`` of a torch zip checkpoint holds."""
-
-    entries: tuple[tuple[object, TensorInfo | str], ...]  # (key, tensor or the kind of non-tensor)
-    top: str  # the kind of the top object ("dict" for a state dict)
-
-
-def scan_torch_file(path: Path) -> TorchScan:
-    """Check a ``torch.save`` zip file's ``data.pkl`` and its storage records.
-
-    Refuses (``PickleRefused``) the legacy non-zip format, compressed or overlapping members,
-    and anything :data:`TORCH_POLICY` does not allow, before torch reads a byte.
-    """
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error):
-        raise PickleRefused("corrupt", "not a torch zip archive (truncated, or the legacy format)") from None
-    with archive:
-        infos = archive.infolist()
-        pickles = [i for i in infos if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
-        if len(pickles) != 1:
-            raise PickleRefused("corrupt", "the archive has no single <name>/data.pkl")
-        root = pickles[0].filename[: -len("data.pkl")]
-        size = _size_of(archive.fp)  # type: ignore[arg-type]
-        records: dict[str, int] = {}
-        for info in infos:
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise PickleRefused(
-                    "corrupt", f"member {info.filename} is compressed; torch never writes that"
-                )
-            if info.header_offset + info.file_size > size:
-                raise PickleRefused("corrupt", f"member {info.filename} runs past the end of the file")
-            if info.filename.startswith(root + "data/"):
-                records[info.filename[len(root) + 5 :]] = info.file_size
-        if pickles[0].file_size > TORCH_POLICY.max_bytes:
-            raise PickleRefused(
-                "limit", f"data.pkl is {pickles[0].file_size} bytes (limit {TORCH_POLICY.max_bytes})"
-            )
-        try:
-            data = archive.read(pickles[0])
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise PickleRefused("corrupt", f"data.pkl cannot be read ({exc})") from None
-    top = scan_bytes(data, TORCH_POLICY, records)
-    entries: list[tuple[object, TensorInfo | str]] = []
-    for key, item in top.value if top.kind == "dict" and isinstance(top.value, list) else ():
-        entries.append((key, item.value if item.kind == "tensor" else item.kind))
-    return TorchScan(tuple(entries), top.kind)
