@@ -15,7 +15,7 @@ module simulates the pickle machine on stand-ins (:class:`_Item`) instead:
 * every global must be on the policy's allowlist, and only the callable ones may be called.
 
 For torch files it also reads what ``data.pkl`` says of each tensor (dtype, shape, storage), so
-the checkpoint can be judged, and summarised, before torch runs at all (:func:`scan_torch_file`).
+the checkpoint can be judged, and summarised, before torch runs at all (:mod:`.torch_files`).
 """
 
 from __future__ import annotations
