@@ -20,9 +20,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from .bounded import FileRefused, parse_json, read_bytes
 from .errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
 from .pickle_scan import PickleRefused, TensorInfo, noun
-from .safe_json import JsonRefused, loads_bounded
 from .torch_files import scan_torch_file
 
 MODEL_RE = re.compile(r"model_(\d+)\.pt")
@@ -80,8 +80,6 @@ def detect_unsupported(path: Path) -> None:
         )
 
 
-# A meta is a few KB; far more is not a nanochat meta.
-MAX_META_BYTES = 16 << 20
 # What a weight may be stored as (the loader casts to the compute dtype).
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -94,20 +92,12 @@ def read_meta_and_digest(path: Path) -> tuple[dict[str, Any], str]:
     """The meta json and the first 16 hex digits of its sha256 (of the bytes parsed, so a file
     replaced meanwhile cannot give a hash of something else)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_META_BYTES + 1)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_META_BYTES:
-        raise CheckpointError(f"{path}: larger than {MAX_META_BYTES >> 20} MB; not a nanochat meta")
-    try:
-        data = loads_bounded(raw.decode("utf-8"))
+        raw = read_bytes(path, "meta")
+        data = parse_json(raw.decode("utf-8"), path)
     except UnicodeDecodeError:
         raise CheckpointError(f"{path}: cannot read (not UTF-8 text)") from None
-    except JsonRefused as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    except FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     return data, hashlib.sha256(raw).hexdigest()[:16]
@@ -124,6 +114,8 @@ def tensor_shapes(path: Path) -> dict[str, TensorInfo]:
         raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except PickleRefused as exc:
         raise CheckpointError(f"{path}: {_refusal(exc)}") from None
+    except FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
     if scan.top != "dict":
         raise CheckpointError(f"{path}: expected a dict of tensors, found a {noun(scan.top)}")
     out: dict[str, TensorInfo] = {}

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from . import gemv
+from .bounded import FileRefused, read_json
 from .gemv import ExactLinear, Kernel, Route
-from .safe_json import JsonRefused, loads_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -274,22 +274,20 @@ class KernelTuner:
         if self.cache_file is None or not self.cache_file.exists():
             return {}
         try:
-            if self.cache_file.stat().st_size > MAX_CACHE_BYTES:
-                raise JsonRefused(f"larger than {MAX_CACHE_BYTES} bytes")
-            data = loads_bounded(self.cache_file.read_text(encoding="utf-8"), max_depth=8)
+            data = read_json(self.cache_file, "state", max_depth=8, limit=MAX_CACHE_BYTES)
             if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
                 return {}
             mine = data.get("machines", {}).get(machine_id(), {})
             return {
                 threads: {
-                    entry: {name: float(us) for name, us in timings.items() if isinstance(us, int | float)}
+                    entry: {name: float(us) for name, us in timings.items() if _is_timing(us)}
                     for entry, timings in entries.items()
                     if isinstance(timings, dict)
                 }
                 for threads, entries in mine.items()
                 if isinstance(entries, dict)
             }
-        except (OSError, UnicodeDecodeError, JsonRefused, ValueError, AttributeError) as exc:
+        except (FileRefused, AttributeError) as exc:
             logger.warning("kernel timings in %s not used (%s); timing again", self.cache_file, exc)
             return {}
 
@@ -299,12 +297,13 @@ class KernelTuner:
             return
         try:
             data: dict = {"version": CACHE_VERSION, "machines": {}}
-            if self.cache_file.exists() and self.cache_file.stat().st_size <= MAX_CACHE_BYTES:
+            if self.cache_file.exists():
                 try:
-                    old = loads_bounded(self.cache_file.read_text(encoding="utf-8"), max_depth=8)
-                    if isinstance(old, dict) and old.get("version") == CACHE_VERSION:
-                        data["machines"] = dict(old.get("machines") or {})
-                except (UnicodeDecodeError, JsonRefused, ValueError):
+                    old = read_json(self.cache_file, "state", max_depth=8, limit=MAX_CACHE_BYTES)
+                    machines = old.get("machines") if isinstance(old, dict) else None
+                    if isinstance(machines, dict) and old.get("version") == CACHE_VERSION:
+                        data["machines"] = dict(machines)
+                except FileRefused:
                     pass  # replaced below
             data["machines"][machine_id()] = {
                 threads: {e: t for e, t in entries.items() if (threads, e) not in self._provisional}
@@ -478,6 +477,12 @@ class KernelTuner:
             if choice is not None:
                 seen.setdefault((choice.shape, choice.mode, choice.chosen), choice)
         return list(seen.values())
+
+
+def _is_timing(value: object) -> bool:
+    """A time in µs as this cache writes it. Compared before ``float()``: a 400-digit integer in
+    a damaged file would overflow it."""
+    return type(value) in (int, float) and 0 <= value < 1e12  # type: ignore[operator]
 
 
 def _bind(kernel: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], object]:

@@ -27,10 +27,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .bounded import FileRefused, read_text
 from .errors import TokenizerError
 from .safe_json import JsonRefused, loads_bounded
 
-MAX_JSON_BYTES = 128 << 20  # a 250k-token tokenizer.json is ~20 MB
 MAX_VOCAB = 1 << 22
 MAX_LENGTH = 1 << 20  # padding / truncation lengths beyond this are not a real setting
 MAX_EXPANSION = 256  # how many times longer the normalizers may make a text, at worst
@@ -329,6 +329,48 @@ def _check_pre_tokenizer(node: Any, where: str) -> None:
             raise _Refused(f"{where} (Metaspace) replacement must be a short text")
 
 
+# Decoders that keep or shrink a token's text, or grow it by a bounded amount.
+_PLAIN_DECODERS = frozenset(
+    {"ByteLevel", "Metaspace", "WordPiece", "BPEDecoder", "CTC", "Fuse", "Strip", "ByteFallback"}
+)
+
+
+def _decoder_expansion(node: Any, where: str) -> int:
+    """Worst-case growth factor of a decoder (tree): ``Replace`` of the empty text, or of one
+    character by a long one, makes a decode take gigabytes (the process aborts)."""
+    if node is None:
+        return 1
+    if not isinstance(node, dict):
+        raise _Refused(f"{where} is not an object")
+    kind = node.get("type")
+    if kind == "Sequence":
+        children = node.get("decoders")
+        if not isinstance(children, list):
+            raise _Refused(f"{where}.decoders is not a list")
+        factor = 1
+        for i, child in enumerate(children):
+            factor *= _decoder_expansion(child, f"{where}.decoders[{i}]")
+            if factor > MAX_EXPANSION:
+                break
+        return factor
+    if kind in _PLAIN_DECODERS:
+        return 1
+    if kind == "Replace":
+        content, pattern = node.get("content"), node.get("pattern")
+        if not isinstance(content, str) or not isinstance(pattern, dict):
+            raise _Refused(f"{where} (Replace) needs a pattern and a text")
+        literal = pattern.get("String")
+        if isinstance(literal, str):
+            if not literal:
+                raise _Refused(f"{where} (Replace) replaces the empty text")
+            return max(1, -(-len(content) // len(literal)))
+        problem = pattern_problem(pattern.get("Regex"), empty_matches_crash=True)
+        if problem:
+            raise _Refused(f"{where} (Replace): {problem}")
+        return len(content) + 1
+    raise _Refused(f"{where} has decoder type {str(kind)[:40]!r}, which Nanoscope does not run")
+
+
 def _ignored_lengths(doc: dict[str, Any], warnings: list[str]) -> bool:
     """Padding and truncation are dropped: prompts are encoded whole and unpadded. Absurd values
     are refused all the same (they betray a broken or hostile file). True when there were any."""
@@ -360,19 +402,11 @@ def checked_tokenizer_json(path: Path) -> tuple[str, list[str]]:
     """The JSON text to give ``tokenizers`` for ``path`` and the warnings to show, or a
     :class:`TokenizerError` naming what cannot be run."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
-    except FileNotFoundError:
-        raise TokenizerError(f"{path}: tokenizer file not found") from None
-    except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_JSON_BYTES:
-        raise TokenizerError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MB; not a tokenizer.json")
-    try:
-        text = raw.decode("utf-8")
+        text = read_text(path, "tokenizer")
         doc = loads_bounded(text)
-    except UnicodeDecodeError:
-        raise TokenizerError(f"{path}: not a valid tokenizer.json (not UTF-8 text)") from None
+    except FileRefused as exc:
+        reason = "tokenizer file not found" if exc.reason == "file not found" else exc.reason
+        raise TokenizerError(f"{path}: {reason}") from None
     except JsonRefused as exc:
         raise TokenizerError(f"{path}: not a valid tokenizer.json ({exc})") from None
     warnings: list[str] = []
@@ -384,6 +418,8 @@ def checked_tokenizer_json(path: Path) -> tuple[str, list[str]]:
         if growth > MAX_EXPANSION:
             raise _Refused(f"the normalizer can make a text over {MAX_EXPANSION} times longer")
         _check_pre_tokenizer(doc.get("pre_tokenizer"), "the pre_tokenizer")
+        if _decoder_expansion(doc.get("decoder"), "the decoder") > MAX_EXPANSION:
+            raise _Refused(f"the decoder can make a text over {MAX_EXPANSION} times longer")
         vocab = doc["model"].get("vocab")
         if isinstance(vocab, (dict, list)) and len(vocab) > MAX_VOCAB:
             raise _Refused(f"its vocabulary has {len(vocab)} entries (limit {MAX_VOCAB})")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from .bounded import open_regular
 from .pickle_scan import TORCH_POLICY, PickleRefused, Policy, TensorInfo, scan_at, scan_torch_pickle
 
 # The legacy stream's small pickles: plain values only (its magic number is a long, its type
@@ -44,18 +45,19 @@ class TorchScan:
 
 
 def scan_torch_file(path: Path) -> TorchScan:
-    """Check a ``torch.save`` file (zip archive or legacy stream); raises :class:`PickleRefused`."""
-    with open(path, "rb") as f:
+    """Check a ``torch.save`` file (zip archive or legacy stream); raises :class:`PickleRefused`,
+    or :class:`~.bounded.FileRefused` for what is not a regular file."""
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         first = f.read(1)
         if first and first[0] == _PICKLE_PROTO:
             return _scan_legacy(f, size)
-    return _scan_zip(path)
+        return _scan_zip(f, size)
 
 
-def _scan_zip(path: Path) -> TorchScan:
+def _scan_zip(f: BinaryIO, size: int) -> TorchScan:
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(f)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, struct.error):
         raise PickleRefused(
             "corrupt", "not a torch checkpoint (neither a zip archive nor torch's legacy format)"
@@ -66,7 +68,6 @@ def _scan_zip(path: Path) -> TorchScan:
         if len(pickles) != 1:
             raise PickleRefused("corrupt", "the archive has no single <name>/data.pkl")
         root = pickles[0].filename[: -len("data.pkl")]
-        size = os.fstat(archive.fp.fileno()).st_size  # type: ignore[union-attr]
         records: dict[str, int] = {}
         for info in infos:
             if info.compress_type != zipfile.ZIP_STORED:

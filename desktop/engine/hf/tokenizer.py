@@ -25,29 +25,19 @@ from typing import Any
 from tokenizers import Tokenizer as RustTokenizer
 
 from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
-from ..errors import TokenizerError
-from .files import MAX_JSON_BYTES, TOKENIZER_NAME
+from ..tokenizer_checks import checked_tokenizer_json, clean_text, rust_errors
+from .files import TOKENIZER_NAME
 
 logger = logging.getLogger(__name__)
 
 
-def _load(path: Path) -> RustTokenizer:
-    try:
-        if path.stat().st_size > 16 * MAX_JSON_BYTES:
-            raise TokenizerError(f"{path}: too big for a tokenizer")
-        tok = RustTokenizer.from_str(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TokenizerError(
-            f"{path}: file not found (a Hugging Face model needs its tokenizer.json)"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{path}: cannot read ({exc})") from None
-    except Exception as exc:  # the Rust parser raises plain Exception for any malformed file
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise TokenizerError(f"{path}: not a valid tokenizer.json ({first})") from None
-    # Prompts are never cut or padded behind the user's back.
-    tok.no_truncation()
-    tok.no_padding()
+def _load(path: Path, text: str) -> RustTokenizer:
+    """The library's tokenizer from text :func:`checked_tokenizer_json` passed."""
+    with rust_errors(path, "loading"):
+        tok = RustTokenizer.from_str(text)
+        # Prompts are never cut or padded behind the user's back.
+        tok.no_truncation()
+        tok.no_padding()
     return tok
 
 
@@ -64,10 +54,12 @@ class HFTokenizer:
         bos_id: int | None,
     ) -> None:
         self.path = directory / TOKENIZER_NAME
-        self.warnings: list[str] = []
-        self._tok = _load(self.path)
+        # The same checks as every tokenizer: bounded JSON, normalizers, pre-tokenizers and
+        # decoders that cannot blow up, sane lengths.
+        text, self.warnings = checked_tokenizer_json(self.path)
+        self._tok = _load(self.path, text)
         # The same tokenizer with special tokens split like text, for ordinary encoding.
-        self._plain = _load(self.path)
+        self._plain = _load(self.path, text)
         self._plain.encode_special_tokens = True
         added = self._tok.get_added_tokens_decoder()
         self._added = {t.content: i for i, t in added.items()}
@@ -93,16 +85,20 @@ class HFTokenizer:
 
     def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
         # One call to the library: there is no point between chunks where ``cancel`` is looked at.
-        return list(self._plain.encode(text, add_special_tokens=False).ids)
+        with rust_errors(self.path, "encoding"):
+            return list(self._plain.encode(clean_text(text), add_special_tokens=False).ids)
 
     def encode_rendered(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        with rust_errors(self.path, "encoding"):
+            return list(self._tok.encode(clean_text(text), add_special_tokens=False).ids)
 
     def encode_completion(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=True).ids)
+        with rust_errors(self.path, "encoding"):
+            return list(self._tok.encode(clean_text(text), add_special_tokens=True).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True)
+        with rust_errors(self.path, "decoding"):
+            return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def special_id(self, name: str) -> int | None:
         return self._added.get(name)
