@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from desktop import paths
+from desktop.engine import bounded
 from desktop.engine.device import DEVICES, PRECISIONS
 from desktop.engine.params import CHAT_DEFAULTS, SamplingParams
 from desktop.engine.safe_json import JsonRefused, loads_bounded
@@ -242,16 +243,11 @@ class Settings:
 
     def _load(self) -> None:
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read(MAX_FILE_BYTES + 1)
-            text = raw.decode("utf-8")
-        except FileNotFoundError:
+            text = bounded.read_text(self.path, "state", limit=MAX_FILE_BYTES)
+        except bounded.FileMissing:
             return
-        except (OSError, UnicodeDecodeError) as e:
-            self._set_aside(f"could not be read ({e.__class__.__name__}: {e})")
-            return
-        if len(raw) > MAX_FILE_BYTES:
-            self._set_aside(f"is larger than {MAX_FILE_BYTES >> 20} MB, which no settings file is")
+        except bounded.FileRefused as e:
+            self._set_aside(f"could not be read ({e.reason})")
             return
         try:
             # Bounded: deep nesting, NaN or a 5,000-digit number is refused here, not a traceback.

@@ -8,9 +8,9 @@ import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from ..engine.bounded import FileRefused, open_regular
 from ..engine.params import SamplingParams
 
 MIN_PANES, MAX_PANES = 2, 4
@@ -114,8 +114,12 @@ def describe_sampling(values: Mapping[str, Any]) -> str:
 
 def _file_digest(path: str) -> str:
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
+        digest = hashlib.sha256()
+        with open_regular(path) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    except (FileRefused, OSError):
         return path
 
 

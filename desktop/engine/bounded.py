@@ -17,12 +17,13 @@ the CLI (exit 2) and the log.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 import stat
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from .safe_json import MAX_DEPTH, JsonRefused, loads_bounded
 
@@ -43,7 +44,7 @@ LIMITS: dict[str, int] = {
     "tokenizer": 128 * MB,  # tokenizer.json (the largest public ones are ~35 MB)
     "dcp_metadata": 256 * MB,  # torch.distributed.checkpoint's .metadata pickle
     "template": 1 * MB,  # a chat_template.jinja
-    "toml": 1 * MB,  # a KempnerForge training TOML: a few KB
+    "toml": 4 * MB,  # a KempnerForge training TOML: a few KB
     "state": 16 * MB,  # the app's own settings, caches and config memories
     "safetensors_header": 100 * MB,  # safetensors' own cap on its JSON header
 }
@@ -58,6 +59,10 @@ class FileRefused(ValueError):
         super().__init__(f"{path}: {reason}")
         self.path = Path(path)
         self.reason = reason
+
+
+class FileMissing(FileRefused):
+    """The file does not exist (callers often treat that as "use the default")."""
 
 
 _KINDS = (
@@ -87,13 +92,13 @@ def read_bytes(path: Path | str, kind: str, limit: int | None = None) -> bytes:
     return data
 
 
-def open_regular(path: Path | str) -> BinaryIO:
+def open_regular(path: Path | str) -> io.BufferedReader:
     """A regular file opened for reading in binary, for readers that seek (weights); the caller
     bounds what it reads from what the file declares."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise FileRefused(path, "file not found") from None
+        raise FileMissing(path, "file not found") from None
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise FileRefused(path, "not a regular file (a named pipe)") from None

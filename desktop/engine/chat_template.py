@@ -26,6 +26,7 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
+from . import bounded
 from .errors import TokenizerError
 from .messages import TEXT, Message
 
@@ -187,9 +188,9 @@ def template_source(tokenizer_config: dict[str, Any], directory: Path) -> tuple[
     jinja_file = directory / "chat_template.jinja"
     if jinja_file.is_file():
         try:
-            return jinja_file.read_text(encoding="utf-8"), jinja_file
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TokenizerError(f"{jinja_file}: cannot read ({exc})") from None
+            return bounded.read_text(jinja_file, "template"), jinja_file
+        except bounded.FileRefused as exc:
+            raise TokenizerError(str(exc)) from None
     value = tokenizer_config.get("chat_template")
     origin = directory / "tokenizer_config.json"
     if isinstance(value, str):

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .bounded import FileMissing, FileRefused, read_bytes
+
 # --- what a torch state dict may name -----------------------------------------------------------
 
 # torch's own names for the tensor parts of its weights_only allowlist: the rebuild functions of
@@ -839,18 +841,14 @@ def scan_torch_pickle(
 
 
 def read_limited(path: Path, limit: int) -> bytes:
-    """The bytes of ``path``, refusing a file over ``limit`` before reading it."""
-    with open(path, "rb") as f:
-        size = _size_of(f)
-        if size > limit:
-            raise PickleRefused("limit", f"{size} bytes is too large for this file (limit {limit})")
-        return f.read(limit + 1)
-
-
-def _size_of(f: io.BufferedReader) -> int:
-    import os
-
-    return os.fstat(f.fileno()).st_size
+    """The bytes of the regular file ``path``, refusing one over ``limit`` before reading it.
+    Raises ``FileNotFoundError`` when it is absent, :class:`PickleRefused` for the rest."""
+    try:
+        return read_bytes(path, "pickle", limit)
+    except FileMissing:
+        raise FileNotFoundError(path) from None
+    except FileRefused as exc:
+        raise PickleRefused("limit", exc.reason) from None
 
 
 def scan_tokenizer_pickle(path: Path) -> bytes:

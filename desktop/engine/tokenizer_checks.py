@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .bounded import FileRefused, read_text
+from .bounded import FileMissing, FileRefused, read_text
 from .errors import TokenizerError
 from .safe_json import JsonRefused, loads_bounded
 
@@ -404,9 +404,10 @@ def checked_tokenizer_json(path: Path) -> tuple[str, list[str]]:
     try:
         text = read_text(path, "tokenizer")
         doc = loads_bounded(text)
+    except FileMissing:
+        raise TokenizerError(f"{path}: tokenizer file not found") from None
     except FileRefused as exc:
-        reason = "tokenizer file not found" if exc.reason == "file not found" else exc.reason
-        raise TokenizerError(f"{path}: {reason}") from None
+        raise TokenizerError(str(exc)) from None
     except JsonRefused as exc:
         raise TokenizerError(f"{path}: not a valid tokenizer.json ({exc})") from None
     warnings: list[str] = []

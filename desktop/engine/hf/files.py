@@ -10,14 +10,16 @@ executor and the loader can check every key and shape before it allocates anythi
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import bounded
 from ..errors import CheckpointError
+from ..safe_json import JsonRefused, loads_bounded
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
@@ -30,7 +32,6 @@ TEMPLATE_NAME = "chat_template.jinja"
 # Real headers are a few hundred KB even for 400B-parameter shards; safetensors itself caps them
 # at 100 MB. A bigger one is a hostile or broken file, refused before it is read.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-MAX_JSON_BYTES = 64 * 1024 * 1024  # config, index and tokenizer_config files
 # Bytes per element of the safetensors dtype names this app can compute with.
 FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2}
 # Names safetensors uses for other element types (refused by name at load time).
@@ -72,16 +73,9 @@ def is_hf_directory(path: Path) -> bool:
 def read_json(path: Path, what: str = "file") -> dict[str, Any]:
     """A JSON object from ``path``; any problem is one line naming the file."""
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise CheckpointError(f"{path}: {size:,} bytes is too big for a {what}")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = bounded.read_json(path, "config")
+    except bounded.FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object in this {what}")
     return data
@@ -128,8 +122,8 @@ def weight_files(directory: Path) -> list[Path]:
 def read_header(path: Path) -> dict[str, TensorInfo]:
     """The tensors a safetensors file declares, checked against the file's own size."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        with bounded.open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise CheckpointError(f"{path}: too short to be a safetensors file")
@@ -137,12 +131,14 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             if length > MAX_HEADER_BYTES or 8 + length > size:
                 raise CheckpointError(f"{path}: header length {length:,} does not fit a {size:,}-byte file")
             raw = f.read(length)
+    except bounded.FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc})") from None
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{path}: the safetensors header is not valid JSON") from None
+        header = loads_bounded(raw.decode("utf-8"))
+    except (UnicodeDecodeError, JsonRefused) as exc:
+        raise CheckpointError(f"{path}: the safetensors header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: the safetensors header is not a JSON object")
     data_bytes = size - 8 - length

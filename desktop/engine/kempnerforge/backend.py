@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .. import bounded
 from .. import checkpoint as ckpt
 from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
 from ..chat_template import message_dicts
@@ -115,7 +116,7 @@ def _tie(cfg: KFModelConfig, t: dict[str, torch.Tensor], stages: int, warnings: 
 def _meta_hash(metas: list[DcpMetadata], run_cfg: KFRunConfig) -> str:
     h = hashlib.sha256()
     for meta in metas:
-        h.update(meta.path.read_bytes())
+        h.update(bounded.read_bytes(meta.path, "dcp_metadata"))
     h.update(json.dumps(run_cfg.model.__dict__, sort_keys=True).encode())
     return h.hexdigest()[:16]
 

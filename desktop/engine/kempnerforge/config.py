@@ -13,25 +13,19 @@ import json
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import bounded
 from ..errors import CheckpointError, UnsupportedFormatError
 from .layout import KFCheckpoint, run_dir
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 logger = logging.getLogger(__name__)
 
 NORM_TYPES = ("rmsnorm", "layernorm")
 ACTIVATIONS = ("silu", "gelu", "relu")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
-MAX_TOML_BYTES = 4 * 1024 * 1024
 NO_TOML = (
     "KempnerForge checkpoints do not store the model config; pass the training TOML (--config TRAIN.toml)"
 )
@@ -137,20 +131,11 @@ def ffn_hidden_dim(dim: int, multiplier: float, explicit: int | None) -> int:
 def read_toml(path: Path) -> dict[str, Any]:
     path = Path(path).expanduser()
     try:
-        size = path.stat().st_size
-        if size > MAX_TOML_BYTES:
-            raise CheckpointError(f"{path}: {size} bytes is too large for a training TOML")
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
+        return bounded.read_toml(path)
+    except bounded.FileMissing:
         raise CheckpointError(f"{path}: training TOML not found") from None
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        text = " ".join(str(exc).split())
-        raise CheckpointError(f"{path}: not valid TOML ({text[:160]})") from None
-    except RecursionError:  # tomllib recurses into nested arrays and inline tables
-        raise CheckpointError(f"{path}: not valid TOML (nested too deeply)") from None
+    except bounded.FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def _value(table: dict[str, Any], name: str, path: Path) -> Any:
@@ -311,12 +296,12 @@ class ConfigMemory:
         self.file = Path(file)
 
     def _read(self) -> dict[str, str]:
-        try:
-            data = json.loads(self.file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        if not self.file.exists():
             return {}
-        except (OSError, ValueError) as exc:
-            logger.warning("Ignoring the remembered KempnerForge configs in %s: %s", self.file, exc)
+        try:
+            data = bounded.read_json(self.file, "state")
+        except bounded.FileRefused as exc:
+            logger.warning("Ignoring the remembered KempnerForge configs: %s", exc)
             return {}
         return (
             {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .. import bounded
 from ..errors import CheckpointError, UnsupportedFormatError
 from ..pickle_scan import TORCH_POLICY, PickleRefused, scan_bytes
 from .dcp_metadata import DTYPE_BYTES, Chunk, DcpMetadata, StorageItem, TensorEntry
@@ -188,11 +189,11 @@ class DcpFiles:
         path = directory / rel
         if path not in self._files:
             try:
-                f = path.open("rb")
-            except FileNotFoundError:
+                f = bounded.open_regular(path)
+            except bounded.FileMissing:
                 raise CheckpointError(f"{path}: missing (the metadata stores {what} there)") from None
-            except OSError as exc:
-                raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+            except bounded.FileRefused as exc:
+                raise CheckpointError(str(exc)) from None
             self._files[path] = (f, f.seek(0, io.SEEK_END))
         f, size = self._files[path]
         if item.offset + item.length > size:

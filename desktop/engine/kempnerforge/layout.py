@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import bounded
 from ..errors import CheckpointError
-from ..safe_json import loads_bounded
 from .dcp_metadata import METADATA_NAME
 
 STEP_RE = re.compile(r"step_(\d+)")
@@ -128,9 +128,8 @@ def _step_of_dir(step_dir: Path) -> int | None:
     if m:
         return int(m.group(1))
     try:
-        with open(step_dir / "metadata.json", "rb") as f:
-            data = loads_bounded(f.read(1 << 20).decode("utf-8"))
-    except (OSError, ValueError):  # absent, unreadable, not UTF-8 or not (bounded) JSON
+        data = bounded.read_json(step_dir / "metadata.json", "config", limit=1 << 20)
+    except bounded.FileRefused:  # absent, not a file, unreadable, not UTF-8 or not (bounded) JSON
         return None
     step = data.get("step") if isinstance(data, dict) else None
     return step if type(step) is int else None

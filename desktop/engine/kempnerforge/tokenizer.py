@@ -22,16 +22,15 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from .. import bounded
 from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
 from ..errors import TokenizerError
-from ..safe_json import JsonRefused, loads_bounded
 from ..tokenizer_checks import EncodingCancelled, checked_tokenizer_json, clean_text, rust_errors
 
 logger = logging.getLogger(__name__)
 
 JSON_NAME = "tokenizer.json"
 CONFIG_NAME = "tokenizer_config.json"
-MAX_JSON_BYTES = 64 * 1024 * 1024
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)?")
 # transformers' GPT-2 and GPT-NeoX tokenizer classes name their special tokens themselves (the
 # gpt2 hub files do not); AutoTokenizer picks the class from tokenizer_class or config.json.
@@ -42,19 +41,12 @@ _GPT2_MODEL_TYPES = frozenset({"gpt2", "gpt_neox"})
 
 def _read_json(path: Path) -> dict[str, Any]:
     """A small JSON file of the tokenizer's folder ({} when absent); bounded depth and size."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
-    except FileNotFoundError:
+    if not path.exists():
         return {}
-    except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_JSON_BYTES:
-        raise TokenizerError(f"{path}: too large")
     try:
-        data = loads_bounded(raw.decode("utf-8"))
-    except (UnicodeDecodeError, JsonRefused) as exc:
-        raise TokenizerError(f"{path}: not readable JSON ({exc})") from None
+        data = bounded.read_json(path, "config")
+    except bounded.FileRefused as exc:
+        raise TokenizerError(str(exc)) from None
     return data if isinstance(data, dict) else {}
 
 
@@ -171,8 +163,8 @@ def cached_snapshot(hub_id: str, caches: Sequence[Path] | None = None) -> Path |
         if not snapshots.is_dir():
             continue
         try:
-            main = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
-        except OSError:
+            main = bounded.read_text(repo / "refs" / "main", "state", limit=256).strip()
+        except bounded.FileRefused:
             main = ""
         if main and (snapshots / main / JSON_NAME).is_file():
             return snapshots / main
