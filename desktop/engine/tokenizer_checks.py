@@ -398,6 +398,13 @@ def _ignored_lengths(doc: dict[str, Any], warnings: list[str]) -> bool:
     return padding is not None or truncation is not None
 
 
+def id_space(tok: Any) -> int:
+    """One past the largest id a ``tokenizers`` tokenizer can produce: its vocabulary size, or
+    more when an id is out of sequence. An id beyond a model's embedding fails in the forward."""
+    ids = tok.get_vocab(with_added_tokens=True).values()
+    return max(len(ids), max(ids, default=-1) + 1)
+
+
 def checked_tokenizer_json(path: Path) -> tuple[str, list[str]]:
     """The JSON text to give ``tokenizers`` for ``path`` and the warnings to show, or a
     :class:`TokenizerError` naming what cannot be run."""

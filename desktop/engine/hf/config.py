@@ -14,6 +14,7 @@ sane bounds here, before any file of weights is opened.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,7 +237,10 @@ def parse_rope(values: dict[str, Any], max_positions: int, path: Path) -> Rope:
     if partial != 1.0:
         raise UnsupportedFormatError(f"{path}: partial_rotary_factor {partial} is not supported")
     theta = _float(
-        {"rope_theta": params.get("rope_theta", values.get("rope_theta", 10000.0))}, "rope_theta", path
+        {"rope_theta": params.get("rope_theta", values.get("rope_theta", 10000.0))},
+        "rope_theta",
+        path,
+        positive=True,
     )
     if kind == "default":
         return Rope("default", theta)
@@ -268,11 +272,14 @@ def _int(values: dict[str, Any], name: str, path: Path) -> int:
     return value
 
 
-def _float(values: dict[str, Any], name: str, path: Path) -> float:
+def _float(values: dict[str, Any], name: str, path: Path, *, positive: bool = False) -> float:
+    """A finite model constant (a NaN or infinite one makes every logit NaN)."""
     value = values.get(name)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or value < 0:
-        raise CheckpointError(f"{path}: {name} must be a non-negative number, got {value!r}")
-    return float(value)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (positive and value == 0):  # type: ignore[operator]
+        kind = "positive" if positive else "non-negative"
+        raise CheckpointError(f"{path}: {name} must be a finite {kind} number, got {str(value)[:40]}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def _bool(values: dict[str, Any], name: str, path: Path) -> bool:

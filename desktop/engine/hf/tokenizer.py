@@ -25,7 +25,7 @@ from typing import Any
 from tokenizers import Tokenizer as RustTokenizer
 
 from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
-from ..tokenizer_checks import checked_tokenizer_json, clean_text, rust_errors
+from ..tokenizer_checks import checked_tokenizer_json, clean_text, id_space, rust_errors
 from .files import TOKENIZER_NAME
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class HFTokenizer:
         added = self._tok.get_added_tokens_decoder()
         self._added = {t.content: i for i, t in added.items()}
         self._names = {i: t.content for i, t in added.items() if t.special}
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = id_space(self._tok)
         tokens = {key: token_text(tokenizer_config.get(key)) for key in SPECIAL_TOKEN_KEYS}
         self.special_tokens = {k: v for k, v in tokens.items() if v is not None}
         bos_text = self.special_tokens.get("bos_token")

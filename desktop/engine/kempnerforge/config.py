@@ -23,6 +23,8 @@ from .layout import KFCheckpoint, run_dir
 
 logger = logging.getLogger(__name__)
 
+# 256k positions: Llama 3.1's 128k twice over. The RoPE table for it is 128 MB at head_dim 128.
+MAX_SEQ_LEN = 1 << 18
 NORM_TYPES = ("rmsnorm", "layernorm")
 ACTIVATIONS = ("silu", "gelu", "relu")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
@@ -217,8 +219,14 @@ def parse_config(data: dict[str, Any], path: Path) -> KFRunConfig:
             )
     if v["ffn_hidden_dim"] is not None and v["ffn_hidden_dim"] <= 0:
         raise CheckpointError(f"{path}: model.ffn_hidden_dim must be positive, got {v['ffn_hidden_dim']}")
-    if not math.isfinite(v["norm_eps"]) or v["norm_eps"] < 0 or not v["rope_theta"] > 0:
-        raise CheckpointError(f"{path}: model.norm_eps must be >= 0 and model.rope_theta > 0")
+    if not math.isfinite(v["norm_eps"]) or v["norm_eps"] < 0:
+        raise CheckpointError(f"{path}: model.norm_eps must be a finite number >= 0")
+    if not math.isfinite(v["rope_theta"]) or not v["rope_theta"] > 0:
+        raise CheckpointError(f"{path}: model.rope_theta must be a finite number > 0")
+    if v["max_seq_len"] > MAX_SEQ_LEN:  # its RoPE table is built before anything else is checked
+        raise CheckpointError(
+            f"{path}: model.max_seq_len = {v['max_seq_len']} is over {MAX_SEQ_LEN}, the most Nanoscope runs"
+        )
     cfg = KFModelConfig(
         dim=v["dim"],
         n_layers=v["n_layers"],

@@ -284,9 +284,26 @@ def _tensor_entry(obj: object, key: str, path: Path) -> TensorEntry:
             raise CheckpointError(f"{path}: a chunk of {key} lies outside the tensor {list(size)}")
         chunks.append(Chunk(offsets, sizes))
     entry = TensorEntry(_dtype_of(f.get("properties"), path), size, tuple(chunks))
-    if sum(c.numel for c in chunks) != entry.numel:
+    # Exact cover: as many elements as the tensor and no two chunks sharing one. Counting alone
+    # would let two chunks at the same offsets leave a region unwritten (uninitialised memory).
+    if sum(c.numel for c in chunks) != entry.numel or _overlap(chunks):
         raise CheckpointError(f"{path}: the chunks of {key} do not cover the tensor {list(size)} exactly")
     return entry
+
+
+MAX_CHUNKS = 4096  # one per rank that held a shard of the tensor
+
+
+def _overlap(chunks: list[Chunk]) -> bool:
+    """True when two chunks share an element (or there are too many to compare)."""
+    if len(chunks) > MAX_CHUNKS:
+        return True
+    boxes = [tuple(zip(c.offsets, c.sizes, strict=True)) for c in chunks if c.numel]
+    return any(
+        all(o1 < o2 + s2 and o2 < o1 + s1 for (o1, s1), (o2, s2) in zip(a, b, strict=True))
+        for i, a in enumerate(boxes)
+        for b in boxes[i + 1 :]
+    )
 
 
 def _storage_item(obj: object, path: Path) -> StorageItem:

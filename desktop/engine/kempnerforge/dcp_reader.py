@@ -224,8 +224,11 @@ def _record_tensor(f: io.BufferedReader, item: StorageItem, entry: TensorEntry, 
         if pkl.file_size > MAX_RECORD_PICKLE:
             raise CheckpointError(f"corrupt record (a {pkl.file_size}-byte data.pkl)")
         prefix = pkl.filename[: -len("data.pkl")]
-        if prefix + "byteorder" in zf.namelist() and zf.read(prefix + "byteorder") != b"little":
-            raise UnsupportedFormatError("big-endian DCP records are not supported")
+        if prefix + "byteorder" in zf.namelist():
+            # Read at most a few bytes: a deflated entry may declare gigabytes.
+            with zf.open(prefix + "byteorder") as entry_file:
+                if entry_file.read(8) != b"little":
+                    raise UnsupportedFormatError("big-endian DCP records are not supported")
         data = zf.read(pkl)
         records = {
             i.filename[len(prefix) + 5 :]: i.file_size

@@ -60,7 +60,9 @@ def dcp_dirs_of(step_dir: Path) -> tuple[Path, ...]:
         )
     indices = [k for k, _ in stages]
     if indices != list(range(len(stages))):
-        missing = sorted(set(range(max(indices) + 1)) - set(indices))
+        # Which of pp0..pp<n-1> are absent (a folder pp1000000000000 names one stage, not a range).
+        present = set(indices)
+        missing = [k for k in range(len(stages)) if k not in present][:5]
         raise CheckpointError(
             f"{step_dir}: pipeline stages {', '.join(f'pp{k}' for k in missing)} are missing"
         )

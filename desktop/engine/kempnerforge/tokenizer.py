@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from .. import bounded
 from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
 from ..errors import TokenizerError
-from ..tokenizer_checks import EncodingCancelled, checked_tokenizer_json, clean_text, rust_errors
+from ..tokenizer_checks import EncodingCancelled, checked_tokenizer_json, clean_text, id_space, rust_errors
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class KFTokenizer:
             int(i): t.content for i, t in self._tok.get_added_tokens_decoder().items() if t.special
         }
         self._by_name = {name: i for i, name in self._specials.items()}
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = id_space(self._tok)
         self.eos_id = self._find_eos(special.get("eos_token"))
         bos_text = special.get("bos_token")
         bos = self._tok.token_to_id(bos_text) if bos_text else None
