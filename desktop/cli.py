@@ -381,12 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.home is not None:
-        from . import paths
-
         if args.home.exists() and not args.home.is_dir():
             print(printable(f"nanoscope: error: --home {args.home} is a file, not a folder"), file=sys.stderr)
             return EXIT_ERROR
         paths.set_home(args.home)
+    # --home or NANOSCOPE_HOME alike, before logging, threads or Qt start.
+    problem = paths.unusable_home()
+    if problem is not None:
+        print(printable(f"nanoscope: error: {problem}"), file=sys.stderr)
+        return EXIT_ERROR
     handlers = {"list": cmd_list, "generate": cmd_generate, "bench": cmd_bench, "export": cmd_export}
     with cli_logging():  # errors (and the GUI's whole run) also go to the log file
         try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -40,7 +42,18 @@ _previous_hooks: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
 
 
 class _FileHandler(RotatingFileHandler):
-    """Ours, so that a second setup finds and replaces it instead of adding another."""
+    """Ours, so that a second setup finds and replaces it instead of adding another.
+
+    A record that cannot be written (a full disk, the file replaced by a folder) turns file
+    logging off with one warning on stderr, instead of logging's traceback for every record.
+    """
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        logging.getLogger().removeHandler(self)
+        with contextlib.suppress(Exception):
+            self.close()
+        logger.warning("Logging to the console only: cannot write %s (%s)", self.baseFilename, error)
 
 
 class _ConsoleFormatter(logging.Formatter):
@@ -101,12 +114,37 @@ def setup_logging(level: int = logging.INFO) -> Path | None:
     current = [h for h in root.handlers if isinstance(h, _FileHandler)]
     if current and Path(current[0].baseFilename) == path:
         return path
+    problem = _set_aside_if_special(path)
+    if problem is not None:
+        _remove_handlers(_FileHandler)
+        logger.warning("No log file: %s", problem)
+        return None
     _remove_handlers(_FileHandler)
     # delay: the file is opened by the first record, so a CLI run without news writes nothing.
     handler = _FileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUP_COUNT, encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter(FILE_FORMAT))
     root.addHandler(handler)
     return path
+
+
+def _set_aside_if_special(path: Path) -> str | None:
+    """A log path that is a folder, a FIFO or a device (appending to a FIFO blocks for ever) is
+    renamed to ``<name>.bak`` so the log can start afresh; why not, when that fails."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot use {path} ({exc.strerror or exc})"
+    if stat.S_ISREG(mode) or (stat.S_ISLNK(mode) and path.is_file() and not path.is_fifo()):
+        return None
+    backup = path.with_name(path.name + ".bak")
+    try:
+        os.replace(path, backup)
+    except OSError as exc:
+        return f"{path} is not a regular file and cannot be moved aside ({exc.strerror or exc})"
+    logger.warning("%s was not a regular file; moved it to %s", path, backup.name)
+    return None
 
 
 def teardown_logging() -> None:

@@ -81,6 +81,25 @@ def log_dir() -> Path:
     return _ensure("log", platformdirs.user_log_dir)
 
 
+def unusable_home() -> str | None:
+    """Why the app's folders cannot be used, in one line; None when they can.
+
+    Checked at start, before any thread or file exists: a ``cache`` that is a file, a read-only
+    home or one below a file would otherwise fail later, in a worker, or abort Qt.
+    """
+    for name, make in (("data", data_dir), ("config", config_dir), ("cache", cache_dir), ("log", log_dir)):
+        try:
+            folder = make()
+        except FileExistsError as exc:
+            return f"{exc.filename or name}: is a file, not a folder; move it away or choose another home"
+        except OSError as exc:
+            where = exc.filename or home() or name
+            return f"{where}: cannot be used for Nanoscope's {name} ({exc.strerror or exc})"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"{folder}: not writable; choose another home"
+    return None
+
+
 def history_db_path() -> Path:
     return data_dir() / "history.sqlite3"
 

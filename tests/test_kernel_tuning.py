@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 
 import pytest
@@ -148,8 +149,21 @@ def test_timings_from_a_busy_machine_are_used_but_not_saved(tmp_path, monkeypatc
         b'{"version": 1, "machines": "nope"}',
         b'{"version": 1, "machines": {"%s": {"2": {"fp16 torch.float32 512x256": {"fbgemm fp16": "fast"}}}}}',
         b" " * (kernel_tuning.MAX_CACHE_BYTES + 1),
+        b'{"version": 1, "machines": {"%s": {"2": {"fp16 torch.float32 512x256": {"fp32": '
+        + b"9" * 400
+        + b"}}}}}",
+        b'"' + b'\\"' * 100_000,
     ],
-    ids=["binary", "deep", "wrong-shape", "wrong-type", "wrong-value", "oversized"],
+    ids=[
+        "binary",
+        "deep",
+        "wrong-shape",
+        "wrong-type",
+        "wrong-value",
+        "oversized",
+        "400-digits",
+        "backslash-quotes",
+    ],
 )
 def test_a_damaged_timings_file_is_timed_again_and_replaced(tmp_path, quiet_machine, caplog, content):
     cache = tmp_path / "kernels.json"
@@ -159,6 +173,18 @@ def test_a_damaged_timings_file_is_timed_again_and_replaced(tmp_path, quiet_mach
         kernel = tuner.product(_weight(), "fp16")
     assert relative_error(kernel, _weight()) <= TOLERANCE["fp16"]
     assert tuner.measured > 0
+    assert json.loads(cache.read_text())["machines"][machine_id()]
+
+
+@pytest.mark.parametrize("make", [os.mkfifo, lambda p: p.symlink_to("/dev/zero")], ids=["fifo", "dev-zero"])
+def test_a_timings_file_that_is_not_a_regular_file_is_replaced(tmp_path, quiet_machine, caplog, make):
+    cache = tmp_path / "kernels.json"
+    make(cache)  # reading a FIFO blocks, reading /dev/zero never ends
+    with caplog.at_level(logging.WARNING, logger="desktop.engine.kernel_tuning"):
+        tuner = KernelTuner(cache)
+        kernel = tuner.product(_weight(), "fp16")
+    assert relative_error(kernel, _weight()) <= TOLERANCE["fp16"]
+    assert "not a regular file" in caplog.text
     assert json.loads(cache.read_text())["machines"][machine_id()]
 
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from desktop.engine.bounded import FileMissing, FileRefused, open_regular
 from desktop.engine.errors import NanoscopeError
 
 
@@ -167,12 +168,12 @@ def refuse_foreign(path: Path) -> None:
     (another program's SQLite file, something that is not SQLite) is left untouched.
     """
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             header = f.read(len(SQLITE_HEADER))
-    except FileNotFoundError:
+    except FileMissing:
         return
-    except IsADirectoryError:
-        raise HistoryError(f"{path}: is a folder, not a history database") from None
+    except FileRefused as e:
+        raise HistoryError(f"{path}: not a history database ({e.reason})") from None
     except OSError as e:
         raise HistoryError(f"{path}: cannot read the history database ({e.strerror or e})") from None
     if not header:
