@@ -153,6 +153,35 @@ def test_a_non_empty_output_folder_is_refused(e0, tmp_path):
     assert (out / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    ("make_out", "says"),
+    [
+        (lambda tmp: _dangling(tmp), "a link to nothing"),
+        (lambda tmp: _below_a_file(tmp), "cannot write the export here"),
+        (lambda tmp: Path("/proc/nanoscope-export"), "cannot write the export here"),
+    ],
+    ids=["dangling-link", "below-a-file", "proc"],
+)
+def test_an_unusable_output_is_refused_before_the_checkpoint_is_read(tmp_path, capsys, make_out, says):
+    out = make_out(tmp_path)
+    empty = tmp_path / "no-checkpoint-here"  # OUT is checked first: loading this would fail second
+    empty.mkdir()
+    assert main(["export", str(empty), "--hf", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"nanoscope: error: {out}: {says}")
+    assert "unexpected" not in err
+
+
+def _dangling(tmp: Path) -> Path:
+    (tmp / "link").symlink_to(tmp / "nowhere")
+    return tmp / "link"
+
+
+def _below_a_file(tmp: Path) -> Path:
+    (tmp / "file").write_text("")
+    return tmp / "file" / "out"
+
+
 @pytest.mark.parametrize("existing", [False, True])
 def test_a_failed_check_leaves_nothing_behind(e0, tmp_path, monkeypatch, existing):
     base, checkpoint = e0

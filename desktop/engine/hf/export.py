@@ -238,8 +238,35 @@ def export_to_hf(
     opts = options or LoadOptions()
     report = progress or (lambda _p, _m: None)
     directory, out = Path(directory).expanduser(), Path(out).expanduser()
+    created = _claim(out)  # before any work: a bad OUT fails at once, not after the conversion
+    try:
+        return _export(directory, out, opts, report)
+    except BaseException:
+        _remove(out, created)
+        raise
+
+
+def _claim(out: Path) -> bool:
+    """Make ``out`` (absent or an empty folder) and prove a file can be written in it; True when
+    it was created here. Refuses a file, a non-empty folder, a dangling link or a place where
+    nothing can be written (below a file, /proc, a read-only disk) in one line."""
+    if out.is_symlink() and not out.exists():
+        raise NanoscopeError(f"{out}: a link to nothing; choose a new folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise NanoscopeError(f"{out}: exists and is not an empty folder; choose a new one")
+    created = not out.exists()
+    probe = out / ".nanoscope-write-test"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        _remove(out, created)
+        raise NanoscopeError(f"{out}: cannot write the export here ({exc.strerror or exc})") from None
+    return created
+
+
+def _export(directory: Path, out: Path, opts: LoadOptions, report: Progress) -> ExportReport:
     report(5, "Loading the checkpoint")
     loaded = load_model(directory, opts.step, "cpu", "float32", opts.softcap)
     cfg = loaded.config
@@ -266,17 +293,11 @@ def export_to_hf(
     source, source_fp32 = _source_logits(loaded.model, cfg, ids)
     expected_chat = render_for_completion(tok, list(SAMPLE_CONVERSATION), None).ids
     del loaded
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        report(45, "Writing safetensors")
-        _write(out, cfg, sd, state, hf_tok)
-        del sd
-        report(70, "Checking the export")
-        return _verify(out, cfg, ids, (source, source_fp32), expected_chat, compared)
-    except BaseException:
-        _remove(out, created)
-        raise
+    report(45, "Writing safetensors")
+    _write(out, cfg, sd, state, hf_tok)
+    del sd
+    report(70, "Checking the export")
+    return _verify(out, cfg, ids, (source, source_fp32), expected_chat, compared)
 
 
 def _remove(out: Path, created: bool) -> None:
