@@ -86,3 +86,67 @@ def test_the_compare_analysis_and_run_record_are_qt_free():
     for module in ("analysis.py", "run.py"):
         names = imports_of(DESKTOP / "compare" / module)
         assert not [n for n in names if n.split(".")[0] in QT], module
+
+
+# Reads that are not of a user's file, each with the reason it may skip engine/bounded.py.
+NOT_USER_FILES = {
+    ("desktop/desktop_entry.py", "read_text"): "the app's own launcher template, from its resources",
+    ("desktop/desktop_entry.py", "read_bytes"): "the app's own icons, from its resources",
+    ("desktop/engine/kernel_tuning.py", "open"): "/proc/cpuinfo, for the CPU's name",
+    ("desktop/engine/bench.py", "read_text"): "/proc/self/status, for peak memory",
+    ("desktop/engine/safe_json.py", "json.loads"): "the bounded parser itself",
+    ("desktop/engine/remote/http.py", "json.loads"): "a server's reply, not a file",
+    ("desktop/engine/remote/sse.py", "json.loads"): "a server's event, not a file",
+    ("desktop/store/export.py", "json.loads"): "text of an export this app wrote (Infinity round-trips)",
+}
+READERS = frozenset({"read_text", "read_bytes"})
+PARSERS = frozenset({"json.load", "json.loads", "tomllib.load", "tomllib.loads"})
+
+
+def file_reads(path: Path) -> list[tuple[str, int]]:
+    """(what, line) for each read of a file or parse of its text that bypasses engine/bounded.py:
+    ``Path.read_text/read_bytes``, ``json``/``tomllib`` loads, and ``open()`` for reading."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            owner = func.value.id if isinstance(func.value, ast.Name) else ""
+            if func.attr in READERS and owner != "bounded":
+                found.append((func.attr, node.lineno))
+            elif f"{owner}.{func.attr}" in PARSERS:
+                found.append((f"{owner}.{func.attr}", node.lineno))
+        elif isinstance(func, ast.Name) and func.id == "open":
+            mode = (
+                node.args[1]
+                if len(node.args) > 1
+                else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            )
+            text = mode.value if isinstance(mode, ast.Constant) and isinstance(mode.value, str) else "r"
+            if not set(text) & set("wax+"):
+                found.append(("open", node.lineno))
+    return found
+
+
+def test_only_the_bounded_reader_reads_a_users_files():
+    offenders = []
+    for path in sorted(DESKTOP.rglob("*.py")):
+        rel = str(path.relative_to(DESKTOP.parent))
+        if rel == "desktop/engine/bounded.py":
+            continue
+        offenders += [
+            f"{rel}:{line} {what}" for what, line in file_reads(path) if (rel, what) not in NOT_USER_FILES
+        ]
+    assert offenders == []
+
+
+def test_the_file_read_rule_catches_a_violation(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import json, tomllib\nfrom pathlib import Path\n"
+        "a = json.loads(Path('x').read_text())\nb = tomllib.load(open('t.toml', 'rb'))\n"
+        "with open('out', 'w') as f:\n    pass\n",
+        encoding="utf-8",
+    )
+    assert sorted(w for w, _ in file_reads(bad)) == ["json.loads", "open", "read_text", "tomllib.load"]

@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from .bounded import FileRefused, parse_json, read_bytes
+from .bounded import FileRefused, open_regular, parse_json, read_bytes
 from .errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
 from .pickle_scan import PickleRefused, TensorInfo, noun
 from .torch_files import scan_torch_file
@@ -174,12 +174,14 @@ def load_state_dict(
         if mmap and zipfile.is_zipfile(path):  # torch maps only the zip format
             sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         else:
-            with open(path, "rb") as f:  # a file object: names that are not UTF-8 open too
+            with open_regular(path) as f:  # a file object: names that are not UTF-8 open too
                 sd = torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(f"{path}: {_weights_only_refusal(exc)}") from None
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file not found") from None
+    except FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, MemoryError) as exc:
         if is_out_of_memory(exc):
             raise OutOfMemoryError(

@@ -24,6 +24,7 @@ from typing import Any
 
 from desktop.engine.bounded import FileMissing, FileRefused, open_regular
 from desktop.engine.errors import NanoscopeError
+from desktop.engine.safe_json import JsonRefused, loads_bounded
 
 
 class HistoryError(NanoscopeError):
@@ -65,8 +66,8 @@ def _one_token_encoding(conn: sqlite3.Connection) -> None:
     ).fetchall()
     for msg_id, text in rows:
         try:
-            meta = json.loads(text)
-        except (ValueError, RecursionError):
+            meta = loads_bounded(text)
+        except JsonRefused:
             continue  # unreadable meta stays as it is; the reader shows what it can
         if isinstance(meta, dict) and (new := _v1_tokens(meta)) is not None:
             conn.execute("UPDATE messages SET meta = ? WHERE id = ?", (json.dumps(new, default=str), msg_id))
