@@ -263,6 +263,7 @@ def find_config(ckpt: KFCheckpoint) -> Path:
     if ckpt.step_dir not in places:
         places.insert(0, ckpt.step_dir)
     candidates: list[tuple[Path, dict[str, Any]]] = []
+    skipped: list[str] = []  # TOMLs that could not be read, and why
     for place in places:
         try:
             tomls = sorted(p for p in place.glob("*.toml") if p.is_file())
@@ -271,7 +272,8 @@ def find_config(ckpt: KFCheckpoint) -> Path:
         for p in tomls:
             try:
                 data = read_toml(p)
-            except CheckpointError:
+            except CheckpointError as exc:
+                skipped.append(str(exc))
                 continue
             if isinstance(data.get("model"), dict):
                 candidates.append((p, data))
@@ -279,7 +281,8 @@ def find_config(ckpt: KFCheckpoint) -> Path:
             break  # the nearest folder with training TOMLs decides
     looked = ", ".join(str(p) for p in places)
     if not candidates:
-        raise CheckpointError(f"{ckpt.run}: {NO_TOML}; none found in {looked}")
+        why = f"; skipped {skipped[0]}" + (f" and {len(skipped) - 1} more" if len(skipped) > 1 else "")
+        raise CheckpointError(f"{ckpt.run}: {NO_TOML}; none found in {looked}{why if skipped else ''}")
     if len(candidates) == 1:
         return candidates[0][0]
     named = [p for p, data in candidates if _checkpoint_dir_name(data) == ckpt.run.name]
