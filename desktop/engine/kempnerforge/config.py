@@ -281,8 +281,10 @@ def find_config(ckpt: KFCheckpoint) -> Path:
             break  # the nearest folder with training TOMLs decides
     looked = ", ".join(str(p) for p in places)
     if not candidates:
-        why = f"; skipped {skipped[0]}" + (f" and {len(skipped) - 1} more" if len(skipped) > 1 else "")
-        raise CheckpointError(f"{ckpt.run}: {NO_TOML}; none found in {looked}{why if skipped else ''}")
+        why = ""
+        if skipped:
+            why = f"; skipped {skipped[0]}" + (f" and {len(skipped) - 1} more" if len(skipped) > 1 else "")
+        raise CheckpointError(f"{ckpt.run}: {NO_TOML}; none found in {looked}{why}")
     if len(candidates) == 1:
         return candidates[0][0]
     named = [p for p, data in candidates if _checkpoint_dir_name(data) == ckpt.run.name]
