@@ -28,19 +28,20 @@ import time
 from pathlib import Path
 
 import torch
+from support import REPO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(REPO))
 
 from desktop.compare_controller import cpu_cores, cpu_options
 from make_checkpoint import write_e7
 from PySide6.QtCore import QCoreApplication, QEventLoop, Qt, QTimer
 
 from desktop.engine.bench import IdsOnlyTokenizer
-from desktop.engine.loader import load_model
 from desktop.engine.messages import Message
-from desktop.engine.nanochat_backend import NanochatBackend
-from desktop.worker import WorkerHost
+from desktop.engine.nanochat.backend import NanochatBackend
+from desktop.engine.nanochat.loader import load_model
+from desktop.gui.worker import WorkerHost
 
 MODES = ("parallel", "interleaved")
 PROMPT = "Compare these checkpoints on one prompt, token by token, " * 2

@@ -40,8 +40,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
 from make_checkpoint import nanochat_e7, write_e7  # noqa: E402
@@ -50,10 +51,10 @@ from nanochat_real import NanochatSourceError, RealEngine, load_real_engine  # n
 from perf_report import write_section  # noqa: E402
 
 from desktop.engine.bench import IdsOnlyTokenizer, measure_bandwidth, turn_ttft  # noqa: E402
-from desktop.engine.gemv import fbgemm_available  # noqa: E402
-from desktop.engine.generation import generate_columns  # noqa: E402
-from desktop.engine.loader import load_model  # noqa: E402
-from desktop.engine.nanochat_backend import NanochatBackend  # noqa: E402
+from desktop.engine.decode.generation import generate_columns  # noqa: E402
+from desktop.engine.kernels.gemv import fbgemm_available  # noqa: E402
+from desktop.engine.nanochat.backend import NanochatBackend  # noqa: E402
+from desktop.engine.nanochat.loader import load_model  # noqa: E402
 from desktop.engine.params import SamplingParams  # noqa: E402
 
 STEP = 1000

@@ -16,15 +16,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from make_checkpoint import write_e7  # noqa: E402
 from perf_report import write_section  # noqa: E402
 
-from desktop.engine.device import pick_precision  # noqa: E402
-from desktop.engine.loader import load_model  # noqa: E402
+from desktop.engine.kernels.device import pick_precision  # noqa: E402
+from desktop.engine.nanochat.loader import load_model  # noqa: E402
 
 DEMO_PROMPTS = (
     "What is 12 times 7?",
@@ -58,10 +59,10 @@ def main() -> int:
     parser.add_argument("--base", type=Path, default=Path("/tmp/nanoscope-bench"))
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
     args = parser.parse_args()
-    from desktop.engine.chat_format import render_for_completion
+    from desktop.config.paths import demo_checkpoint
     from desktop.engine.messages import Message
-    from desktop.engine.tokenizer import load_tokenizer
-    from desktop.paths import demo_checkpoint
+    from desktop.engine.nanochat.chat_format import render_for_completion
+    from desktop.engine.nanochat.tokenizer import load_tokenizer
 
     cpu = torch.device("cpu")
     modes = [m for m in args.modes.split(",") if m]

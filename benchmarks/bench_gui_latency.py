@@ -18,8 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from support import REPO
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from PySide6.QtCore import QTimer  # noqa: E402
@@ -33,10 +35,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=500)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
     args = parser.parse_args()
-    from checkpoint_factory import default_config, write_checkpoint
     from perf_report import write_section
+    from support.checkpoint_factory import default_config, write_checkpoint
 
-    from desktop import paths
+    from desktop.config import paths
 
     tmp = Path(tempfile.mkdtemp(prefix="nanoscope-gui-bench-"))
     paths.set_home(tmp / "home")
@@ -44,8 +46,8 @@ def main() -> int:
     cfg = default_config("E7", sequence_len=1024, vocab_size=4096, n_embd=128, n_layer=4)
     ckpt = write_checkpoint(tmp, "E7", phase="chatsft", cfg=cfg, tokenizer="pkl")
     app = QApplication.instance() or QApplication([])
-    from desktop.app import build
     from desktop.engine.params import SamplingParams
+    from desktop.gui.app import build
 
     window = build()
     window.resize(1280, 800)

@@ -37,8 +37,9 @@ from typing import Any
 
 import tiktoken
 import torch
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
 from bench_engine import cpu_name  # noqa: E402
@@ -46,14 +47,14 @@ from perf_report import write_section  # noqa: E402
 
 from desktop.engine.backend import LoadOptions  # noqa: E402
 from desktop.engine.bench import IdsOnlyTokenizer  # noqa: E402
-from desktop.engine.classify import expected_shapes  # noqa: E402
-from desktop.engine.config import ModelConfig, padded_vocab  # noqa: E402
-from desktop.engine.generation import generate_columns  # noqa: E402
+from desktop.engine.decode.generation import generate_columns  # noqa: E402
+from desktop.engine.export.hf_export import export_to_hf  # noqa: E402
 from desktop.engine.hf.backend import HFBackend  # noqa: E402
-from desktop.engine.hf.export import export_to_hf  # noqa: E402
-from desktop.engine.loader import load_model  # noqa: E402
+from desktop.engine.nanochat.classify import expected_shapes  # noqa: E402
+from desktop.engine.nanochat.config import ModelConfig, padded_vocab  # noqa: E402
+from desktop.engine.nanochat.loader import load_model  # noqa: E402
+from desktop.engine.nanochat.special_tokens import SPECIAL_TOKENS  # noqa: E402
 from desktop.engine.params import SamplingParams  # noqa: E402
-from desktop.engine.special_tokens import SPECIAL_TOKENS  # noqa: E402
 
 STEP, VOCAB, SEQ, SEED = 1000, 32768, 2048, 1
 TEMPERATURE, TOP_K = 0.8, 50

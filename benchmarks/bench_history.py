@@ -25,7 +25,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support import REPO
+
+sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from perf_report import write_section
@@ -118,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=10_000)
     parser.add_argument("--messages", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=15, help="runs per search query")
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "PERFORMANCE.md"
-    )
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "PERFORMANCE.md")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="nanoscope-bench-") as tmp:

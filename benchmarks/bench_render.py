@@ -13,8 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from support import REPO
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from perf_report import write_section  # noqa: E402

@@ -17,8 +17,10 @@ import tempfile
 import threading
 from pathlib import Path
 
+from support import REPO
+
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 
@@ -35,9 +37,9 @@ def long_stream(ckpt: Path, n_tokens: int) -> dict:
     import torch
 
     from desktop.engine.backend import LoadOptions
-    from desktop.engine.generation import generate_columns
-    from desktop.engine.kvcache import KVCache
-    from desktop.engine.nanochat_backend import NanochatBackend
+    from desktop.engine.decode.generation import generate_columns
+    from desktop.engine.decode.kvcache import KVCache
+    from desktop.engine.nanochat.backend import NanochatBackend
     from desktop.engine.params import SamplingParams
 
     session = NanochatBackend.open(ckpt, LoadOptions(device="cpu"))
@@ -72,7 +74,7 @@ def cycles(ckpt: Path, n: int) -> dict:
     from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 
     from desktop.engine.messages import Message
-    from desktop.worker import WorkerHost
+    from desktop.gui.worker import WorkerHost
 
     app = QCoreApplication.instance() or QCoreApplication([])
     before_py, before_os = threading.active_count(), os_threads()
@@ -108,10 +110,10 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "PERFORMANCE.md")
     args = parser.parse_args()
-    from checkpoint_factory import default_config, write_checkpoint
     from perf_report import write_section
+    from support.checkpoint_factory import default_config, write_checkpoint
 
-    from desktop import paths
+    from desktop.config import paths
 
     tmp = Path(tempfile.mkdtemp(prefix="nanoscope-soak-"))
     paths.set_home(tmp / "home")

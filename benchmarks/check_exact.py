@@ -26,20 +26,21 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from make_checkpoint import write_e7  # noqa: E402
 from nanochat_baseline import NanochatE7  # noqa: E402
 
-from desktop.engine import checkpoint as ckpt  # noqa: E402
-from desktop.engine import gemv  # noqa: E402
-from desktop.engine.classify import is_ignorable  # noqa: E402
+from desktop.engine.decode.kvcache import KVCache  # noqa: E402
 from desktop.engine.errors import CheckpointError  # noqa: E402
-from desktop.engine.kvcache import KVCache  # noqa: E402
-from desktop.engine.loader import LoadedModel, load_model  # noqa: E402
-from desktop.engine.model import GPT  # noqa: E402
+from desktop.engine.kernels import gemv  # noqa: E402
+from desktop.engine.nanochat import checkpoint as ckpt  # noqa: E402
+from desktop.engine.nanochat.classify import is_ignorable  # noqa: E402
+from desktop.engine.nanochat.loader import LoadedModel, load_model  # noqa: E402
+from desktop.engine.nanochat.model import GPT  # noqa: E402
 
 Record = Callable[[str, torch.Tensor], None]
 Steps = list[list[tuple[str, torch.Tensor]]]  # per step (prefill first): (name, value) in order

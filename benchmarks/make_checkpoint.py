@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from desktop.engine.classify import expected_shapes
-from desktop.engine.config import ModelConfig, e7_config
+from desktop.engine.nanochat.classify import expected_shapes
+from desktop.engine.nanochat.config import ModelConfig, e7_config
 
 
 def nanochat_e7(depth: int, vocab: int = 32768, seq: int = 2048) -> ModelConfig:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from desktop.engine.special_tokens import BOS, SPECIAL_TOKENS
+from desktop.engine.nanochat.special_tokens import BOS, SPECIAL_TOKENS
 
 
 class NanochatSourceError(Exception):

@@ -2,7 +2,7 @@
 
 import sys
 
-from desktop.cli import main
+from desktop.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

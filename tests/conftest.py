@@ -18,7 +18,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path, monkeypatch):
-    from desktop import paths
+    from desktop.config import paths
 
     monkeypatch.setenv("NANOSCOPE_HOME", str(tmp_path / "nanoscope-home"))
     monkeypatch.setenv("NANOCHAT_BASE_DIR", str(tmp_path / "no-nanochat-here"))

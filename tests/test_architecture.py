@@ -84,17 +84,17 @@ def test_the_engine_imports_nothing_from_the_app_and_nothing_from_qt():
 
 def test_the_compare_analysis_and_run_record_are_qt_free():
     for module in ("analysis.py", "run.py"):
-        names = imports_of(DESKTOP / "compare" / module)
+        names = imports_of(DESKTOP / "gui" / "compare" / module)
         assert not [n for n in names if n.split(".")[0] in QT], module
 
 
-# Reads that are not of a user's file, each with the reason it may skip engine/bounded.py.
+# Reads that are not of a user's file, each with the reason it may skip engine/files/bounded.py.
 NOT_USER_FILES = {
-    ("desktop/desktop_entry.py", "read_text"): "the app's own launcher template, from its resources",
-    ("desktop/desktop_entry.py", "read_bytes"): "the app's own icons, from its resources",
-    ("desktop/engine/kernel_tuning.py", "open"): "/proc/cpuinfo, for the CPU's name",
+    ("desktop/cli/desktop_entry.py", "read_text"): "the app's own launcher template, from its resources",
+    ("desktop/cli/desktop_entry.py", "read_bytes"): "the app's own icons, from its resources",
+    ("desktop/engine/kernels/tuning.py", "open"): "/proc/cpuinfo, for the CPU's name",
     ("desktop/engine/bench.py", "read_text"): "/proc/self/status, for peak memory",
-    ("desktop/engine/safe_json.py", "json.loads"): "the bounded parser itself",
+    ("desktop/engine/files/safe_json.py", "json.loads"): "the bounded parser itself",
     ("desktop/engine/remote/http.py", "json.loads"): "a server's reply, not a file",
     ("desktop/engine/remote/sse.py", "json.loads"): "a server's event, not a file",
     ("desktop/store/export.py", "json.loads"): "text of an export this app wrote (Infinity round-trips)",
@@ -104,7 +104,7 @@ PARSERS = frozenset({"json.load", "json.loads", "tomllib.load", "tomllib.loads"}
 
 
 def file_reads(path: Path) -> list[tuple[str, int]]:
-    """(what, line) for each read of a file or parse of its text that bypasses engine/bounded.py:
+    """(what, line) for each read of a file or parse of its text that bypasses engine/files/bounded.py:
     ``Path.read_text/read_bytes``, ``json``/``tomllib`` loads, and ``open()`` for reading."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -133,7 +133,7 @@ def test_only_the_bounded_reader_reads_a_users_files():
     offenders = []
     for path in sorted(DESKTOP.rglob("*.py")):
         rel = str(path.relative_to(DESKTOP.parent))
-        if rel == "desktop/engine/bounded.py":
+        if rel == "desktop/engine/files/bounded.py":
             continue
         offenders += [
             f"{rel}:{line} {what}" for what, line in file_reads(path) if (rel, what) not in NOT_USER_FILES
@@ -150,3 +150,60 @@ def test_the_file_read_rule_catches_a_violation(tmp_path):
         encoding="utf-8",
     )
     assert sorted(w for w, _ in file_reads(bad)) == ["json.loads", "open", "read_text", "tomllib.load"]
+
+
+FAMILIES = ("nanochat", "hf", "kempnerforge", "remote")
+SHARED = ("decode", "kernels", "files")  # what every family may use, and which uses no family
+
+
+def package_of(name: str) -> str | None:
+    """``desktop.engine.<package>`` for a module name below it, else None."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["desktop", "engine"] else None
+
+
+def layering_violations(paths: list[Path]) -> list[tuple[str, str]]:
+    """(module, import) pairs that break the engine's layering: a family importing another
+    family, or shared code (decode, kernels, files) importing any family."""
+    found = []
+    for path in paths:
+        mine = package_of(module_name(path))
+        for name in imports_of(path):
+            theirs = package_of(name)
+            if theirs in FAMILIES and theirs != mine and (mine in FAMILIES or mine in SHARED):
+                found.append((module_name(path), name))
+    return found
+
+
+def test_no_family_imports_another_and_shared_code_imports_none():
+    assert layering_violations(sorted((DESKTOP / "engine").rglob("*.py"))) == []
+
+
+def test_the_layering_rule_catches_a_violation(tmp_path):
+    bad = DESKTOP / "engine" / "hf" / "_probe_violation.py"  # parsed, never imported
+    try:
+        bad.write_text("from desktop.engine.nanochat.model import GPT\n", encoding="utf-8")
+        assert layering_violations([bad]) == [
+            ("desktop.engine.hf._probe_violation", "desktop.engine.nanochat.model"),
+            ("desktop.engine.hf._probe_violation", "desktop.engine.nanochat.model.GPT"),
+        ]
+    finally:
+        bad.unlink()
+
+
+# What the widgets may know of the engine: the protocol and its value types, the checkpoint
+# list, and the served-model protocol's types (the Servers dialog).
+UI_MAY_IMPORT = frozenset(
+    f"desktop.engine.{m}" for m in ("backend", "params", "messages", "errors", "discovery", "remote.http")
+)
+
+
+def test_the_widgets_know_the_engine_only_through_its_protocol():
+    offenders = []
+    for path in sorted((DESKTOP / "ui").rglob("*.py")):
+        for name in imports_of(path):
+            if name.startswith("desktop.engine") and not any(
+                name == m or name.startswith(m + ".") for m in UI_MAY_IMPORT
+            ):
+                offenders.append((module_name(path), name))
+    assert offenders == []

@@ -19,13 +19,13 @@ import torch
 
 from desktop.engine.backend import LoadOptions, StreamOptions
 from desktop.engine.calculator import calculate
-from desktop.engine.chat_format import render_conversation
-from desktop.engine.checkpoint import load_state_dict, model_steps
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message
+from desktop.engine.nanochat.chat_format import render_conversation
+from desktop.engine.nanochat.checkpoint import load_state_dict, model_steps
+from desktop.engine.nanochat.special_tokens import SPECIAL_TOKENS
+from desktop.engine.nanochat.tokenizer import load_tokenizer
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
-from desktop.engine.special_tokens import SPECIAL_TOKENS
-from desktop.engine.tokenizer import load_tokenizer
 from tools.demo.data import ChatMaker, messages
 from tools.demo.examples import render_chat
 from tools.demo.grading import ask, final_number

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from desktop import desktop_entry
+from desktop.cli import desktop_entry
+from desktop.config.paths import resource_path
 from desktop.engine.errors import NanoscopeError
-from desktop.paths import resource_path
 
 ROOT = Path(__file__).resolve().parents[1]
 ICONS = ROOT / "resources" / "icons"
@@ -187,7 +187,7 @@ def test_checkout_without_console_script_runs_the_module_from_the_checkout(tmp_p
     monkeypatch.delattr(sys, "frozen", raising=False)
     argv, try_exec, workdir = desktop_entry.launch_command()
     assert argv == [str(tmp_path / "python3"), "-m", "desktop"]
-    assert (workdir / "desktop" / "desktop_entry.py").is_file()
+    assert (workdir / "desktop" / "cli/desktop_entry.py").is_file()
     text = desktop_entry.render_desktop_file(argv, try_exec, workdir)
     assert f"\nPath={workdir}\n" in text
 
@@ -206,7 +206,7 @@ def test_a_path_with_spaces_is_double_quoted():
 
 def test_desktop_entry_module_needs_neither_qt_nor_torch():
     code = (
-        "import sys, desktop.desktop_entry; "
+        "import sys, desktop.cli.desktop_entry; "
         "print(sorted(m for m in ('PySide6', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
@@ -327,7 +327,9 @@ def test_pyproject_lists_every_package_and_maps_resources():
 
 def test_both_commands_start_through_the_cli():
     project = _pyproject()["project"]
-    assert project["scripts"]["nanoscope"] == project["gui-scripts"]["nanoscope-gui"] == "desktop.cli:main"
+    assert (
+        project["scripts"]["nanoscope"] == project["gui-scripts"]["nanoscope-gui"] == "desktop.cli.main:main"
+    )
 
 
 def _copy_sources(dest: Path) -> Path:
@@ -360,7 +362,7 @@ def test_the_installed_wheel_runs_the_demo_from_outside_the_source_tree(tmp_path
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
     }
     assert resources - names == set(), "resources/ files missing from the wheel"
-    assert {"desktop/py.typed", "desktop/cli.py"} <= names
+    assert {"desktop/py.typed", "desktop/cli/main.py"} <= names
 
     # A fresh venv without pip. torch and Qt are not installed again: a .pth file adds this
     # environment's site-packages after the venv's own (a venv's --system-site-packages would

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import ContextError
-from .messages import Message, TokenEvent
-from .params import SAMPLING_KEYS, SamplingParams
+from desktop.engine.errors import ContextError
+from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.params import SAMPLING_KEYS, SamplingParams
 
 # Load progress: (percent, what is happening).
 Progress = Callable[[int, str], None]
@@ -163,7 +163,7 @@ class GenerationStats:
     decode_tok_s: float = 0.0
     stopped: str = ""  # "stop_token" | "max_tokens" | "cancelled" | "context"
     # Steps whose distribution could not be sampled (NaN, nothing kept by top-p, an overflowing
-    # temperature) and took the most likely token instead (engine/sampling.py); 0 normally.
+    # temperature) and took the most likely token instead (engine/decode/sampling.py); 0 normally.
     greedy_fallbacks: int = 0
 
     def to_dict(self) -> dict:

@@ -22,11 +22,11 @@ from pathlib import Path
 import psutil
 import torch
 
-from .backend import Backend, GenerationStats, Prompt, StreamOptions
-from .config import ModelConfig, table_bytes
-from .gemv import ExactLinear
-from .kernel_tuning import tuner_for
-from .params import CHAT_DEFAULTS, SamplingParams
+from desktop.engine.backend import Backend, GenerationStats, Prompt, StreamOptions
+from desktop.engine.kernels.gemv import ExactLinear
+from desktop.engine.kernels.tuning import tuner_for
+from desktop.engine.nanochat.config import ModelConfig, table_bytes
+from desktop.engine.params import CHAT_DEFAULTS, SamplingParams
 
 
 class IdsOnlyTokenizer:
@@ -214,10 +214,10 @@ class BenchRequest:
 
 def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
     """Load, measure, and return every figure (``warn`` gets what the caller should be told)."""
-    from .errors import TokenizerError
-    from .loader import load_model
-    from .nanochat_backend import NanochatBackend, tokenizer_dirs
-    from .tokenizer import select_tokenizer
+    from desktop.engine.errors import TokenizerError
+    from desktop.engine.nanochat.backend import NanochatBackend, tokenizer_dirs
+    from desktop.engine.nanochat.loader import load_model
+    from desktop.engine.nanochat.tokenizer import select_tokenizer
 
     if req.threads:
         torch.set_num_threads(req.threads)

@@ -35,9 +35,9 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from . import bounded
-from .errors import TokenizerError
-from .messages import TEXT, Message
+from desktop.engine.errors import TokenizerError
+from desktop.engine.files import bounded
+from desktop.engine.messages import TEXT, Message
 
 # The named special tokens transformers passes to every template (its special_tokens_map).
 SPECIAL_TOKEN_KEYS = (

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import checkpoint as ckpt
-from .classify import classify
-from .errors import NanoscopeError
-from .hf.files import display_name, find_hf_directories, is_hf_directory
-from .hf.summary import summary_fields
-from .kempnerforge.layout import find_runs, is_kf_target
-from .kempnerforge.summary import summary_fields as kf_summary_fields
+from desktop.engine.errors import NanoscopeError
+from desktop.engine.hf.files import display_name, find_hf_directories, is_hf_directory
+from desktop.engine.hf.summary import summary_fields
+from desktop.engine.kempnerforge.layout import find_runs, is_kf_target
+from desktop.engine.kempnerforge.summary import summary_fields as kf_summary_fields
+from desktop.engine.nanochat import checkpoint as ckpt
+from desktop.engine.nanochat.classify import classify
 
 # Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
 PHASES = {
@@ -95,6 +95,12 @@ def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[Checkpoin
         if all(e.path != run for e in entries):
             entries.append(CheckpointEntry("kempnerforge", run.name, run, steps))
     return entries
+
+
+def latest_step(directory: Path) -> int:
+    """The newest ``model_<step>.pt`` of a nanochat checkpoint folder (0 when there is none)."""
+    steps = ckpt.model_steps(directory)
+    return steps[-1] if steps else 0
 
 
 def resolve_spec(spec: str, base_dir: Path) -> tuple[Path, int | None]:

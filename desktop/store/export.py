@@ -32,7 +32,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from desktop import __version__
-from desktop.compare.analysis import checkpoint_label, describe_sampling
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.messages import (
     PYTHON,
@@ -43,6 +42,7 @@ from desktop.engine.messages import (
     TOOL_RESULT,
     Message,
 )
+from desktop.gui.compare.analysis import checkpoint_label, describe_sampling
 
 FORMAT = "nanoscope.conversation"
 VERSION = 1

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from desktop import paths
+from desktop.config import paths
+from desktop.engine.files.safe_json import JsonRefused, loads_bounded
 from desktop.engine.messages import TEXT, Message, Part, Role
-from desktop.engine.safe_json import JsonRefused, loads_bounded
 from desktop.store.schema import HistoryError, ensure_search_index, immediate, migrate, refuse_foreign
 
 KINDS = ("chat", "compare")

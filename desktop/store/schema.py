@@ -22,9 +22,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from desktop.engine.bounded import FileMissing, FileRefused, open_regular
 from desktop.engine.errors import NanoscopeError
-from desktop.engine.safe_json import JsonRefused, loads_bounded
+from desktop.engine.files.bounded import FileMissing, FileRefused, open_regular
+from desktop.engine.files.safe_json import JsonRefused, loads_bounded
 
 
 class HistoryError(NanoscopeError):

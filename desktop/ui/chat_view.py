@@ -23,9 +23,9 @@ from PySide6.QtWidgets import (
 )
 from superqt.utils import qdebounced
 
-from ..engine.messages import Message, TokenEvent
-from . import icons, theme
-from .message_widget import MessageWidget
+from desktop.engine.messages import Message, TokenEvent
+from desktop.ui import icons, theme
+from desktop.ui.message_widget import MessageWidget
 
 BATCH = 40  # message widgets built at once
 COLUMN_MAX_WIDTH = 860

@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..engine.discovery import PHASES
-from . import icons, theme, widgets
+from desktop.engine.discovery import PHASES
+from desktop.ui import icons, theme, widgets
 
 PRECISIONS = (
     ("Auto", "auto"),

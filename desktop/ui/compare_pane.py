@@ -25,13 +25,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..compare.run import PaneRun
-from ..engine.backend import ModelInfo
-from ..engine.messages import TokenEvent
-from ..engine.params import KNOB
-from . import theme, widgets
-from .checkpoint_picker import entry_name, human_params
-from .token_view import TokenRecord, TokenView
+from desktop.engine.backend import ModelInfo
+from desktop.engine.messages import TokenEvent
+from desktop.engine.params import KNOB
+from desktop.gui.compare.run import PaneRun
+from desktop.ui import theme, widgets
+from desktop.ui.checkpoint_picker import entry_name, human_params
+from desktop.ui.token_view import TokenRecord, TokenView
 
 SHARED = "shared"
 LOOKING = "Looking for checkpoints…"  # until the first folder scan answers

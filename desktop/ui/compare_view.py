@@ -33,18 +33,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..compare.analysis import LETTERS, MAX_PANES, MIN_PANES, DiffSpan
-from ..compare.controller import CompareController
-from ..engine.backend import ModelInfo
-from ..engine.messages import TokenEvent
-from ..engine.params import CHAT_DEFAULTS, SamplingParams
-from . import theme, widgets
-from .checkpoint_picker import entry_name
-from .compare_pane import ComparePane
-from .error_banner import ErrorBanner
-from .input_box import InputBox
-from .sampling_panel import SEED_MAX
-from .token_view import ProbabilityLegend
+from desktop.engine.backend import ModelInfo
+from desktop.engine.messages import TokenEvent
+from desktop.engine.params import CHAT_DEFAULTS, SamplingParams
+from desktop.gui.compare.analysis import LETTERS, MAX_PANES, MIN_PANES, DiffSpan
+from desktop.gui.compare.controller import CompareController
+from desktop.ui import theme, widgets
+from desktop.ui.checkpoint_picker import entry_name
+from desktop.ui.compare_pane import ComparePane
+from desktop.ui.error_banner import ErrorBanner
+from desktop.ui.input_box import InputBox
+from desktop.ui.sampling_panel import SEED_MAX
+from desktop.ui.token_view import ProbabilityLegend
 
 PANE_MIN_WIDTH = 270  # two panes fit an 800 px window; more scroll sideways there
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QToolButton, QVBoxLayout, QWidget
 
-from . import icons, theme, widgets
+from desktop.ui import icons, theme, widgets
 
 DETAILS_MAX_LINES = 8  # then the details scroll
 SEVERITY_ICONS = {"error": "error", "warning": "warning", "info": "info"}

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 from superqt.utils import qdebounced
 
-from . import icons, theme
+from desktop.ui import icons, theme
 
 UNDO_MS = 8000
 MARK_START, MARK_END = "\x02", "\x03"  # the store wraps search matches in these

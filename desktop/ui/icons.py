@@ -13,7 +13,7 @@ from math import cos, radians, sin
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QIcon, QPainter, QPainterPath, QPen, QPixmap
 
-from .theme import DARK, LIGHT
+from desktop.ui.theme import DARK, LIGHT
 
 
 def _arc_path(cx: float, cy: float, r: float, start_deg: float, sweep_deg: float) -> QPainterPath:

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from . import icons, theme, widgets
+from desktop.ui import icons, theme, widgets
 
 MAX_VISIBLE_LINES = 8
 COLUMN_MAX_WIDTH = 860  # the chat column's width, so the box lines up with the messages

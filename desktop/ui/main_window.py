@@ -22,29 +22,29 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..background import Background
-from ..compare.controller import CompareController
-from ..controller import ChatController
-from ..engine.backend import ModelInfo
-from ..engine.params import FILTER_KEYS, SamplingParams
-from ..hf_export_task import HFExportTask
-from ..keystore import keystore
-from ..logfile import open_log_folder
-from ..paths import is_demo, nanochat_base_dir
-from ..servers import publish as publish_servers
-from ..settings import Settings
-from .chat_view import ChatView
-from .checkpoint_picker import CheckpointPicker
-from .compare_view import CompareView
-from .error_banner import ErrorBanner
-from .history_sidebar import HistorySidebar
-from .input_box import InputBox
-from .model_picker import ModelPicker
-from .sampling_panel import SamplingPanel
-from .servers_dialog import ServersDialog
-from .shortcuts_dialog import ShortcutsDialog
-from .status_bar import StatusBar
-from .theme import apply_theme
+from desktop.config.keystore import keystore
+from desktop.config.logfile import open_log_folder
+from desktop.config.paths import is_demo, nanochat_base_dir
+from desktop.config.servers import publish as publish_servers
+from desktop.config.settings import Settings
+from desktop.engine.backend import ModelInfo
+from desktop.engine.params import FILTER_KEYS, SamplingParams
+from desktop.gui.background import Background
+from desktop.gui.chat_controller import ChatController
+from desktop.gui.compare.controller import CompareController
+from desktop.gui.hf_export_task import HFExportTask
+from desktop.ui.chat_view import ChatView
+from desktop.ui.checkpoint_picker import CheckpointPicker
+from desktop.ui.compare_view import CompareView
+from desktop.ui.error_banner import ErrorBanner
+from desktop.ui.history_sidebar import HistorySidebar
+from desktop.ui.input_box import InputBox
+from desktop.ui.model_picker import ModelPicker
+from desktop.ui.sampling_panel import SamplingPanel
+from desktop.ui.servers_dialog import ServersDialog
+from desktop.ui.shortcuts_dialog import ShortcutsDialog
+from desktop.ui.status_bar import StatusBar
+from desktop.ui.theme import apply_theme
 
 
 def _qapp() -> QApplication:
@@ -285,7 +285,7 @@ class MainWindow(QMainWindow):
     def _autoload_once(self, entries: list) -> None:
         """On the first scan: reopen the last checkpoint, else the newest chat one, else the demo."""
         self.background.checkpoints_found.disconnect(self._autoload_once)
-        from ..paths import demo_checkpoint
+        from desktop.config.paths import demo_checkpoint
 
         last = self.settings.get("last_checkpoint")
         if last.get("dir") and Path(last["dir"]).is_dir():
@@ -302,10 +302,9 @@ class MainWindow(QMainWindow):
             return
         path, step = target
         if step is None:
-            from ..engine.checkpoint import model_steps
+            from desktop.engine.discovery import latest_step
 
-            steps = model_steps(path)
-            step = steps[-1] if steps else 0
+            step = latest_step(path)
         self.picker.select(path, step)
         self.controller.load_checkpoint(path, step)
 

@@ -34,7 +34,7 @@ from pygments.lexers import get_lexer_by_name
 from pygments.lexers.special import TextLexer
 from pygments.util import ClassNotFound
 
-from .theme import DARK, LIGHT, Colors
+from desktop.ui.theme import DARK, LIGHT, Colors
 
 LIGHT_CODE_STYLE = "default"
 DARK_CODE_STYLE = "github-dark"

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..engine.messages import (
+from desktop.engine.messages import (
     PYTHON,
     PYTHON_OUTPUT,
     TEXT,
@@ -41,8 +41,8 @@ from ..engine.messages import (
     Message,
     TokenEvent,
 )
-from . import icons, theme, widgets
-from .markdown_render import COPY_CODE_SCHEME, render_markdown, render_plain, render_raw_tokens
+from desktop.ui import icons, theme, widgets
+from desktop.ui.markdown_render import COPY_CODE_SCHEME, render_markdown, render_plain, render_raw_tokens
 
 RENDER_INTERVAL_MS = 50
 COPIED_FEEDBACK_MS = 1500

@@ -31,8 +31,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .checkpoint_picker import SOURCE_NAMES, entry_name, human_bytes, human_params
-from .history_sidebar import relative_time
+from desktop.ui.checkpoint_picker import SOURCE_NAMES, entry_name, human_bytes, human_params
+from desktop.ui.history_sidebar import relative_time
 
 COLUMNS = ("Checkpoint", "Step", "Family", "Parameters", "Context", "Stored", "Memory", "Last used")
 KEY_ROLE = Qt.ItemDataRole.UserRole  # (dir, step) on the first column

@@ -30,9 +30,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..engine.params import FILTER_KEYS, KNOB, PRESETS, Knob
-from ..settings import DEFAULT_SAMPLING
-from . import icons, theme, widgets
+from desktop.config.settings import DEFAULT_SAMPLING
+from desktop.engine.params import FILTER_KEYS, KNOB, PRESETS, Knob
+from desktop.ui import icons, theme, widgets
 
 # The knobs, their ranges, the presets and the defaults all come from engine/params.py.
 PANEL_KNOBS = tuple(KNOB[k] for k in (*FILTER_KEYS, "max_tokens"))

@@ -29,10 +29,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..engine.remote.http import RemoteError, ServedModel, api_root, list_models
-from ..keystore import KeyStore
-from ..servers import new_server_id
-from ..settings import Settings
+from desktop.config.keystore import KeyStore
+from desktop.config.servers import new_server_id
+from desktop.config.settings import Settings
+from desktop.engine.remote.http import RemoteError, ServedModel, api_root, list_models
 
 logger = logging.getLogger(__name__)
 

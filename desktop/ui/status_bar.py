@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar, QWidget
 
-from . import theme
+from desktop.ui import theme
 
 WARN_ABOVE = 0.8  # the context bar turns amber past this fraction, red when full
 

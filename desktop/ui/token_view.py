@@ -34,8 +34,8 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
 
-from ..engine.messages import PYTHON, PYTHON_OUTPUT, THOUGHT, TOOL_QUERY, TOOL_RESULT
-from . import theme
+from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, THOUGHT, TOOL_QUERY, TOOL_RESULT
+from desktop.ui import theme
 
 MARKER_GLYPH = "▍"
 SCALE_STEPS = 100  # the overlay's colours come in 101 steps, finer than the eye separates

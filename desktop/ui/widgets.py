@@ -18,8 +18,8 @@ from PySide6.QtWidgets import (
 )
 from superqt import QElidingLabel
 
-from .icons import icon
-from .theme import colors
+from desktop.ui.icons import icon
+from desktop.ui.theme import colors
 
 
 def flat_button(icon_name: str, tip: str, checkable: bool = False) -> QToolButton:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import tiktoken
 
-from desktop.engine.special_tokens import SPECIAL_TOKENS
+from desktop.engine.nanochat.special_tokens import SPECIAL_TOKENS
 
 # nanochat's split pattern: GPT-4's, with numbers split into groups of at most two digits, so a
 # number in a question has the same tokens as in the calculator call.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from desktop.engine.messages import PYTHON, TEXT, Message
-from desktop.engine.special_tokens import (
+from desktop.engine.nanochat.special_tokens import (
     ASSISTANT_END,
     ASSISTANT_START,
     OUTPUT_END,
@@ -19,7 +19,7 @@ from desktop.engine.special_tokens import (
     USER_END,
     USER_START,
 )
-from desktop.engine.tokenizer import TiktokenTokenizer
+from desktop.engine.nanochat.tokenizer import TiktokenTokenizer
 
 from .data import Exchange, messages
 

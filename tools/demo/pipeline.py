@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from desktop.engine.tokenizer import TiktokenTokenizer
+from desktop.engine.nanochat.tokenizer import TiktokenTokenizer
 
 from . import bpe, snapshots
 from .data import Chat, ChatMaker, chat_strings, prose_paragraphs, vocabulary

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from desktop.engine.checkpoint import model_steps
+from desktop.engine.nanochat.checkpoint import model_steps
 
 from . import snapshots
 from .grading import BUCKETS, SHOWCASE, TEN_IN_A_ROW, Grades, grade_chats, open_step

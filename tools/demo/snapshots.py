@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from desktop.engine.model import GPT
+from desktop.engine.nanochat.model import GPT
 
 from .settings import TAG, RunSettings
 from .training import Losses, model_config_meta

@@ -1,4 +1,4 @@
-"""The E7 model (the app's own ``desktop.engine.model.GPT``) and its training on the CPU."""
+"""The E7 model (the app's own ``desktop.engine.nanochat.model.GPT``) and its training on the CPU."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from desktop.engine.classify import classify, expected_shapes
-from desktop.engine.config import ModelConfig, e7_config
-from desktop.engine.model import GPT
+from desktop.engine.nanochat.classify import classify, expected_shapes
+from desktop.engine.nanochat.config import ModelConfig, e7_config
+from desktop.engine.nanochat.model import GPT
 
 from .examples import Example, batch_order, collate
 from .settings import RunSettings

@@ -3,7 +3,7 @@
 Open = config.json (:mod:`.hf_config`) → safetensors headers, strict keys/shapes/dtypes and the
 memory budget, then the weights (:mod:`.hf_weights`) → ``tokenizer.json`` with the chat template
 (:mod:`.hf_tokenizer`, :mod:`.chat_template`). Generation is the engine's own loop
-(:func:`~desktop.engine.generation.stream_reply`): the same sampling, the same KV cache and prefix
+(:func:`~desktop.engine.decode.generation.stream_reply`): the same sampling, the same KV cache and prefix
 reuse, and the same calculator state machine, which finds nanochat's tool tokens by name in the
 port's tokenizer. End of sequence comes from ``generation_config.json`` when it exists (what
 transformers' ``generate`` uses), else ``config.json``, else the tokenizer's ``eos_token``.
@@ -23,18 +23,22 @@ from typing import Any
 
 import torch
 
-from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
-from ..chat_template import message_dicts
-from ..device import describe_device, dtype_name, fast_dtype, hardware, pick_device, pick_dtype
-from ..errors import ContextError, DeviceError, TokenizerError
-from ..generation import stream_reply
-from ..kernel_tuning import tuner_for
-from ..kvcache import KVCache
-from ..messages import Message, TokenEvent
-from ..params import SamplingParams
-from ..scoring import score_reply, token_label
-from .config import HFConfig, parse_config, token_ids
-from .files import (
+from desktop.engine.backend import (
+    Capabilities,
+    GenerationStats,
+    LoadOptions,
+    ModelInfo,
+    Progress,
+    Prompt,
+    StreamOptions,
+)
+from desktop.engine.chat_template import message_dicts
+from desktop.engine.decode.generation import stream_reply
+from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.decode.scoring import score_reply, token_label
+from desktop.engine.errors import ContextError, DeviceError, TokenizerError
+from desktop.engine.hf.config import HFConfig, parse_config, token_ids
+from desktop.engine.hf.files import (
     CONFIG_NAME,
     GENERATION_CONFIG_NAME,
     TOKENIZER_CONFIG_NAME,
@@ -42,9 +46,20 @@ from .files import (
     read_json,
     read_optional_json,
 )
-from .model import HFCausalLM
-from .tokenizer import HFTokenizer
-from .weights import load_weights
+from desktop.engine.hf.model import HFCausalLM
+from desktop.engine.hf.tokenizer import HFTokenizer
+from desktop.engine.hf.weights import load_weights
+from desktop.engine.kernels.device import (
+    describe_device,
+    dtype_name,
+    fast_dtype,
+    hardware,
+    pick_device,
+    pick_dtype,
+)
+from desktop.engine.kernels.tuning import tuner_for
+from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

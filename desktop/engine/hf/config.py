@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, UnsupportedFormatError
+from desktop.engine.errors import CheckpointError, UnsupportedFormatError
 
 SUPPORTED_TYPES = ("nanochat", "llama")
 ROPE_KINDS = ("default", "linear", "llama3")

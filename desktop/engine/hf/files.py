@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import bounded
-from ..errors import CheckpointError
-from ..safe_json import JsonRefused, loads_bounded
+from desktop.engine.errors import CheckpointError
+from desktop.engine.files import bounded
+from desktop.engine.files.safe_json import JsonRefused, loads_bounded
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"

@@ -27,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..attention import sdpa_attention
-from ..kernel_tuning import Choice, KernelTuner
-from .config import HFConfig, Rope
+from desktop.engine.decode.attention import sdpa_attention
+from desktop.engine.hf.config import HFConfig, Rope
+from desktop.engine.kernels.tuning import Choice, KernelTuner
 
 if TYPE_CHECKING:
-    from ..kvcache import KVCache
+    from desktop.engine.decode.kvcache import KVCache
 
 # A window wider than any context: every HF layer attends causally to all earlier positions.
 FULL_WINDOW = 1 << 62
@@ -80,7 +80,7 @@ class Layer:
 
 
 class HFCausalLM:
-    """Weights plus the forward; ``model(ids, cache, last_only)`` as :class:`~desktop.engine.model.GPT`."""
+    """Weights plus the forward: ``model(ids, cache, last_only)``, as nanochat's ``GPT`` is called."""
 
     def __init__(self, config: HFConfig, weights: dict[str, torch.Tensor], tuner: KernelTuner) -> None:
         self.config = config

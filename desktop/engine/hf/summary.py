@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import parse_config
-from .files import CONFIG_NAME, read_json, read_tensor_index
+from desktop.engine.hf.config import parse_config
+from desktop.engine.hf.files import CONFIG_NAME, read_json, read_tensor_index
 
 # safetensors dtype names as the app names precisions.
 DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}

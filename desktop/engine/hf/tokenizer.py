@@ -1,4 +1,4 @@
-"""A Hugging Face ``tokenizer.json`` behind the app's :class:`~desktop.engine.tokenizer.Tokenizer`
+"""A Hugging Face ``tokenizer.json`` behind the app's :class:`~desktop.engine.nanochat.tokenizer.Tokenizer`
 interface, so generation's calculator state machine and the stream decoder work unchanged.
 
 Three ways to encode, each matching what transformers does where it matters:
@@ -24,9 +24,9 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
-from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
-from ..tokenizer_checks import checked_tokenizer_json, clean_text, id_space, rust_errors
-from .files import TOKENIZER_NAME
+from desktop.engine.chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
+from desktop.engine.files.tokenizer_checks import checked_tokenizer_json, clean_text, id_space, rust_errors
+from desktop.engine.hf.files import TOKENIZER_NAME
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from ..errors import TokenizerError
+from desktop.engine.errors import TokenizerError
 
 # Text for the encode check: prose, code, numbers, whitespace runs, several scripts and emoji.
 SAMPLE_TEXTS = (

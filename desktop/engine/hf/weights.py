@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import check_finite
-from ..errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
-from ..memory import available_ram, human
-from .config import HFConfig
-from .files import FLOAT_DTYPES, TensorInfo, read_tensor_index
+from desktop.engine.errors import CheckpointError, OutOfMemoryError, UnsupportedFormatError, is_out_of_memory
+from desktop.engine.files.finite import check_finite
+from desktop.engine.hf.config import HFConfig
+from desktop.engine.hf.files import FLOAT_DTYPES, TensorInfo, read_tensor_index
+from desktop.engine.kernels.memory import available_ram, human
 
 logger = logging.getLogger(__name__)
 

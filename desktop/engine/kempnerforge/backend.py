@@ -26,26 +26,47 @@ from typing import Any
 
 import torch
 
-from .. import bounded
-from .. import checkpoint as ckpt
-from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
-from ..chat_template import message_dicts
-from ..device import describe_device, dtype_name, fast_dtype, hardware, pick_device, pick_dtype
-from ..errors import ContextError, DeviceError, OutOfMemoryError, TokenizerError, is_out_of_memory
-from ..kernel_tuning import KernelTuner, tuner_for
-from ..memory import available_ram, human
-from ..messages import Message, TokenEvent
-from ..params import SamplingParams
-from ..scoring import score_reply, token_label
-from ..threads import torch_threads
-from .config import KFModelConfig, KFRunConfig, load_config
-from .dcp_metadata import DcpMetadata, read_dcp_metadata
-from .dcp_reader import read_tensors
-from .generate import stream_kf
-from .layout import KFCheckpoint, resolve_checkpoint
-from .model import Block, KFCache, KFTransformer, Norm
-from .tokenizer import KFTokenizer, load_run_tokenizer, resolve_tokenizer_dir
-from .weights import EMBEDDING, OUTPUT, check_weights, model_entries
+from desktop.engine.backend import (
+    Capabilities,
+    GenerationStats,
+    LoadOptions,
+    ModelInfo,
+    Progress,
+    Prompt,
+    StreamOptions,
+)
+from desktop.engine.chat_template import message_dicts
+from desktop.engine.decode.scoring import score_reply, token_label
+from desktop.engine.errors import (
+    ContextError,
+    DeviceError,
+    OutOfMemoryError,
+    TokenizerError,
+    is_out_of_memory,
+)
+from desktop.engine.files import bounded
+from desktop.engine.files.finite import check_finite
+from desktop.engine.kempnerforge.config import KFModelConfig, KFRunConfig, load_config
+from desktop.engine.kempnerforge.dcp_metadata import DcpMetadata, read_dcp_metadata
+from desktop.engine.kempnerforge.dcp_reader import read_tensors
+from desktop.engine.kempnerforge.generate import stream_kf
+from desktop.engine.kempnerforge.layout import KFCheckpoint, resolve_checkpoint
+from desktop.engine.kempnerforge.model import Block, KFCache, KFTransformer, Norm
+from desktop.engine.kempnerforge.tokenizer import KFTokenizer, load_run_tokenizer, resolve_tokenizer_dir
+from desktop.engine.kempnerforge.weights import EMBEDDING, OUTPUT, check_weights, model_entries
+from desktop.engine.kernels.device import (
+    describe_device,
+    dtype_name,
+    fast_dtype,
+    hardware,
+    pick_device,
+    pick_dtype,
+)
+from desktop.engine.kernels.memory import available_ram, human
+from desktop.engine.kernels.threads import torch_threads
+from desktop.engine.kernels.tuning import KernelTuner, tuner_for
+from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +228,7 @@ class KempnerForgeBackend:
 
         try:
             tensors = read_tensors(((m, k, name) for name, (m, k) in entries.items()), dtype, on_read)
-            ckpt.check_finite(tensors, checkpoint.step_dir)
+            check_finite(tensors, checkpoint.step_dir)
             _tie(cfg, tensors, checkpoint.stages, warnings)
             if device.type != "cpu":
                 report(92, f"moving the weights to {device}")

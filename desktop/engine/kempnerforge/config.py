@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import bounded
-from ..errors import CheckpointError, UnsupportedFormatError
-from .layout import KFCheckpoint, run_dir
+from desktop.engine.errors import CheckpointError, UnsupportedFormatError
+from desktop.engine.files import bounded
+from desktop.engine.kempnerforge.layout import KFCheckpoint, run_dir
 
 logger = logging.getLogger(__name__)
 

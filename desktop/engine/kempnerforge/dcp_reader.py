@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from .. import bounded
-from ..errors import CheckpointError, UnsupportedFormatError
-from ..pickle_scan import TORCH_POLICY, PickleRefused, scan_bytes
-from .dcp_metadata import DTYPE_BYTES, Chunk, DcpMetadata, StorageItem, TensorEntry
+from desktop.engine.errors import CheckpointError, UnsupportedFormatError
+from desktop.engine.files import bounded
+from desktop.engine.files.pickle_scan import TORCH_POLICY, PickleRefused, scan_bytes
+from desktop.engine.kempnerforge.dcp_metadata import DTYPE_BYTES, Chunk, DcpMetadata, StorageItem, TensorEntry
 
 logger = logging.getLogger(__name__)
 

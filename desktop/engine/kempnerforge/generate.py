@@ -21,14 +21,14 @@ from dataclasses import replace
 
 import torch
 
-from ..backend import GenerationStats
-from ..errors import ContextError
-from ..generation import PartTracker
-from ..messages import TokenEvent
-from ..params import SamplingParams
-from ..scoring import token_label
-from .model import KFCache, KFTransformer
-from .tokenizer import KFTokenizer
+from desktop.engine.backend import GenerationStats
+from desktop.engine.decode.generation import PartTracker
+from desktop.engine.decode.scoring import token_label
+from desktop.engine.errors import ContextError
+from desktop.engine.kempnerforge.model import KFCache, KFTransformer
+from desktop.engine.kempnerforge.tokenizer import KFTokenizer
+from desktop.engine.messages import TokenEvent
+from desktop.engine.params import SamplingParams
 
 
 def sample(

@@ -16,9 +16,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import bounded
-from ..errors import CheckpointError
-from .dcp_metadata import METADATA_NAME
+from desktop.engine.errors import CheckpointError
+from desktop.engine.files import bounded
+from desktop.engine.kempnerforge.dcp_metadata import METADATA_NAME
 
 STEP_RE = re.compile(r"step_(\d+)")
 STAGE_RE = re.compile(r"pp(\d+)")

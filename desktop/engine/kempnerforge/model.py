@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernel_tuning import Choice, KernelTuner
-from .config import KFModelConfig
+from desktop.engine.kempnerforge.config import KFModelConfig
+from desktop.engine.kernels.tuning import Choice, KernelTuner
 
 QK_NORM_EPS = 1e-5  # Attention builds RMSNorm(head_dim) with the default eps, not model.norm_eps
 # Above this many logits a prefill computes only the last position's (memory); below it, every

@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import NanoscopeError, UnsupportedFormatError
-from .config import NO_TOML, load_config
-from .dcp_metadata import DTYPE_BYTES, read_dcp_metadata
-from .layout import resolve_checkpoint
-from .weights import EMBEDDING, OUTPUT, check_weights, model_entries
+from desktop.engine.errors import NanoscopeError, UnsupportedFormatError
+from desktop.engine.kempnerforge.config import NO_TOML, load_config
+from desktop.engine.kempnerforge.dcp_metadata import DTYPE_BYTES, read_dcp_metadata
+from desktop.engine.kempnerforge.layout import resolve_checkpoint
+from desktop.engine.kempnerforge.weights import EMBEDDING, OUTPUT, check_weights, model_entries
 
 _LAYER = re.compile(r"layers\.(\d+)\.")
 

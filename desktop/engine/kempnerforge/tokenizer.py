@@ -22,10 +22,16 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
-from .. import bounded
-from ..chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
-from ..errors import TokenizerError
-from ..tokenizer_checks import EncodingCancelled, checked_tokenizer_json, clean_text, id_space, rust_errors
+from desktop.engine.chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
+from desktop.engine.errors import TokenizerError
+from desktop.engine.files import bounded
+from desktop.engine.files.tokenizer_checks import (
+    EncodingCancelled,
+    checked_tokenizer_json,
+    clean_text,
+    id_space,
+    rust_errors,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ unexpected keys and wrong shapes are listed in one line.
 
 from __future__ import annotations
 
-from ..errors import CheckpointError, UnsupportedFormatError
-from .config import KFModelConfig
-from .dcp_metadata import DcpMetadata
+from desktop.engine.errors import CheckpointError, UnsupportedFormatError
+from desktop.engine.kempnerforge.config import KFModelConfig
+from desktop.engine.kempnerforge.dcp_metadata import DcpMetadata
 
 MODEL_PREFIX = "model."
 EMBEDDING = "token_embedding.embedding.weight"

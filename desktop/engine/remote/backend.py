@@ -22,11 +22,19 @@ from typing import Any
 
 import httpx
 
-from ..backend import Capabilities, GenerationStats, LoadOptions, ModelInfo, Progress, Prompt, StreamOptions
-from ..messages import Message, TokenEvent
-from ..params import SamplingParams
-from .events import ChunkReader
-from .http import (
+from desktop.engine.backend import (
+    Capabilities,
+    GenerationStats,
+    LoadOptions,
+    ModelInfo,
+    Progress,
+    Prompt,
+    StreamOptions,
+)
+from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.params import SamplingParams
+from desktop.engine.remote.events import ChunkReader
+from desktop.engine.remote.http import (
     CONNECT_TIMEOUT_S,
     RemoteError,
     ServedModel,
@@ -36,8 +44,8 @@ from .http import (
     named_fields,
     where,
 )
-from .servers import ServerEndpoint, directory, parse_target, refusals
-from .sse import Cancelled, EventStream, StepRunner
+from desktop.engine.remote.servers import ServerEndpoint, directory, parse_target, refusals
+from desktop.engine.remote.sse import Cancelled, EventStream, StepRunner
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..messages import TEXT, Alternative, TokenEvent
-from .http import RemoteError, one_line
+from desktop.engine.messages import TEXT, Alternative, TokenEvent
+from desktop.engine.remote.http import RemoteError, one_line
 
 REPLACEMENT = "\ufffd"
 STOP_LABEL = "<|end|>"  # the end-of-turn token of a server that reports it by finish_reason only

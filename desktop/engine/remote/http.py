@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import NanoscopeError
+from desktop.engine.errors import NanoscopeError
 
 logger = logging.getLogger(__name__)
 

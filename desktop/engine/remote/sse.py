@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import httpx
 from httpx_sse import EventSource, SSEError
 
-from .http import RemoteError, one_line, status_error, transport_error, where
+from desktop.engine.remote.http import RemoteError, one_line, status_error, transport_error, where
 
 T = TypeVar("T")
 POLL_S = 0.05  # how often a wait looks at Stop and its deadline

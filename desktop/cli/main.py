@@ -1,0 +1,432 @@
+"""Command line: ``nanoscope`` (the app), ``nanoscope list``, ``generate`` and ``bench``.
+
+This interface is kept stable for scripting and checks. Errors print one line to stderr and
+exit non-zero; no tracebacks for problems we can explain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from desktop import __version__
+from desktop.cli.export import add_export_parser, cmd_export
+from desktop.cli.remote import add_server_args, list_served, open_served
+from desktop.config import paths
+from desktop.config.logfile import SHOWN, cli_logging
+from desktop.engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
+from desktop.engine.errors import NanoscopeError, is_out_of_memory
+from desktop.engine.kempnerforge.config import ConfigMemory
+from desktop.engine.kernels.device import DEVICES, PRECISIONS
+from desktop.engine.messages import TokenEvent
+from desktop.engine.params import CHAT_DEFAULTS, KNOB, MAX_TOKENS_MAX, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+EXIT_ERROR = 2
+# More intra-op threads than this only slows torch down, and far more crashes its thread pool.
+MAX_THREADS = 1024
+MAX_REPEATS = 1000
+
+
+def _add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument(
+        "model",
+        nargs=None if required else "?",
+        help="checkpoint directory, or SOURCE[/TAG[/STEP]] with SOURCE in base|mid|sft|rl",
+    )
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument(
+        "--tokenizer", type=Path, default=None, help="tokenizer.pkl / tokenizer.json or its folder"
+    )
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument(
+        "--dtype",
+        choices=PRECISIONS,
+        default="auto",
+        help="float32 is exact; fast picks the quickest 16-bit form for the device; int8: x86 CPUs",
+    )
+    p.add_argument("--softcap", type=float, default=None, help="override the logit softcap (20 for E5)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nanoscope", description="Chat with and compare nanochat checkpoints."
+    )
+    parser.add_argument("--version", action="version", version=f"nanoscope {__version__}")
+    parser.add_argument("--home", type=Path, default=None, help="keep settings and history under this folder")
+    parser.add_argument(
+        "--install-desktop-entry",
+        action="store_true",
+        help="add Nanoscope to the Linux application launcher and exit",
+    )
+    parser.add_argument(
+        "--smoke-test",
+        action="store_true",
+        help="load the bundled demo, answer one question, print SMOKE OK/FAIL and exit",
+    )
+    parser.add_argument(
+        "--open", dest="open_path", type=Path, default=None, help="open this checkpoint folder"
+    )
+    sub = parser.add_subparsers(dest="command")
+
+    p_list = sub.add_parser("list", help="list the checkpoints under $NANOCHAT_BASE_DIR")
+    p_list.add_argument("--json", action="store_true")
+    p_list.add_argument("--base-dir", type=Path, default=None)
+    add_server_args(p_list, with_model=False)
+
+    p_gen = sub.add_parser("generate", help="generate from a checkpoint or a served model (--server)")
+    _add_model_args(p_gen, required=False)
+    add_server_args(p_gen, with_model=True)
+    src = p_gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="completion: BOS + this text")
+    src.add_argument("--chat", help="a single user turn in nanochat's chat format")
+    src.add_argument("--tokens", help="exact prompt token ids, comma separated")
+    p_gen.add_argument("--max-tokens", type=int, default=256)
+    # The model's own distribution by default: nanochat's Engine.generate defaults (engine/params.py).
+    raw = SamplingParams()
+    p_gen.add_argument("--temperature", type=float, default=raw.temperature, help=KNOB["temperature"].tip)
+    p_gen.add_argument("--top-k", type=int, default=raw.top_k, help="0 = off")
+    p_gen.add_argument("--top-p", type=float, default=raw.top_p, help="1 = off")
+    p_gen.add_argument("--min-p", type=float, default=raw.min_p, help="0 = off")
+    p_gen.add_argument("--repetition-penalty", type=float, default=raw.repetition_penalty, help="1 = off")
+    p_gen.add_argument("--seed", type=int, default=raw.seed)
+    p_gen.add_argument(
+        "--config", type=Path, default=None, help="a KempnerForge run's training TOML (remembered per run)"
+    )
+
+    p_bench = sub.add_parser("bench", help="measure load, prefill and decode speed")
+    _add_model_args(p_bench)
+    p_bench.add_argument("--prompt-tokens", type=int, default=256)
+    p_bench.add_argument("--new-tokens", type=int, default=64)
+    p_bench.add_argument("--temperature", type=float, default=CHAT_DEFAULTS.temperature)
+    p_bench.add_argument("--top-k", type=int, default=CHAT_DEFAULTS.top_k)
+    p_bench.add_argument("--threads", type=int, default=None)
+    p_bench.add_argument("--repeats", type=int, default=3)
+    p_bench.add_argument(
+        "--stream-tokens",
+        type=int,
+        default=2048,
+        help="peak memory is measured while prompt + reply fill this many positions (capped at the context)",
+    )
+    p_bench.add_argument(
+        "--retime",
+        action="store_true",
+        help="forget this machine's kernel timings and time every candidate again (e.g. after they "
+        "were taken on a busy machine)",
+    )
+    add_export_parser(sub)
+    return parser
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print: control and format characters (bidi overrides such as U+202E, which
+    can make a name read as another) are shown as escapes, and bytes of a file name that were not
+    UTF-8 (kept by Python as lone surrogates) as ``\\xNN``."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch.isprintable():
+            out.append(ch)
+        elif 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return "".join(out)
+
+
+def _summary_line(entry: Any) -> str:
+    """One checkpoint's line; a checkpoint that cannot be read says why instead of its figures."""
+    from desktop.engine.discovery import summarize
+
+    try:
+        s = summarize(entry.path, entry.steps[-1])
+        desc = s.error or f"{s.era}, {s.params / 1e6:.1f}M params, seq {s.sequence_len}, {s.stored_dtype}"
+    except Exception as exc:  # one unreadable entry must not hide the others
+        logger.error("summary of %s failed", entry.path, exc_info=True, extra=SHOWN)
+        desc = f"{entry.path}: cannot be read ({type(exc).__name__}: {exc})"
+    steps = ", ".join(map(str, entry.steps[-5:]))
+    return printable(f"{entry.source:5} {entry.tag:12} steps [{steps}]  {desc}  ({entry.path})")
+
+
+def _summary_dict(entry: Any) -> dict[str, Any]:
+    from desktop.engine.discovery import summarize
+
+    d = entry.to_dict()
+    try:
+        d["latest"] = summarize(entry.path, entry.steps[-1]).to_dict()
+    except Exception as exc:  # as in _summary_line
+        logger.error("summary of %s failed", entry.path, exc_info=True, extra=SHOWN)
+        d["latest"] = {"error": f"{entry.path}: cannot be read ({type(exc).__name__}: {exc})"}
+    return d
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from desktop.engine.discovery import discover
+
+    if args.server:
+        return list_served(args)
+    base = args.base_dir or paths.nanochat_base_dir()
+    try:
+        entries = discover(base)
+    except OSError as exc:
+        raise NanoscopeError(f"{base}: cannot list checkpoints ({exc.strerror or exc})") from None
+    if args.json:
+        out = [_summary_dict(e) for e in entries]
+        print(json.dumps({"base_dir": str(base), "checkpoints": out}, default=str))
+        return 0
+    if not entries:
+        print(printable(f"no checkpoints under {base} (set NANOCHAT_BASE_DIR to look elsewhere)"))
+        return 0
+    for e in entries:
+        print(_summary_line(e))
+    return 0
+
+
+def open_model(args: argparse.Namespace) -> Backend:
+    """The backend for ``args.model`` (a directory or SOURCE[/TAG[/STEP]]) and the load flags."""
+    from desktop.engine.discovery import resolve_spec
+    from desktop.engine.registry import open_backend
+
+    if getattr(args, "server", None):
+        return open_served(args)
+    if args.model is None:
+        raise NanoscopeError("name a checkpoint, or a served model with --server URL --model NAME")
+    base = paths.nanochat_base_dir()
+    directory, step = resolve_spec(args.model, base)
+    config = getattr(args, "config", None)
+    remembered = ConfigMemory(paths.kempnerforge_configs_file())
+    options = LoadOptions(
+        step=args.step if args.step is not None else step,
+        device=args.device,
+        dtype=args.dtype,
+        tokenizer=args.tokenizer,
+        softcap=args.softcap,
+        base_dir=base,
+        config=config or remembered.get(directory),
+        kernel_cache=paths.kernel_timings_file(),
+    )
+    backend = open_backend(directory, options)
+    if config is not None and backend.info().family == "kempnerforge":
+        remembered.remember(Path(backend.info().path), config)
+    return backend
+
+
+def _prompt(args: argparse.Namespace, backend: Backend) -> Prompt:
+    from desktop.engine.messages import Message
+
+    if args.tokens is not None:
+        try:
+            ids = [int(t) for t in args.tokens.replace(" ", "").split(",") if t]
+        except ValueError:
+            raise NanoscopeError("--tokens must be comma-separated integers") from None
+        vocab = backend.info().vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise NanoscopeError(f"--tokens: ids out of range for vocab {vocab}: {bad[:5]}")
+        return Prompt((), tuple(ids), len(ids), backend.info().context_length)
+    if args.chat is not None:
+        return backend.render([Message.of_text("user", args.chat)], None, chat=True)
+    return backend.render(args.prompt, None)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise NanoscopeError(str(exc)) from None
+    backend = open_model(args)
+    info = backend.info()
+    prompt = _prompt(args, backend)
+    if info.context_length and prompt.tokens + args.max_tokens > info.context_length:
+        print(
+            f"nanoscope: warning: context of {prompt.tokens + args.max_tokens} tokens exceeds the model's "
+            f"sequence_len {info.context_length}; "
+            + (
+                "the reply stops there"
+                if info.family == "kempnerforge"
+                else "quality degrades and even L layers become windowed"
+            ),
+            file=sys.stderr,
+        )
+    for w in info.warnings:
+        print(f"nanoscope: warning: {w}", file=sys.stderr)
+    stats = GenerationStats()
+    produced: list[int] = []
+    for ev in _closing(backend, backend.stream(prompt, params, threading.Event(), StreamOptions(), stats)):
+        if ev.continues:
+            if not args.json:
+                sys.stdout.write(ev.text)
+            continue
+        produced.append(ev.id)
+        if args.json:
+            print(json.dumps({"id": ev.id, "text": ev.text, "forced": ev.forced}), flush=True)
+        else:
+            sys.stdout.write(ev.text if ev.special is None else _special_text(ev))
+            sys.stdout.flush()
+    if stats.stopped == "context":
+        print(
+            f"nanoscope: warning: the reply stopped at the model's context of {info.context_length} tokens",
+            file=sys.stderr,
+        )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "done": True,
+                    "ids": produced,
+                    "prompt_ids": list(prompt.ids or ()),
+                    "prompt_tokens": stats.prompt_tokens,
+                    "ttft_ms": round(stats.ttft_ms, 3),
+                    "decode_tok_s": round(stats.decode_tok_s, 3),
+                    "device": info.device,
+                    "dtype": info.precision,
+                    "era": info.era,
+                }
+            )
+        )
+    else:
+        print()
+    return 0
+
+
+def _closing(backend: Backend, events: Iterator[TokenEvent]) -> Iterator[TokenEvent]:
+    """``events``, then the backend closed (a served model's connections and loop)."""
+    try:
+        yield from events
+    finally:
+        backend.close()
+
+
+def _special_text(ev) -> str:
+    """Show tool-call delimiters in plain-text output so calculator use is visible."""
+    return {
+        "<|python_start|>": "[calc: ",
+        "<|python_end|>": "]",
+        "<|output_start|>": " = ",
+        "<|output_end|>": " ",
+    }.get(ev.special or "", "") + ev.text
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Measure one checkpoint; a table (unless --json) and, last, one JSON line."""
+    from desktop.engine.bench import BenchRequest, run_bench
+    from desktop.engine.discovery import resolve_spec
+
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise NanoscopeError(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads}")
+    for flag, value, most in (
+        ("--new-tokens", args.new_tokens, MAX_TOKENS_MAX),
+        ("--prompt-tokens", args.prompt_tokens, MAX_TOKENS_MAX),
+        ("--repeats", args.repeats, MAX_REPEATS),
+        ("--stream-tokens", args.stream_tokens, MAX_TOKENS_MAX),
+    ):
+        if not 1 <= value <= most:
+            raise NanoscopeError(f"{flag} must be between 1 and {most}, got {value}")
+    try:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k)
+    except ValueError as exc:
+        raise NanoscopeError(str(exc)) from None
+    base = paths.nanochat_base_dir()
+    directory, step = resolve_spec(args.model, base)
+    request = BenchRequest(
+        directory=directory,
+        step=args.step if args.step is not None else step,
+        device=args.device,
+        dtype=args.dtype,
+        softcap=args.softcap,
+        tokenizer=args.tokenizer,
+        base_dir=base,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        params=params,
+        threads=args.threads,
+        repeats=args.repeats,
+        stream_tokens=args.stream_tokens,
+        kernel_cache=paths.kernel_timings_file(),
+        retime=args.retime,
+    )
+    result = run_bench(request, warn=lambda text: print(f"nanoscope: warning: {text}", file=sys.stderr))
+    if not args.json:
+        for k, v in result.items():
+            if isinstance(v, list):  # the kernels: one line each
+                print(f"{k:22} " + f"\n{'':22} ".join(map(str, v)))
+            else:
+                print(f"{k:22} {v}")
+    print(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.home is not None:
+        if args.home.exists() and not args.home.is_dir():
+            print(printable(f"nanoscope: error: --home {args.home} is a file, not a folder"), file=sys.stderr)
+            return EXIT_ERROR
+        paths.set_home(args.home)
+    # --home or NANOSCOPE_HOME alike, before logging, threads or Qt start.
+    problem = paths.unusable_home()
+    if problem is not None:
+        print(printable(f"nanoscope: error: {problem}"), file=sys.stderr)
+        return EXIT_ERROR
+    handlers = {"list": cmd_list, "generate": cmd_generate, "bench": cmd_bench, "export": cmd_export}
+    with cli_logging():  # errors (and the GUI's whole run) also go to the log file
+        try:
+            if args.command is None:  # the GUI: `nanoscope`, `nanoscope-gui`, the frozen app
+                from desktop.gui.app import run_app
+
+                return run_app(args)
+            return handlers[args.command](args)
+        except NanoscopeError as exc:
+            logger.error("%s", exc, extra=SHOWN)
+            print(printable(f"nanoscope: error: {exc}"), file=sys.stderr)
+            return EXIT_ERROR
+        except KeyboardInterrupt:
+            return 130
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise  # SystemExit and the like; a Rust panic is an error like any other here
+            if isinstance(exc, (MemoryError, RuntimeError)) and is_out_of_memory(exc):
+                logger.error("out of memory: %s", exc, extra=SHOWN)
+                print(
+                    "nanoscope: error: out of memory; "
+                    "try --dtype bfloat16, another --device or a smaller checkpoint",
+                    file=sys.stderr,
+                )
+                return EXIT_ERROR
+            # Not an error we know how to explain: one line here, the traceback in the log file.
+            logger.critical("Uncaught exception", exc_info=True, extra=SHOWN)
+            text = " ".join(str(exc).split())[:200]
+            print(
+                printable(
+                    f"nanoscope: error: unexpected {type(exc).__name__}: {text} (details in the log file)"
+                ),
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

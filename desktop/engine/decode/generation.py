@@ -1,0 +1,305 @@
+"""Token generation: one prefill, a KV-cached decode loop and nanochat's calculator state machine.
+
+``generate_columns`` follows nanochat's ``Engine.generate`` step for step (same sampling calls,
+same Generator, forced tokens still consume a sample), so seeded runs give nanochat's tokens.
+``stream_reply`` wraps it for one row and turns tokens into :class:`TokenEvent` with clean text
+deltas and the part each token belongs to.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from desktop.engine.backend import GenerationStats
+from desktop.engine.calculator import calculate
+from desktop.engine.decode.detokenize import StreamDecoder
+from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.decode.protocols import DecodingModel as GPT
+from desktop.engine.decode.protocols import Tokenizer
+from desktop.engine.decode.sampling import sample_next
+from desktop.engine.decode.scoring import token_label
+from desktop.engine.errors import ContextError
+from desktop.engine.kernels.memory import release_freed_memory
+from desktop.engine.kernels.threads import torch_threads
+from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, THOUGHT, TOOL_QUERY, TOOL_RESULT, TokenEvent
+from desktop.engine.params import SamplingParams
+
+
+@dataclass
+class Specials:
+    """Ids of the tokens the state machine reacts to (None where the tokenizer lacks them)."""
+
+    python_start: int | None
+    python_end: int | None
+    output_start: int | None
+    output_end: int | None
+    query_tool: int | None
+    tool_result: int | None
+    code_end: int | None
+    thought_start: int | None
+    thought_end: int | None
+    stop: frozenset[int]
+
+    @classmethod
+    def of(cls, tok: Tokenizer) -> Specials:
+        s = tok.special_id
+        return cls(
+            s("<|python_start|>"),
+            s("<|python_end|>"),
+            s("<|output_start|>"),
+            s("<|output_end|>"),
+            s("<QUERY_TOOL>"),
+            s("<TOOL_RESULT>"),
+            s("<CODE_END>"),
+            s("<THOUGHT_START>"),
+            s("<THOUGHT_END>"),
+            frozenset(tok.stop_ids),
+        )
+
+
+@dataclass
+class Row:
+    forced: deque[int] = field(default_factory=deque)
+    in_python: bool = False
+    expr: list[int] = field(default_factory=list)
+    completed: bool = False
+
+
+@dataclass
+class Column:
+    tokens: list[int]
+    forced: list[bool]
+    # Per row: (logprob of the chosen token, [(token id, logprob) x top-n]) when requested.
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+
+
+Calculator = Callable[[str], object]
+
+
+def _step_row(row: Row, token: int, sp: Specials, tok: Tokenizer, calculator: Calculator) -> None:
+    if token in sp.stop:
+        row.completed = True
+    if token == sp.python_start:
+        row.in_python, row.expr = True, []
+    elif token == sp.python_end and row.in_python:
+        row.in_python = False
+        if row.expr and sp.output_start is not None and sp.output_end is not None:
+            result = calculator(tok.decode(row.expr))
+            if result is not None:
+                row.forced.append(sp.output_start)
+                row.forced.extend(tok.encode(str(result)))
+                row.forced.append(sp.output_end)
+        row.expr = []
+    elif row.in_python:
+        row.expr.append(token)
+
+
+def reuse_prefix(cache: KVCache, prompt: Sequence[int]) -> int:
+    """Keep only what ``cache`` really holds of ``prompt``, leaving at least one prompt token to
+    compute (its logits start the reply). Returns the number of prompt tokens still to prefill."""
+    if cache.pos:
+        held = cache.tokens[0, : cache.pos].tolist()
+        common = next(
+            (i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b),
+            min(len(held), len(prompt)),
+        )
+        cache.truncate(min(common, len(prompt) - 1))
+    return len(prompt) - cache.pos
+
+
+def check_context(model: GPT, n_prompt: int, max_tokens: int | None) -> None:
+    limit = model.config.rope_len
+    if n_prompt < 1:
+        raise ContextError("the prompt is empty")
+    if n_prompt >= limit:
+        raise ContextError(f"the prompt has {n_prompt} tokens; this model's rotary table holds {limit}")
+
+
+@torch.inference_mode()
+def generate_columns(
+    model: GPT,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    *,
+    num_samples: int = 1,
+    cache: KVCache | None = None,
+    cancel: threading.Event | None = None,
+    logprobs: int = 0,
+    calculator: Calculator = calculate,
+    stats: GenerationStats | None = None,
+) -> Iterator[Column]:
+    """Yield one :class:`Column` per step. ``cache`` may already hold a prefix of ``prompt``.
+    ``stats.greedy_fallbacks`` counts steps whose distribution could not be sampled."""
+    check_context(model, len(prompt), params.max_tokens)
+    device = model.device
+    rng = torch.Generator(device=device)
+    rng.manual_seed(params.seed)
+    sp = Specials.of(tok)
+    cfg = model.config
+    budget = params.max_tokens if params.max_tokens is not None else cfg.sequence_len
+    if cache is None:
+        cache = KVCache(cfg, 1, min(cfg.rope_len, len(prompt) + budget), device, model.compute_dtype)
+    else:
+        reuse_prefix(cache, prompt)
+    start = cache.pos
+    ids = torch.tensor([list(prompt[start:])], dtype=torch.long, device=device)
+    logits = model(ids, cache, last_only=True)[:, -1, :]
+    if num_samples > 1:
+        cache = cache.replicate(num_samples)
+        logits = logits.expand(num_samples, -1)
+    rows = [Row() for _ in range(num_samples)]
+    generated = 0
+
+    def on_greedy(_rows: int) -> None:
+        if stats is not None:
+            stats.greedy_fallbacks += 1
+
+    while True:
+        if params.max_tokens is not None and generated >= params.max_tokens:
+            break
+        if cancel is not None and cancel.is_set():
+            break
+        if cache.pos >= cfg.rope_len:
+            break
+        history = cache.tokens[:, : cache.pos] if params.repetition_penalty != 1.0 else None
+        sampled = sample_next(logits, rng, params, history, on_greedy)[:, 0].tolist()
+        column, forced = [], []
+        for i, row in enumerate(rows):
+            is_forced = bool(row.forced)
+            token = row.forced.popleft() if is_forced else sampled[i]
+            column.append(token)
+            forced.append(is_forced)
+            _step_row(row, token, sp, tok, calculator)
+        lp = _logprobs(logits, column, logprobs) if logprobs else None
+        yield Column(column, forced, lp)
+        generated += 1
+        if all(r.completed for r in rows) or (
+            params.max_tokens is not None and generated >= params.max_tokens
+        ):
+            break
+        ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
+        logits = model(ids, cache)[:, -1, :]
+
+
+def _logprobs(logits: torch.Tensor, column: list[int], n: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    top_v, top_i = lp.topk(min(n, lp.size(-1)), dim=-1)
+    chosen = lp.gather(1, torch.tensor(column, device=lp.device).unsqueeze(1))[:, 0].tolist()
+    return [
+        (chosen[r], list(zip(top_i[r].tolist(), top_v[r].tolist(), strict=True))) for r in range(len(column))
+    ]
+
+
+class PartTracker:
+    """Which message part each token belongs to, and the clean text it adds (one row)."""
+
+    # The C++ tokenizer's spacing depends on neighbours, so each decoder sees the ids before it.
+    CONTEXT = 16
+
+    def __init__(self, tok: Tokenizer, prompt: Sequence[int] = ()) -> None:
+        self.tok = tok
+        self.sp = Specials.of(tok)
+        self.kind = TEXT
+        self.recent: list[int] = list(prompt[-self.CONTEXT :])
+        self.decoder = StreamDecoder(tok, prefix_ids=self.recent)
+
+    def _switch(self, kind: str) -> str:
+        tail = self.decoder.flush()
+        self.kind = kind
+        self.decoder = StreamDecoder(self.tok, prefix_ids=self.recent[-self.CONTEXT :])
+        return tail
+
+    def event(self, token: int, forced: bool) -> TokenEvent:
+        sp, name = self.sp, self.tok.special_name(token)
+        self.recent.append(token)
+        if len(self.recent) > 4 * self.CONTEXT:
+            del self.recent[: -self.CONTEXT]
+        if name is None:
+            return TokenEvent(token, self.decoder.push(token), forced, self.kind)
+        opening = {
+            sp.python_start: PYTHON,
+            sp.output_start: PYTHON_OUTPUT,
+            sp.query_tool: TOOL_QUERY,
+            sp.tool_result: TOOL_RESULT,
+            sp.thought_start: THOUGHT,
+        }
+        closing = {sp.python_end, sp.output_end, sp.code_end, sp.thought_end}
+        opening.pop(None, None)
+        if token in opening:
+            tail = self._switch(opening[token])
+            return TokenEvent(token, tail, forced, self.kind, name)
+        kind = self.kind
+        tail = self._switch(TEXT) if token in closing or token in sp.stop else ""
+        return TokenEvent(token, tail, forced, kind, name)
+
+
+def stream_reply(
+    model: GPT,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    *,
+    cache: KVCache | None = None,
+    cancel: threading.Event | None = None,
+    stats: GenerationStats | None = None,
+    logprobs: int = 0,
+    threads: int | None = None,
+) -> Iterator[TokenEvent]:
+    """Stream one reply as :class:`TokenEvent`; ``stats`` is filled in as it goes. With
+    ``logprobs`` > 0 each event carries its token's log-probability and that many alternatives.
+    ``threads``: intra-op threads for this reply (None: as set). When it ends, the heap its
+    prefill freed goes back to the OS."""
+    try:
+        with torch_threads(threads):
+            yield from _reply_events(model, tok, prompt, params, cache, cancel, stats, logprobs)
+    finally:
+        release_freed_memory()
+
+
+def _reply_events(
+    model: GPT,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    cache: KVCache | None,
+    cancel: threading.Event | None,
+    stats: GenerationStats | None,
+    logprobs: int,
+) -> Iterator[TokenEvent]:
+    stats = stats if stats is not None else GenerationStats()
+    stats.prompt_tokens = len(prompt)
+    stats.prefilled_tokens = len(prompt) if cache is None else reuse_prefix(cache, prompt)
+    tracker = PartTracker(tok, prompt)
+    t0 = time.perf_counter()
+    t_first = None
+    stats.stopped = "max_tokens"
+    for col in generate_columns(
+        model, tok, prompt, params, cache=cache, cancel=cancel, logprobs=logprobs, stats=stats
+    ):
+        now = time.perf_counter()
+        if t_first is None:
+            t_first = now
+            stats.ttft_ms = (now - t0) * 1000
+        stats.new_tokens += 1
+        if stats.new_tokens > 1:
+            stats.decode_tok_s = (stats.new_tokens - 1) / max(now - t_first, 1e-9)
+        ev = tracker.event(col.tokens[0], col.forced[0])
+        if col.logprobs:
+            chosen, alternatives = col.logprobs[0]
+            top = tuple((i, token_label(tok, i), lp) for i, lp in alternatives)
+            ev = replace(ev, logprob=chosen, top=top)
+        if col.tokens[0] in tracker.sp.stop:
+            stats.stopped = "stop_token"
+        yield ev
+    if cancel is not None and cancel.is_set() and stats.stopped != "stop_token":
+        stats.stopped = "cancelled"
+    tail = tracker.decoder.flush()
+    if tail:
+        yield TokenEvent(-1, tail, False, tracker.kind, continues=True)

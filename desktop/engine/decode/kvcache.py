@@ -1,0 +1,105 @@
+"""KV cache plus the per-position state some eras need to decode incrementally.
+
+Besides keys and values (nanochat's ``(B, T, H, D)`` layout, so the SDPA path sees the same
+tensors nanochat's does), the cache keeps per-position histories that make chunk appends and
+rollbacks exact (docs/ARCHITECTURE.md, Eras):
+
+* E7 smear needs the *pre-smear* embedding of the previous token;
+* E4 bigram needs the previous token id;
+* Engram needs the last ``max_order - 1`` bottleneck activations of each engram layer.
+
+Keeping whole histories (not ring buffers) lets :meth:`truncate` roll back to any position,
+which the prefix cache uses when a conversation is edited or a reply regenerated.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from desktop.engine.decode.protocols import CacheShape
+
+
+class KVCache:
+    def __init__(
+        self, cfg: CacheShape, batch: int, capacity: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        import torch
+
+        self.cfg = cfg
+        self.batch = batch
+        self.capacity = capacity
+        self.device = device
+        self.dtype = dtype
+        self.pos = 0  # a Python int: reading it never syncs with the device
+        shape = (cfg.n_layer, batch, capacity, cfg.n_kv_head, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self._split_layers()
+        self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.embeds = (
+            torch.zeros(batch, capacity, cfg.n_embd, device=device, dtype=dtype) if cfg.has_smear else None
+        )
+        self.engram = {
+            i: torch.zeros(batch, capacity, cfg.engram_dim, device=device, dtype=dtype)
+            for i in cfg.engram_layers
+        }
+
+    def _split_layers(self) -> None:
+        # Per-layer views made once: indexing ``k[layer]`` would make a new view every step.
+        self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        out = {"k": self.k, "v": self.v, "tokens": self.tokens}
+        if self.embeds is not None:
+            out["embeds"] = self.embeds
+        return out
+
+    def ensure_capacity(self, needed: int) -> None:
+        """Grow (doubling) so that ``needed`` positions fit; existing content is kept."""
+        if needed <= self.capacity:
+            return
+        import torch
+
+        new_cap = max(needed, 2 * self.capacity)
+
+        def grown(t: torch.Tensor, time_dim: int) -> torch.Tensor:
+            shape = list(t.shape)
+            shape[time_dim] = new_cap
+            out = torch.zeros(shape, dtype=t.dtype, device=t.device)
+            out.narrow(time_dim, 0, self.pos).copy_(t.narrow(time_dim, 0, self.pos))
+            return out
+
+        self.k = grown(self.k, 2)
+        self.v = grown(self.v, 2)
+        self._split_layers()
+        self.tokens = grown(self.tokens, 1)
+        if self.embeds is not None:
+            self.embeds = grown(self.embeds, 1)
+        self.engram = {i: grown(z, 1) for i, z in self.engram.items()}
+        self.capacity = new_cap
+
+    def truncate(self, n: int) -> None:
+        """Forget everything from position ``n`` on (exact for every era thanks to the histories)."""
+        if not 0 <= n <= self.pos:
+            raise ValueError(f"cannot truncate a cache at {self.pos} to {n}")
+        self.pos = n
+
+    def replicate(self, batch: int) -> KVCache:
+        """A new cache of ``batch`` rows, each a copy of row 0 up to ``pos`` (one prefill, many samples)."""
+        other = KVCache(self.cfg, batch, self.capacity, self.device, self.dtype)
+        p = self.pos
+        other.k[:, :, :p] = self.k[:, :1, :p]
+        other.v[:, :, :p] = self.v[:, :1, :p]
+        other.tokens[:, :p] = self.tokens[:1, :p]
+        if self.embeds is not None and other.embeds is not None:
+            other.embeds[:, :p] = self.embeds[:1, :p]
+        for i, z in self.engram.items():
+            other.engram[i][:, :p] = z[:1, :p]
+        other.pos = p
+        return other
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self._tensors().values(), *self.engram.values()])

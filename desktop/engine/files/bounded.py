@@ -1,0 +1,174 @@
+"""The one way the app reads a file someone else may have written: bounded in kind, size and parse.
+
+Every reader here
+
+* opens with ``O_NONBLOCK`` and checks ``fstat`` before reading a byte, so a FIFO never blocks,
+  and a device (``/dev/zero``), a socket or a folder is refused in one line;
+* reads at most the limit stated for that kind of file, refusing a larger one from its size
+  (and a file that grows while it is read, by reading one byte past the limit);
+* parses with guards that cost O(n) before the parser runs: JSON nesting, digits and strings
+  (:mod:`.safe_json`), and for TOML the parts of a dotted key, the number of tables and the
+  nesting of brackets, which make ``tomllib`` take minutes and gigabytes when unbounded.
+
+Refusals are :class:`FileRefused`, whose text is ``"<path>: <reason>"``: one line for the UI,
+the CLI (exit 2) and the log.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from desktop.engine.files.safe_json import MAX_DEPTH, JsonRefused, loads_bounded
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+KB, MB = 1 << 10, 1 << 20
+
+# What each kind of file may weigh. A real one is far smaller; the limits only keep a hostile or
+# wrong file from costing memory and time (docs/ARCHITECTURE.md, Reading untrusted files).
+LIMITS: dict[str, int] = {
+    "meta": 16 * MB,  # nanochat meta_<step>.json: a few KB
+    # HF config.json, generation_config.json, tokenizer_config.json (with its chat template),
+    # a shard index; KempnerForge's metadata.json
+    "config": 64 * MB,
+    "tokenizer": 128 * MB,  # tokenizer.json (the largest public ones are ~35 MB)
+    "dcp_metadata": 256 * MB,  # torch.distributed.checkpoint's .metadata pickle
+    "template": 1 * MB,  # a chat_template.jinja
+    "toml": 4 * MB,  # a KempnerForge training TOML: a few KB
+    "state": 16 * MB,  # the app's own settings, caches and config memories
+    "safetensors_header": 100 * MB,  # safetensors' own cap on its JSON header
+}
+TOML_MAX_KEY_PARTS = 32  # a.b.c = 1: KempnerForge's deepest key has 3 parts
+TOML_MAX_TABLES = 10_000  # [section] and [[array]] headers
+
+
+class FileRefused(ValueError):
+    """A file that was not read, or not parsed; ``str()`` is ``"<path>: <reason>"``."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = Path(path)
+        self.reason = reason
+
+
+class FileMissing(FileRefused):
+    """The file does not exist (callers often treat that as "use the default")."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_bytes(path: Path | str, kind: str, limit: int | None = None) -> bytes:
+    """The bytes of a regular file of ``kind`` (a key of :data:`LIMITS`), at most its limit."""
+    limit = LIMITS[kind] if limit is None else limit
+    with open_regular(path) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise FileRefused(
+                    path, f"{_size(size)} is too large for a {kind} file (limit {_size(limit)})"
+                )
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise FileRefused(path, f"grew past {_size(limit)} while it was read")
+    return data
+
+
+def open_regular(path: Path | str) -> io.BufferedReader:
+    """A regular file opened for reading in binary, for readers that seek (weights); the caller
+    bounds what it reads from what the file declares."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise FileMissing(path, "file not found") from None
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise FileRefused(path, "not a regular file (a named pipe)") from None
+        raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
+    try:
+        _check_regular(path, os.fstat(fd).st_mode)
+    except FileRefused:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _check_regular(path: Path | str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _KINDS if test(mode)), "a special file")
+        raise FileRefused(path, f"not a regular file ({what})")
+
+
+def read_text(path: Path | str, kind: str, limit: int | None = None) -> str:
+    """A UTF-8 text file of ``kind``."""
+    data = read_bytes(path, kind, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileRefused(path, f"not UTF-8 text (byte {exc.start})") from None
+
+
+def read_json(path: Path | str, kind: str, max_depth: int = MAX_DEPTH, limit: int | None = None) -> Any:
+    """A JSON file of ``kind``: bounded read, then :func:`.safe_json.loads_bounded`."""
+    return parse_json(read_text(path, kind, limit), path, max_depth)
+
+
+def parse_json(text: str, path: Path | str, max_depth: int = MAX_DEPTH) -> Any:
+    """JSON text read from ``path`` (or bytes of it, such as a safetensors header)."""
+    try:
+        return loads_bounded(text, max_depth)
+    except JsonRefused as exc:
+        raise FileRefused(path, f"not valid JSON ({exc})") from None
+
+
+_TOML_HEADER = re.compile(r"^[ \t]*\[", re.MULTILINE)
+# TOML_MAX_KEY_PARTS parts joined by dots, anywhere (a table header, a key, an inline table's key);
+# each attempt starts at the beginning of a word, so the scan stays linear.
+_TOML_PART = r"""(?:(?<![\w-])[\w-]+|"[^"\n]*"|'[^'\n]*')"""
+_TOML_DOTTED = re.compile(rf"(?:{_TOML_PART}[ \t]*\.[ \t]*){{{TOML_MAX_KEY_PARTS - 1}}}{_TOML_PART}")
+_TOML_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def read_toml(path: Path | str, limit: int | None = None) -> dict[str, Any]:
+    """A TOML file, with the shapes that make ``tomllib`` slow refused before it parses."""
+    text = read_text(path, "toml", limit)
+    tables = len(_TOML_HEADER.findall(text))
+    if tables > TOML_MAX_TABLES:
+        raise FileRefused(path, f"not a training config: {tables} tables (limit {TOML_MAX_TABLES})")
+    dotted = _TOML_DOTTED.search(text)
+    if dotted:
+        line = text.count("\n", 0, dotted.start()) + 1
+        raise FileRefused(path, f"line {line}: a dotted key of {TOML_MAX_KEY_PARTS} parts or more")
+    depth = 0
+    for bracket in _TOML_BRACKETS.findall(text):  # strings counted too: only ever an overestimate
+        depth = depth + 1 if bracket in "[{" else max(depth - 1, 0)
+        if depth > MAX_DEPTH:
+            raise FileRefused(path, f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise FileRefused(path, f"not valid TOML ({exc})") from None
+    except (RecursionError, ValueError) as exc:  # ValueError: an integer of too many digits
+        raise FileRefused(path, f"not valid TOML ({type(exc).__name__})") from None
+
+
+def _size(n: int) -> str:
+    return f"{n / MB:.1f} MB" if n >= MB else f"{n / KB:.0f} KB" if n >= KB else f"{n} bytes"

@@ -1,0 +1,516 @@
+"""Each matrix product's kernel, chosen by timing the candidates on this machine.
+
+The fastest way to multiply a weight by one row depends on the CPU (its vector units, caches and
+BLAS), the matrix's shape and the thread count: fp32 ``F.linear`` streams at 13-16 GB/s on one
+AMD EPYC and 27 GB/s on an Intel Sapphire Rapids, where splitting its rows across threads then
+gains nothing; fbgemm's int8 beats torch's weight-only int8 on one and not the other. A table
+written from one machine is what failed, so at the first load of a shape, dtype and thread count
+the candidates of the mode are timed here and the fastest that keeps the mode's contract is used:
+
+* exact: bit-identical to ``F.linear`` (each route is checked bit for bit by ``gemv.ExactLinear``
+  before it is used; timing only orders them);
+* fast (``fp16``): relative error of the product at most :data:`TOLERANCE` ``["fp16"]``, which
+  keeps the next-token KL near 1e-7 (bf16 compute, ~3e-3 per product, gives ~1e-4 and is refused);
+* int8: at most :data:`TOLERANCE` ``["int8"]`` (int8 per channel is ~1e-2; 4-bit groups, ~8e-2,
+  are timed and refused).
+
+The error bound is checked on the real weight at every load (it depends on the values); the
+timings depend on the machine only and are cached in a JSON file keyed by the CPU, torch's
+version and the thread count, so later loads time nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import psutil
+import torch
+import torch.nn.functional as F
+
+from desktop.engine.files.bounded import FileRefused, read_json
+from desktop.engine.kernels import gemv
+from desktop.engine.kernels.gemv import ExactLinear, Kernel, Route
+
+logger = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+MAX_CACHE_BYTES = 1 << 20  # a few hundred shapes; a bigger file is not ours, and is started afresh
+# Relative RMS error of one product against fp32 that each lossy mode accepts (see the docstring).
+TOLERANCE = {"fp16": 1e-3, "int8": 2e-2}
+ROUNDS = 9  # samples per candidate; the fastest is kept
+# In a decode step every matrix comes from DRAM (the rest of the model evicts it), so a matrix of
+# a megabyte or more is timed after reading this much other memory, more than the last-level cache
+# of the desktop and laptop CPUs this runs on. Smaller ones are dominated by fixed costs, and timed
+# warm, several calls per sample.
+FLUSH_BYTES = 64 << 20
+FLUSH_FROM = 1 << 20
+WARM_CALLS = 8
+# A matrix bigger than this (fp32) is timed on a slice of its rows (at least MIN_PACKED_ROWS).
+TIMING_BYTES = 32 << 20
+# Lossy candidates are timed streaming through this many bytes of copies in their own form (more
+# than the last-level cache of the desktop CPUs this runs on), in this many passes.
+STREAM_BYTES = 64 << 20
+STREAM_ROUNDS = 5
+# At most this many copies: a matrix under 1 MB is mostly fixed costs (and building hundreds of
+# packed copies would slow the first load more than it sharpens the ranking).
+MAX_COPIES = 64
+MIN_PACKED_ROWS = 256
+ERROR_ROWS = 4
+# Timings taken while other processes used more than this share of all cores are not saved.
+BUSY_SHARE = 0.25  # random rows the error of a lossy candidate is measured with
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    build: Callable[[torch.Tensor], Kernel]
+
+
+def _candidates(kind: str) -> list[Candidate]:
+    """What may compute a product in ``kind`` mode on this build of torch, fastest unknown."""
+    fbgemm = gemv.fbgemm_available()
+    if kind == "fp16":
+        found = [Candidate("fbgemm fp16", gemv.PackedFp16Linear)] if fbgemm else []
+        return [
+            *found,
+            Candidate("fp16 F.linear", lambda w: gemv.HalfLinear(w, torch.float16)),
+            Candidate("bf16 F.linear", lambda w: gemv.HalfLinear(w, torch.bfloat16)),
+        ]
+    if kind == "int8":
+        found = [Candidate("fbgemm int8", gemv.Int8Linear)] if fbgemm else []
+        return [
+            *found,
+            Candidate("int8 weight-only", gemv.Int8WeightOnlyLinear),
+            Candidate("int4 weight-only", gemv.Int4WeightOnlyLinear),
+        ]
+    raise ValueError(f"no candidates for {kind!r}")
+
+
+def _cpu_name() -> str:
+    """The CPU's model as the OS names it (with family and model numbers on Linux, where a VM may
+    show only "AMD EPYC" for several generations)."""
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+            )
+            return out.stdout.strip() or platform.machine()
+        except (OSError, subprocess.SubprocessError):
+            return platform.machine()
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block names the model
+                key, _, value = line.partition(":")
+                info[key.strip()] = value.strip()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = info.get("model name") or info.get("Hardware") or platform.machine()
+    if "cpu family" in info:
+        name += f" (family {info['cpu family']} model {info.get('model', '?')})"
+    return name
+
+
+@cache
+def machine_id() -> str:
+    """What the timings depend on besides the thread count: the CPU, the vector unit torch
+    dispatches to, and torch's version (its kernels change between releases)."""
+    return f"{_cpu_name()} · {torch.backends.cpu.get_cpu_capability()} · torch {torch.__version__}"
+
+
+def relative_error(kernel: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor) -> float:
+    """RMS error of ``kernel``'s product over fp32 ``F.linear``'s, relative to the product's RMS,
+    for :data:`ERROR_ROWS` random rows."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(1, ERROR_ROWS, weight.shape[1], generator=generator).to(weight.dtype)
+    with torch.inference_mode():
+        reference = F.linear(x, weight).double()
+        got = torch.cat([kernel(x[:, i : i + 1]) for i in range(ERROR_ROWS)], 1).double()
+    scale = reference.norm().item() or 1.0
+    return (got - reference).norm().item() / scale
+
+
+def _best_us(calls: dict[str, Callable[[], object]], flush: torch.Tensor | None) -> dict[str, float]:
+    """The fastest of :data:`ROUNDS` samples of each of ``calls``, in microseconds, each sample
+    after evicting the caches when ``flush`` is given, else the mean of :data:`WARM_CALLS` calls.
+
+    The candidates take turns within each round, so a burst of load hits them alike. And the
+    minimum, not the median: on a busy machine (a browser, another model in Compare) a product
+    whose threads lose the CPU takes a scheduler slice longer, often in most samples; that only
+    ever adds time, so the fastest sample is the kernel's own speed."""
+    for call in calls.values():
+        call()
+        call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(ROUNDS):
+        for name, call in calls.items():
+            if flush is not None:
+                flush.sum()  # reads FLUSH_BYTES: the weight is no longer in any cache
+                t0 = time.perf_counter()
+                call()
+                samples[name].append(time.perf_counter() - t0)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(WARM_CALLS):
+                    call()
+                samples[name].append((time.perf_counter() - t0) / WARM_CALLS)
+    return {name: min(times) * 1e6 for name, times in samples.items()}
+
+
+class OtherLoad:
+    """How much of the machine other processes used from creation to :meth:`share`."""
+
+    def __init__(self) -> None:
+        self._me = psutil.Process()
+        self._start = (time.monotonic(), self._busy(), self._mine())
+
+    def _busy(self) -> float:
+        t = psutil.cpu_times()
+        return t.user + t.system + getattr(t, "nice", 0.0)
+
+    def _mine(self) -> float:
+        t = self._me.cpu_times()
+        return t.user + t.system
+
+    def share(self) -> float:
+        """Other processes' CPU time over the wall time of every core, since creation (0..1)."""
+        wall = (time.monotonic() - self._start[0]) * (psutil.cpu_count() or 1)
+        others = (self._busy() - self._start[1]) - (self._mine() - self._start[2])
+        return max(0.0, others / wall) if wall > 0 else 0.0
+
+
+def _stream_times(
+    candidates: list[Candidate], part: torch.Tensor, refused: dict[str, str]
+) -> dict[str, float]:
+    """µs per product of each candidate, streaming: built on enough copies of ``part`` to fill
+    :data:`STREAM_BYTES` in its own form, each sample runs them one after another, as a decode
+    step runs its layers, so each product reads its matrix from DRAM with the prefetchers at work.
+
+    (Timing one product alone after evicting the caches ranked torch's weight-only int8 10%
+    ahead of fbgemm's int8 on an AMD EPYC, where a whole decode step with it was 45% slower;
+    streamed, fbgemm came out 1.4-1.8x ahead, as in the step.) One candidate's copies exist at a
+    time, so the candidates are timed in turn; the fastest of several passes over the copies
+    counts (a busy machine only adds time)."""
+    x = torch.randn(1, 1, part.shape[1], dtype=part.dtype)
+    timed: dict[str, float] = {}
+    for candidate in candidates:
+        try:
+            first = candidate.build(part.clone())  # a copy of its own, even for fp32
+            first(x)
+        except (RuntimeError, ValueError, NotImplementedError) as exc:  # not in this build
+            refused[candidate.name] = f"unavailable ({str(exc).splitlines()[0][:80]})"
+            continue
+        count = min(MAX_COPIES, max(1, -(-STREAM_BYTES // max(1, first.weight_nbytes))))
+        copies = [first, *(candidate.build(part.clone()) for _ in range(count - 1))]
+        timed[candidate.name] = _stream_us(copies, x)
+        del first, copies
+    return timed
+
+
+def _stream_us(copies: list[Kernel], x: torch.Tensor) -> float:
+    """The fastest of :data:`STREAM_ROUNDS` passes over ``copies``, in µs per product."""
+    for kernel in copies:
+        kernel(x)
+    samples = []
+    for _ in range(STREAM_ROUNDS):
+        t0 = time.perf_counter()
+        for kernel in copies:
+            kernel(x)
+        samples.append((time.perf_counter() - t0) / len(copies))
+    return min(samples) * 1e6
+
+
+@dataclass
+class Choice:
+    """What was chosen for one matrix shape, for ``nanoscope bench`` and the status bar."""
+
+    shape: tuple[int, int]
+    mode: str
+    chosen: str
+    timings_us: dict[str, float] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # candidate -> why it was not used
+
+    def line(self) -> str:
+        n, k = self.shape
+        by_speed = sorted(self.timings_us.items(), key=lambda item: item[1])
+        others = ", ".join(f"{name} {us:.0f}" for name, us in by_speed)
+        refused = "; ".join(f"{name}: {why}" for name, why in self.refused.items())
+        text = f"{n}×{k} {self.mode}: {self.chosen}"
+        if others:
+            text += f" (µs: {others})"
+        return text + (f"; refused {refused}" if refused else "")
+
+
+class KernelTuner:
+    """Times candidate kernels once per machine, shape and thread count, and keeps the verdicts
+    (in memory, and in ``cache_file`` when given). Safe to share between worker threads."""
+
+    def __init__(self, cache_file: Path | None = None) -> None:
+        self.cache_file = cache_file
+        self._lock = threading.RLock()
+        self._timings: dict[str, dict[str, dict[str, float]]] = self._read()  # threads -> entry -> µs
+        self.measured = 0  # candidates timed by this tuner (the cache's effect is visible here)
+        self._provisional: set[tuple[str, str]] = set()  # (threads, entry) timed on a busy machine
+        self._choices: weakref.WeakKeyDictionary[object, Choice] = weakref.WeakKeyDictionary()
+
+    # ----- the cache ----------------------------------------------------------------------------
+
+    def _read(self) -> dict[str, dict[str, dict[str, float]]]:
+        if self.cache_file is None or not self.cache_file.exists():
+            return {}
+        try:
+            data = read_json(self.cache_file, "state", max_depth=8, limit=MAX_CACHE_BYTES)
+            if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+                return {}
+            mine = data.get("machines", {}).get(machine_id(), {})
+            return {
+                threads: {
+                    entry: {name: float(us) for name, us in timings.items() if _is_timing(us)}
+                    for entry, timings in entries.items()
+                    if isinstance(timings, dict)
+                }
+                for threads, entries in mine.items()
+                if isinstance(entries, dict)
+            }
+        except (FileRefused, AttributeError) as exc:
+            logger.warning("kernel timings in %s not used (%s); timing again", self.cache_file, exc)
+            return {}
+
+    def _write(self) -> None:
+        """Merge this machine's timings into the file (other machines' entries stay), atomically."""
+        if self.cache_file is None:
+            return
+        try:
+            data: dict = {"version": CACHE_VERSION, "machines": {}}
+            if self.cache_file.exists():
+                try:
+                    old = read_json(self.cache_file, "state", max_depth=8, limit=MAX_CACHE_BYTES)
+                    machines = old.get("machines") if isinstance(old, dict) else None
+                    if isinstance(machines, dict) and old.get("version") == CACHE_VERSION:
+                        data["machines"] = dict(machines)
+                except FileRefused:
+                    pass  # replaced below
+            data["machines"][machine_id()] = {
+                threads: {e: t for e, t in entries.items() if (threads, e) not in self._provisional}
+                for threads, entries in self._timings.items()
+            }
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.cache_file.parent, prefix=".kernels-")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.cache_file)
+        except OSError as exc:
+            logger.warning("could not save kernel timings to %s: %s", self.cache_file, exc)
+
+    def forget(self) -> None:
+        """Drop this machine's timings, here and in the file: every candidate is timed again."""
+        with self._lock:
+            self._timings.clear()
+            self._provisional.clear()
+            self._write()
+
+    def timings(self, entry: str, threads: int) -> dict[str, float]:
+        with self._lock:
+            return dict(self._timings.get(str(threads), {}).get(entry, {}))
+
+    def _measure(
+        self,
+        entry: str,
+        threads: int,
+        names: Sequence[str],
+        time_them: Callable[[list[str]], dict[str, float]],
+        scale: float = 1.0,
+    ) -> dict[str, float]:
+        """µs per product of each of ``names`` not yet timed for ``entry``, by ``time_them`` (times
+        ``scale``, for a product timed on a slice of the matrix), saved to the file; then all of
+        ``entry``'s timings."""
+        with self._lock:
+            known = self._timings.setdefault(str(threads), {}).setdefault(entry, {})
+            missing = [name for name in names if name not in known]
+            if missing:
+                others = OtherLoad()
+                with torch.inference_mode():
+                    timed = time_them(missing)
+                self.measured += len(timed)
+                known.update({name: round(us * scale, 2) for name, us in timed.items()})
+                busy = others.share()
+                if busy > BUSY_SHARE:
+                    # Kernels that need every core lose most on a busy machine, so these timings
+                    # would wrongly favour single-threaded ones for good: use them now, keep them
+                    # out of the file, and time again at the next start.
+                    self._provisional.add((str(threads), entry))
+                    logger.info(
+                        "timed %s while other programs used %.0f%% of the CPU; not saved", entry, 100 * busy
+                    )
+                else:
+                    self._provisional.discard((str(threads), entry))
+                    self._write()
+            return dict(known)
+
+    # ----- exact mode: order the routes that ExactLinear checks bit for bit ---------------------
+
+    def rank_routes(self, product: ExactLinear, threads: int, routes: dict[str, Route]) -> list[str]:
+        """``routes``' names, fastest first, timed at ``threads`` threads (the caller's count)."""
+        x = torch.randn(1, 1, product.in_features, dtype=product.weight.dtype)
+        calls = {name: _bind(route, x) for name, route in routes.items()}
+
+        def time_them(missing: list[str]) -> dict[str, float]:
+            big = product.weight_nbytes >= FLUSH_FROM
+            flush = torch.empty(FLUSH_BYTES // 4).normal_() if big else None
+            return _best_us({name: calls[name] for name in missing}, flush)
+
+        timed = self._measure(_exact_entry(product), threads, list(routes), time_them)
+        return sorted(routes, key=lambda name: timed[name])
+
+    # ----- building products ----------------------------------------------------------------------
+
+    def exact(self, weight: torch.Tensor, parts: Sequence[int] = ()) -> ExactLinear:
+        """Exact mode's product, its routes ordered by timing them on the CPU. A GPU runs
+        kernels asynchronously (a host clock would time the launch), and has one route there."""
+        product = ExactLinear(weight, parts)
+        if weight.device.type == "cpu":
+            for each in (product, *product._part_products):
+                each.rank = self.rank_routes
+        return product
+
+    def product(self, weight: torch.Tensor, kind: str, parts: Sequence[int] = ()) -> Kernel:
+        """The kernel computing ``x @ weight.T`` in ``kind`` mode (a bias-free weight). ``parts``:
+        the row counts of matrices fused into ``weight``, which exact mode matches one by one."""
+        if kind not in gemv.GEMV_KINDS:
+            raise ValueError(f"unknown matrix-vector kind {kind!r}")
+        if kind == "plain":
+            return gemv.PlainLinear(weight)
+        if kind == "exact" or not gemv.packs(weight, kind):
+            return self.exact(weight, parts)
+        return self._lossy(weight, kind)
+
+    def _lossy(self, weight: torch.Tensor, kind: str) -> Kernel:
+        """The fastest candidate of ``kind`` whose error on this weight is within the bound; the
+        fp32 routes (exact) when none is."""
+        threads = torch.get_num_threads()
+        n, k = weight.shape
+        entry = f"{kind} {weight.dtype} {n}x{k}"
+        refused: dict[str, str] = {}
+        # fp32 is a candidate of every lossy mode: where fp32 products stream fast enough (small
+        # matrices, a CPU without a fast 16- or 8-bit kernel), fewer bytes may not pay for the
+        # conversion, and fp32 keeps every contract.
+        candidates = {c.name: c for c in (*_candidates(kind), Candidate("fp32 exact", self.exact))}
+        with self._lock:
+            timed = self.timings(entry, threads)
+            untimed = [c for name, c in candidates.items() if name not in timed]
+            if untimed:
+                timed = self._time_candidates(entry, threads, weight, untimed, refused)
+        bound = TOLERANCE[kind]
+        for name in sorted((name for name in timed if name in candidates), key=timed.__getitem__):
+            kernel = candidates[name].build(weight)
+            error = relative_error(kernel, weight)
+            if error <= bound:
+                with self._lock:  # Compare's panes load on their own threads
+                    self._choices[kernel] = Choice((n, k), kind, name, timed, refused)
+                return kernel
+            refused[name] = f"error {error:.1e} > {bound:.0e}"
+        logger.info("%s %dx%d: no candidate within %.0e; exact fp32", kind, n, k, bound)
+        return self.exact(weight)
+
+    def _time_candidates(
+        self,
+        entry: str,
+        threads: int,
+        weight: torch.Tensor,
+        untimed: list[Candidate],
+        refused: dict[str, str],
+    ) -> dict[str, float]:
+        """Time ``untimed`` on (the first rows of) ``weight``; a candidate this build of torch
+        cannot run goes to ``refused``. A matrix above :data:`TIMING_BYTES` is timed on a slice of
+        its rows: the same columns and memory access, bounded memory, the time scaled up."""
+        n, k = weight.shape
+        # A multiple of 64 rows: packed layouts want whole tiles of rows (torch's int4: 16).
+        rows = min(n, max(MIN_PACKED_ROWS, TIMING_BYTES // (4 * k) // 64 * 64))
+        part = weight[:rows]
+        by_name = {candidate.name: candidate for candidate in untimed}
+
+        def time_them(missing: list[str]) -> dict[str, float]:
+            return _stream_times([by_name[name] for name in missing], part, refused)
+
+        return self._measure(entry, threads, list(by_name), time_them, scale=n / rows)
+
+    def install(self, module: torch.nn.Linear, kind: str) -> None:
+        """Route a bias-free Linear through ``kind``'s kernel.
+
+        A kind that stores the weight in another form takes it over: the module's own ``weight``
+        becomes None, so the fp32 matrix is freed as soon as it is converted (the next one is
+        converted after, so memory holds one extra matrix at a time).
+        """
+        weight = module.weight
+        # An instance attribute shadows Linear.forward (mypy: a kernel is the same kind of callable).
+        module.forward = self.product(weight, kind)  # type: ignore[method-assign, assignment]
+        if gemv.packs(weight, kind):
+            module.register_parameter("weight", None)
+
+    def describe(self, kernels: Sequence[Kernel]) -> list[Choice]:
+        """One :class:`Choice` per distinct shape and choice among ``kernels`` (a model's
+        products), in order."""
+        threads = torch.get_num_threads()
+        seen: dict[tuple, Choice] = {}
+        for kernel in kernels:
+            with self._lock:
+                choice = self._choices.get(kernel)
+            if choice is None and isinstance(kernel, ExactLinear):
+                timings = self.timings(_exact_entry(kernel), threads)
+                if timings:  # an untimed product (a gate of a dozen weights) has one route
+                    choice = Choice(tuple(kernel.weight.shape), "exact", kernel.chosen, timings)  # type: ignore[arg-type]
+            if choice is not None:
+                seen.setdefault((choice.shape, choice.mode, choice.chosen), choice)
+        return list(seen.values())
+
+
+def _is_timing(value: object) -> bool:
+    """A time in µs as this cache writes it. Compared before ``float()``: a 400-digit integer in
+    a damaged file would overflow it."""
+    return type(value) in (int, float) and 0 <= value < 1e12  # type: ignore[operator]
+
+
+def _bind(kernel: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], object]:
+    return lambda: kernel(x)
+
+
+def shown_precision(name: str, choices: Sequence[Choice]) -> str:
+    """``name``, unless a 16- or 8-bit mode found fp32 fastest for every matrix (a tiny model):
+    then the model runs in fp32, and the status bar should say so."""
+    lossy = [choice for choice in choices if choice.mode != "exact"]
+    if lossy and all(choice.chosen == "fp32 exact" for choice in lossy):
+        return "float32 (fastest here)"
+    return name
+
+
+def _exact_entry(product: ExactLinear) -> str:
+    w = product.weight
+    parts = f" parts {','.join(map(str, product.part_rows))}" if product.part_rows else ""
+    return f"exact {w.dtype} {w.shape[0]}x{w.shape[1]}{parts}"
+
+
+_shared: dict[Path | None, KernelTuner] = {}
+_shared_lock = threading.Lock()
+
+
+def tuner_for(cache_file: Path | None) -> KernelTuner:
+    """One tuner per cache file for the whole process, so Compare's panes share their timings."""
+    with _shared_lock:
+        if cache_file not in _shared:
+            _shared[cache_file] = KernelTuner(cache_file)
+        return _shared[cache_file]

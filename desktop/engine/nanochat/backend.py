@@ -1,0 +1,244 @@
+"""The nanochat engine behind the :class:`~desktop.engine.backend.Backend` seam.
+
+A loaded nanochat-family checkpoint (every upstream era and the C++ fork) with its tokenizer and
+a prefix cache. The prefix cache keeps the KV cache of the last request: when the next prompt
+extends (or shares a prefix with) the cached tokens, only the new tokens are prefilled; the
+cache's per-position histories make this exact for every era (E7 smear, E4 bigram, Engram).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from desktop.engine.backend import (
+    DEFAULT_STREAM,
+    Capabilities,
+    GenerationStats,
+    LoadOptions,
+    ModelInfo,
+    Progress,
+    Prompt,
+    StreamOptions,
+)
+from desktop.engine.decode.generation import stream_reply
+from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.decode.scoring import score_reply, token_label
+from desktop.engine.discovery import PHASES
+from desktop.engine.errors import NanoscopeError, TokenizerError
+from desktop.engine.kernels.tuning import shown_precision
+from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.nanochat.chat_format import render_completion_prompt, render_for_completion
+from desktop.engine.nanochat.loader import LoadedModel, load_model
+from desktop.engine.nanochat.tokenizer import Tokenizer, select_tokenizer
+from desktop.engine.params import SamplingParams
+
+# A reply may take up to this share of the context when old turns must make room for it; longer
+# replies may run past sequence_len, as they can in nanochat.
+REPLY_SHARE = 4
+
+
+def tokenizer_dirs(directory: Path, base_dir: Path | None) -> list[Path]:
+    """Where to look for a tokenizer: the checkpoint dir, ``<phase dir>/../tokenizer``, then
+    ``<base_dir>/tokenizer``."""
+    dirs = [directory]
+    if directory.parent.name in PHASES:
+        dirs.append(directory.parent.parent / "tokenizer")
+    if base_dir is not None:
+        dirs.append(base_dir / "tokenizer")
+    out: list[Path] = []
+    for d in dirs:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def display_name(directory: Path, step: int | None) -> str:
+    """ "sft/d20 · step 1,500" (a folder outside the phase layout goes by its own name)."""
+    source = PHASES.get(directory.parent.name)
+    where = f"{source}/{directory.name}" if source else directory.name
+    return f"{where} · step {step:,}" if step is not None else where
+
+
+class NanochatBackend:
+    """A nanochat checkpoint, ready to stream replies. Every method runs on one thread."""
+
+    def __init__(self, loaded: LoadedModel, tok: Tokenizer) -> None:
+        self.loaded = loaded
+        self.tok = tok
+        self.model = loaded.model
+        # Base checkpoints and tokenizers without chat tokens (the fork's C++ one) complete text.
+        self.chat_mode = tok.has_chat_tokens and loaded.directory.parent.name != "base_checkpoints"
+        self._cache: KVCache | None = None
+        self._info = self._describe()
+
+    @classmethod
+    def open(
+        cls, directory: Path, options: LoadOptions | None = None, progress: Progress | None = None
+    ) -> NanochatBackend:
+        opts = options or LoadOptions()
+        directory = Path(directory).expanduser()
+        loaded = load_model(
+            directory, opts.step, opts.device, opts.dtype, opts.softcap, progress, opts.kernel_cache
+        )
+        tok = select_tokenizer(
+            tokenizer_dirs(directory, opts.base_dir),
+            loaded.config.vocab_size,
+            loaded.config.is_fork,
+            explicit=opts.tokenizer,
+        )
+        tok.special_id("<TOOL_RESULT>")  # resolves (and warns about) the fork's id-19 fallback now
+        loaded.warnings.extend(tok.warnings)
+        backend = cls(loaded, tok)
+        backend.warm_up()
+        return backend
+
+    def warm_up(self) -> None:
+        """One tiny forward so the first reply does not pay for kernel selection and allocations."""
+        with torch.inference_mode():
+            ids = torch.zeros(1, 2, dtype=torch.long, device=self.model.device)
+            cache = KVCache(self.model.config, 1, 4, self.model.device, self.model.compute_dtype)
+            self.model(ids, cache, last_only=True)
+            self.model(ids[:, :1], cache, last_only=True)
+        # The first one-row products chose their routes: now the choices can be shown.
+        choices = self.model.kernel_choices()
+        self._info = replace(
+            self._info,
+            kernels=tuple(choice.line() for choice in choices),
+            precision=shown_precision(self._info.precision, choices),
+        )
+
+    def _describe(self) -> ModelInfo:
+        loaded, cfg = self.loaded, self.loaded.config
+        return ModelInfo(
+            family="nanochat-fork" if cfg.is_fork else "nanochat",
+            path=str(loaded.directory),
+            name=display_name(loaded.directory, loaded.step),
+            source=PHASES.get(loaded.directory.parent.name, "folder"),
+            tag=loaded.directory.name,
+            step=loaded.step,
+            parameters=loaded.n_params,
+            context_length=cfg.sequence_len,
+            device=str(loaded.device),
+            device_name=loaded.device_name,
+            precision=loaded.precision.name,
+            capabilities=Capabilities(chat=self.chat_mode),
+            era=cfg.era,
+            attention=loaded.attention,
+            tokenizer=str(self.tok.path),
+            tokenizer_kind=self.tok.kind,
+            vocab_size=cfg.vocab_size,
+            meta_hash=loaded.meta_hash,
+            warnings=tuple(loaded.warnings),
+            load_seconds=round(loaded.load_seconds, 3),
+        )
+
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def render(
+        self,
+        conversation: Sequence[Message] | str,
+        max_tokens: int | None,
+        chat: bool | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Prompt:
+        """Prompt ids; with ``max_tokens``, the oldest turns make room for a reply of up to a
+        quarter of the context (None: nothing is dropped)."""
+        seq = self.loaded.config.sequence_len
+        budget = None if max_tokens is None else max(1, seq - min(max_tokens, seq // REPLY_SHARE))
+        if chat and not self.tok.has_chat_tokens:
+            raise TokenizerError(f"{self.tok.path}: this tokenizer has no chat tokens")
+        tok = _Cancellable(self.tok, cancel) if cancel is not None else self.tok
+        if isinstance(conversation, str):
+            messages: tuple[Message, ...] = ()
+            rendered = render_completion_prompt(tok, conversation, budget)
+        elif chat or (chat is None and self.chat_mode):
+            messages = tuple(conversation)
+            rendered = render_for_completion(tok, list(messages), budget)
+            messages = messages[rendered.dropped_turns :] if rendered.dropped_turns else messages
+        else:
+            messages = tuple(conversation)
+            text = "".join(m.plain_text() for m in messages if m.role != "system")
+            rendered = render_completion_prompt(tok, text, budget)
+        return Prompt(
+            messages=messages,
+            ids=tuple(rendered.ids),
+            tokens=len(rendered.ids),
+            context_length=seq,
+            dropped_turns=rendered.dropped_turns,
+            truncated=rendered.truncated,
+        )
+
+    def prompt_of_ids(self, ids: Sequence[int]) -> Prompt:
+        """A prompt given as token ids (checked against the vocabulary)."""
+        vocab = self.loaded.config.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise NanoscopeError(f"token ids out of range for vocab {vocab}: {bad[:5]}")
+        return Prompt((), tuple(ids), len(ids), self.loaded.config.sequence_len)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        cancel: threading.Event,
+        options: StreamOptions = DEFAULT_STREAM,
+        stats: GenerationStats | None = None,
+    ) -> Iterator[TokenEvent]:
+        """Stream a reply to ``prompt``. With ``options.reuse_cache`` the KV cache of the previous
+        request is kept: generation prefills only what follows the longest prefix it shares."""
+        ids = prompt.require_ids()
+        if not options.reuse_cache or self._cache is None:
+            cfg = self.model.config
+            cap = min(cfg.rope_len, len(ids) + (params.max_tokens or cfg.sequence_len))
+            self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
+        yield from stream_reply(
+            self.model,
+            self.tok,
+            ids,
+            params,
+            cache=self._cache,
+            cancel=cancel,
+            stats=stats,
+            logprobs=options.logprobs,
+            threads=options.threads,
+        )
+
+    def score(
+        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+    ) -> dict[str, Any]:
+        return score_reply(self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip)
+
+    def token_label(self, token_id: int) -> str:
+        return token_label(self.tok, token_id) if token_id >= 0 else ""
+
+    def reset_cache(self) -> None:
+        self._cache = None
+
+    def close(self) -> None:
+        self.reset_cache()
+        self.model = None  # type: ignore[assignment]
+        self.loaded.model = None  # type: ignore[assignment]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class _Cancellable:
+    """The tokenizer with Stop wired into every encode, for chat rendering (which calls
+    ``encode`` per turn and knows nothing of cancellation)."""
+
+    def __init__(self, tok: Tokenizer, cancel: threading.Event) -> None:
+        self._tok = tok
+        self._cancel = cancel
+
+    def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
+        return self._tok.encode(text, cancel or self._cancel)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tok, name)

@@ -1,0 +1,131 @@
+"""Pure functions of the Compare view: step sweeps, first divergence, token diffs, CPU sharing
+and labels (no Qt, no torch)."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from desktop.engine.files.bounded import FileRefused, open_regular
+from desktop.engine.params import SamplingParams
+
+MIN_PANES, MAX_PANES = 2, 4
+LETTERS = "ABCD"
+# What a pane may set for itself; the rest of the sampling values are shared.
+OVERRIDE_KEYS = ("temperature", "top_k", "seed")
+
+
+def sweep_steps(steps: Sequence[int], count: int = MAX_PANES) -> list[int]:
+    """Up to ``count`` evenly spaced steps of ``steps``, the first and the latest included."""
+    ordered = sorted(set(steps))
+    if len(ordered) <= count:
+        return ordered
+    picks = sorted({round(i * (len(ordered) - 1) / (count - 1)) for i in range(count)})
+    return [ordered[i] for i in picks]
+
+
+def first_divergence(
+    runs: Sequence[Sequence[Any]], complete: Sequence[bool], start: int = 0
+) -> tuple[int | None, int]:
+    """(index where the token lists first differ or None, length known to agree so far).
+
+    The items are token ids, or token texts where a backend gives no ids. A list that has ended
+    while another has a token at that index diverges there. A list still streaming that has not
+    reached the index yet leaves the answer open (None), and the returned length lets the next
+    call start where this one stopped, so streaming costs O(new tokens).
+    """
+    i = start
+    while True:
+        have = [i < len(r) for r in runs]
+        if all(have):
+            if any(r[i] != runs[0][i] for r in runs[1:]):
+                return i, i
+            i += 1
+            continue
+        ended = any(not h and done for h, done in zip(have, complete, strict=True))
+        return (i if ended and any(have) else None), i
+
+
+@dataclass(frozen=True)
+class DiffSpan:
+    """A token range that differs between reply A (``a_start:a_end``) and reply B (``b_start:b_end``).
+
+    ``tag`` is difflib's: "delete" (only in A), "insert" (only in B) or "replace" (both sides differ).
+    """
+
+    tag: str
+    a_start: int
+    a_end: int
+    b_start: int
+    b_end: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def token_diff(a: Sequence[Any], b: Sequence[Any]) -> list[DiffSpan]:
+    """The differing spans between two token lists (no junk heuristics: every token counts)."""
+    matcher = difflib.SequenceMatcher(None, list(a), list(b), autojunk=False)
+    return [DiffSpan(tag, i1, i2, j1, j2) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+
+
+def effective_params(shared: SamplingParams, overrides: Mapping[str, Any]) -> SamplingParams:
+    """The sampling values a pane runs with: the shared ones, then its overrides that are set."""
+    return shared.with_values(**{k: v for k, v in overrides.items() if k in OVERRIDE_KEYS and v is not None})
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_threads(mode: str, count: int, cores: int) -> list[int | None]:
+    """Intra-op threads for each of ``count`` CPU panes sharing ``cores`` cores under ``mode``.
+
+    One pane keeps the default. "parallel": each gets ``cores // count`` and all compute at
+    once. "interleaved": each keeps every core but waits its turn per token (a shared lock).
+    """
+    if count < 2:
+        return [None] * count
+    if mode == "interleaved":
+        return [cores] * count
+    return [max(1, cores // count)] * count
+
+
+def checkpoint_label(meta: Mapping[str, Any]) -> str:
+    """A reply's model as "sft/d20 · step 1,500" (from what the reply recorded)."""
+    if meta.get("name"):
+        return str(meta["name"])
+    step = meta.get("step")
+    where = "/".join(str(x) for x in (meta.get("source"), meta.get("tag")) if x) or "?"
+    return f"{where} · step {step:,}" if isinstance(step, int) else where
+
+
+def describe_sampling(values: Mapping[str, Any]) -> str:
+    """Recorded sampling values as "greedy" or "T 0.8 · top-k 50 · seed 42"."""
+    try:
+        return SamplingParams.from_dict({k: v for k, v in values.items() if v is not None}).describe()
+    except ValueError:
+        return "?"
+
+
+def _file_digest(path: str) -> str:
+    try:
+        digest = hashlib.sha256()
+        with open_regular(path) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    except (FileRefused, OSError):
+        return path
+
+
+def same_tokenizer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether token ids mean the same text under two models (same file, or same bytes)."""
+    ta, tb = a.get("tokenizer"), b.get("tokenizer")
+    if not ta or not tb or a.get("vocab_size") != b.get("vocab_size"):
+        return False
+    return ta == tb or _file_digest(ta) == _file_digest(tb)

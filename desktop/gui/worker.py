@@ -1,0 +1,279 @@
+"""The model worker: one long-lived QObject per loaded model, living on its own QThread.
+
+Requests arrive through queued signals; tokens, progress, errors and completion leave through
+signals. The worker knows a model only as a :class:`~desktop.engine.backend.Backend`, opened on
+this thread (torch is imported by the first load, so the window appears at once). Stop is a
+``threading.Event`` set directly from the GUI thread and checked between tokens: a queued "stop"
+slot would wait behind the running generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from desktop.engine.backend import (
+    DEFAULT_STREAM,
+    Backend,
+    GenerationStats,
+    LoadOptions,
+    Progress,
+    StreamOptions,
+)
+from desktop.engine.errors import NanoscopeError, is_out_of_memory
+from desktop.engine.files.tokenizer_checks import EncodingCancelled
+from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# Opens a model on the worker thread: engine.registry.open_backend, or a test's own.
+Opener = Callable[[Path, LoadOptions, Progress], Backend]
+
+
+def default_opener(target: Path, options: LoadOptions, progress: Progress) -> Backend:
+    from desktop.engine.registry import open_backend  # imports torch lazily, on the worker thread
+
+    return open_backend(target, options, progress)
+
+
+def _fatal(exc: BaseException) -> bool:
+    """What must end the thread rather than be reported: the interpreter shutting down."""
+    return isinstance(exc, (KeyboardInterrupt, SystemExit))
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One readable line for any exception a backend raises."""
+    if isinstance(exc, NanoscopeError):
+        return str(exc)
+    text = str(exc)
+    if is_out_of_memory(exc):
+        return "out of memory: try the Fast or Int8 precision, another device, or a smaller checkpoint"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+class TurnLock:
+    """A first-come, first-served lock: threads get it in the order they asked.
+
+    Interleaved Compare panes take it around each token step. A plain ``threading.Lock`` lets the
+    thread that just released it take it straight back, so one pane could run to the end while
+    the others wait; with tickets every waiting pane gets its turn before anyone goes twice.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def __enter__(self) -> TurnLock:
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while ticket != self._serving:
+                self._cond.wait()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
+def _in_turns(events: Iterator[TokenEvent], lock: TurnLock | None) -> Iterator[TokenEvent]:
+    """Advance ``events`` one step at a time while holding ``lock`` (each step is one token)."""
+    if lock is None:
+        yield from events
+        return
+    while True:
+        with lock:
+            event = next(events, None)
+        if event is None:
+            return
+        yield event
+
+
+class ModelWorker(QObject):
+    """Owns one :class:`Backend`. Every slot runs on the worker thread.
+
+    Signals:
+        progress(int, str): load progress percentage and step.
+        loaded(object): the backend's ModelInfo after a successful load.
+        load_failed(str): one-line reason; the previous model (if any) stays loaded.
+        context(int, object): request id, the Prompt it will run (context use, dropped turns).
+        token(int, object): request id, a TokenEvent.
+        finished(int, dict): request id, generation stats (also after a stop).
+        failed(int, str): request id, one-line reason (a generation or a score).
+        scored(int, dict): request id, the backend's ``score`` result.
+    """
+
+    progress = Signal(int, str)
+    loaded = Signal(object)
+    load_failed = Signal(str)
+    context = Signal(int, object)
+    token = Signal(int, object)
+    finished = Signal(int, dict)
+    failed = Signal(int, str)
+    scored = Signal(int, dict)
+
+    # Requests (emitted from the GUI thread, so they reach the slots queued).
+    load_requested = Signal(str, object)
+    generate_requested = Signal(int, object, object, object, object)
+    score_requested = Signal(int, object, object, object)
+    unload_requested = Signal()
+
+    def __init__(self, opener: Opener = default_opener) -> None:
+        super().__init__()
+        self.cancel = threading.Event()
+        self.backend: Backend | None = None
+        self._open = opener
+        self.load_requested.connect(self._on_load)
+        self.generate_requested.connect(self._on_generate)
+        self.score_requested.connect(self._on_score)
+        self.unload_requested.connect(self._on_unload)
+
+    @Slot(str, object)
+    def _on_load(self, target: str, options: LoadOptions) -> None:
+        try:
+            backend = self._open(Path(target), options, self.progress.emit)
+        # BaseException: a Rust panic in a tokenizer (pyo3's PanicException) is not an Exception,
+        # and it must not take the worker's slot down without a word.
+        except BaseException as exc:  # every failure is reported; the worker keeps running
+            if _fatal(exc):
+                raise
+            logger.warning("load of %s failed", target, exc_info=not isinstance(exc, NanoscopeError))
+            self.load_failed.emit(describe_failure(exc))
+            return
+        if self.backend is not None:
+            self.backend.close()
+        self.backend = backend
+        self.loaded.emit(backend.info())
+
+    @Slot()
+    def _on_unload(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+    def _require(self) -> Backend:
+        if self.backend is None:
+            raise NanoscopeError("no model is loaded")
+        return self.backend
+
+    @Slot(int, object, object, object, object)
+    def _on_generate(
+        self,
+        request_id: int,
+        conversation: list[Message],
+        params: SamplingParams,
+        options: StreamOptions,
+        step_lock: TurnLock | None,
+    ) -> None:
+        """Stream a reply to ``conversation``; ``step_lock`` (interleaved Compare panes) is taken
+        around every token step."""
+        stats = GenerationStats()
+        try:
+            backend = self._require()
+            try:
+                prompt = backend.render(conversation, params.max_tokens or 256, cancel=self.cancel)
+            except EncodingCancelled:  # Stop pressed while a long prompt was being tokenized
+                stats.stopped = "cancelled"
+                self.finished.emit(request_id, stats.to_dict())
+                return
+            self.context.emit(request_id, prompt)
+            events = backend.stream(prompt, params, self.cancel, options, stats)
+            for ev in _in_turns(events, step_lock):
+                self.token.emit(request_id, ev)
+        except BaseException as exc:
+            if _fatal(exc):
+                raise
+            logger.warning("generation %d failed", request_id, exc_info=not isinstance(exc, NanoscopeError))
+            self.failed.emit(request_id, describe_failure(exc))
+            return
+        self.finished.emit(request_id, stats.to_dict())
+
+    @Slot(int, object, object, object)
+    def _on_score(
+        self, request_id: int, conversation: list[Message], reply_ids: list[int], options: Any
+    ) -> None:
+        """Teacher-force ``reply_ids`` after the prompt ``conversation`` renders to.
+
+        ``options``: ``top`` (alternatives per token to return) and ``skip`` (per reply token,
+        True to leave it out of the averages: the calculator's forced tokens).
+        """
+        try:
+            backend = self._require()
+            if not backend.info().capabilities.scoring:
+                raise NanoscopeError("this model cannot score a given reply")
+            prompt = backend.render(conversation, len(reply_ids))
+            result = backend.score(
+                prompt, reply_ids, top=int(options.get("top") or 0), skip=options.get("skip")
+            )
+        except BaseException as exc:
+            if _fatal(exc):
+                raise
+            logger.warning("score %d failed", request_id, exc_info=not isinstance(exc, NanoscopeError))
+            self.failed.emit(request_id, describe_failure(exc))
+            return
+        self.scored.emit(request_id, result)
+
+
+class WorkerHost(QObject):
+    """Creates the worker, moves it to a QThread, and shuts it down in order: stop, quit, wait."""
+
+    def __init__(
+        self, parent: QObject | None = None, name: str = "nanoscope-model", opener: Opener = default_opener
+    ) -> None:
+        super().__init__(parent)
+        self.model_thread = QThread()
+        self.model_thread.setObjectName(name)
+        self.worker = ModelWorker(opener)
+        self.worker.moveToThread(self.model_thread)
+        self.model_thread.start()
+
+    def generate(
+        self,
+        request_id: int,
+        conversation: list[Message],
+        params: SamplingParams,
+        options: StreamOptions = DEFAULT_STREAM,
+        step_lock: TurnLock | None = None,
+    ) -> None:
+        """Queue a generation; a stop pressed before this call does not leak into it."""
+        self.worker.cancel.clear()
+        self.worker.generate_requested.emit(request_id, conversation, params, options, step_lock)
+
+    def score(
+        self,
+        request_id: int,
+        conversation: list[Message],
+        reply_ids: list[int],
+        top: int = 0,
+        skip: list[bool] | None = None,
+    ) -> None:
+        """Queue a teacher-forced score of ``reply_ids`` as the reply to ``conversation``."""
+        options = {"top": top, "skip": list(skip) if skip is not None else None}
+        self.worker.score_requested.emit(request_id, conversation, list(reply_ids), options)
+
+    def load(self, target: str, options: LoadOptions) -> None:
+        self.worker.load_requested.emit(target, options)
+
+    def unload(self) -> None:
+        """Free the loaded model (after the request in progress, if any)."""
+        self.worker.unload_requested.emit()
+
+    def stop(self) -> None:
+        """Ask the running generation (if any) to end after the current token."""
+        self.worker.cancel.set()
+
+    def shutdown(self, timeout_ms: int = 30000) -> bool:
+        """Stop, unload, quit, wait. True when the thread ended (then the worker may be deleted)."""
+        self.stop()
+        self.worker.unload_requested.emit()
+        self.model_thread.quit()
+        return bool(self.model_thread.wait(timeout_ms))

@@ -1,0 +1,46 @@
+"""The golden corpus (tests/golden/, written by each tool's own code through ``python -m
+tools.golden``): where its cases are, what each recorded, and how Nanoscope's ids are compared
+with them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from support import REPO
+
+GOLDEN = REPO / "tests" / "golden"
+CASES = sorted(p.parent for p in (GOLDEN / "nanochat").glob("*/golden.json"))
+MAX_NEW = 40
+# <|python_end|> in every case's 300-token vocabulary (the 7th of the last nine); <|assistant_end|>
+# is two before it and <|bos|> six before.
+PYTHON_END = 297
+
+
+def manifest(case: Path) -> dict:
+    return json.loads((case / "golden.json").read_text(encoding="utf-8"))
+
+
+def against_engine(m: dict) -> bool:
+    """Compared with nanochat's Engine, or with its full-forward GPT.generate where the Engine
+    cannot run on a CPU at that revision or computes otherwise (golden.json says why)."""
+    return m["compare_with"] == "Engine.generate"
+
+
+def until_the_tool(ids: list[int], python_end: int) -> list[int]:
+    """GPT.generate has no calculator and no stop token: compare up to the first calculator
+    call's end or the end of the reply, where the Engine and Nanoscope act and it does not."""
+    stops = [i for i, t in enumerate(ids) if t in (python_end, python_end - 2, python_end - 6)]
+    return ids[: stops[0] + 1] if stops else ids
+
+
+def check(m: dict, got: list[int], want: list[int], python_end: int, what: str) -> None:
+    if against_engine(m):
+        assert got == want, what
+    else:
+        assert until_the_tool(got, python_end) == until_the_tool(want, python_end), what
+
+
+def reference(m: dict, c: dict) -> tuple[list[int], dict[str, list[int]]]:
+    kind = "engine" if against_engine(m) else "naive"
+    return c[f"{kind}_greedy"], c[f"{kind}_sampled"]
