@@ -1,1 +1,2 @@
-"""Bridges between families: a nanochat checkpoint written as a Hugging Face (transformers NanoChat) folder."""
+"""Bridges between families: a nanochat checkpoint written as a Hugging Face (transformers
+NanoChat) folder."""

@@ -1,1 +1,2 @@
-"""Every reader of untrusted bytes: bounded file reads, the pickle scan and restricted unpicklers, bounded JSON, tokenizer checks, finite weights."""
+"""Every reader of untrusted bytes: bounded file reads, the pickle scan and restricted unpicklers,
+bounded JSON, tokenizer checks, finite weights."""

@@ -1,1 +1,2 @@
-"""The products and where they run: the kernels, their timing on this machine, the device and precision policy, threads and memory."""
+"""The products and where they run: the kernels, their timing on this machine, the device and
+precision policy, threads and memory."""
