@@ -18,7 +18,7 @@ from desktop.engine.messages import PYTHON, PYTHON_OUTPUT
 from desktop.gui.app import build, show_error, shutdown
 from desktop.store import HistoryStore
 from desktop.ui.main_window import MainWindow
-from desktop.ui.message_widget import ToolCallBlock
+from desktop.ui.message_blocks import ToolCallBlock
 
 pytestmark = pytest.mark.gui
 

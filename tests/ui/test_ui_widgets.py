@@ -20,7 +20,8 @@ from desktop.ui.error_banner import ErrorBanner
 from desktop.ui.history_sidebar import HistorySidebar, relative_time
 from desktop.ui.input_box import MAX_VISIBLE_LINES, InputBox
 from desktop.ui.markdown_render import COPY_CODE_SCHEME
-from desktop.ui.message_widget import FoldBlock, MessageWidget, RichText, ToolCallBlock
+from desktop.ui.message_blocks import FoldBlock, RichText, ToolCallBlock
+from desktop.ui.message_widget import MessageWidget
 from desktop.ui.sampling_panel import BUILTIN_PRESETS, SamplingPanel
 from desktop.ui.shortcuts_dialog import SHORTCUTS, ShortcutsDialog
 from desktop.ui.status_bar import StatusBar

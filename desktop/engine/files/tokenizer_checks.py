@@ -263,6 +263,37 @@ def _int_in(value: Any, name: str, limit: int) -> int:
     return value
 
 
+def _sequence_growth(node: dict[str, Any], where: str, key: str, measure: Any) -> int:
+    """The product of a ``Sequence``'s children's growth (stopping once it passes the limit)."""
+    children = node.get(key)
+    if not isinstance(children, list):
+        raise _Refused(f"{where}.{key} is not a list")
+    factor = 1
+    for i, child in enumerate(children):
+        factor *= measure(child, f"{where}.{key}[{i}]")
+        if factor > MAX_EXPANSION:
+            break
+    return factor
+
+
+def _replace_growth(node: dict[str, Any], where: str, *, empty_matches_crash: bool) -> int:
+    """How much longer a ``Replace`` can make a text: by the ratio of its texts for a literal
+    (the empty literal is refused: it matches between every two characters), by its content's
+    length plus one for a regex that may match one character (or, where allowed, nothing)."""
+    content, pattern = node.get("content"), node.get("pattern")
+    if not isinstance(content, str) or not isinstance(pattern, dict):
+        raise _Refused(f"{where} (Replace) needs a pattern and a text")
+    literal = pattern.get("String")
+    if isinstance(literal, str):
+        if not literal:
+            raise _Refused(f"{where} (Replace) replaces the empty text")
+        return max(1, -(-len(content) // len(literal)))
+    problem = pattern_problem(pattern.get("Regex"), empty_matches_crash=empty_matches_crash)
+    if problem:
+        raise _Refused(f"{where} (Replace): {problem}")
+    return len(content) + 1
+
+
 def _expansion(node: Any, where: str) -> int:
     """Worst-case growth factor of a normalizer (tree)."""
     if node is None:
@@ -271,28 +302,11 @@ def _expansion(node: Any, where: str) -> int:
         raise _Refused(f"{where} is not an object")
     kind = node.get("type")
     if kind == "Sequence":
-        children = node.get("normalizers")
-        if not isinstance(children, list):
-            raise _Refused(f"{where}.normalizers is not a list")
-        factor = 1
-        for i, child in enumerate(children):
-            factor *= _expansion(child, f"{where}.normalizers[{i}]")
-            if factor > MAX_EXPANSION:
-                break
-        return factor
+        return _sequence_growth(node, where, "normalizers", _expansion)
     if kind in _GROWTH:
         return _GROWTH[kind]
     if kind == "Replace":
-        content, pattern = node.get("content"), node.get("pattern")
-        if not isinstance(content, str) or not isinstance(pattern, dict):
-            raise _Refused(f"{where} (Replace) needs a pattern and a text")
-        if "String" in pattern and isinstance(pattern["String"], str) and pattern["String"]:
-            return max(1, -(-len(content) // len(pattern["String"])))
-        regex_text = pattern.get("Regex")
-        problem = pattern_problem(regex_text, empty_matches_crash=False)
-        if problem:
-            raise _Refused(f"{where} (Replace): {problem}")
-        return len(content) + 1  # a regex may match a single character, or nothing
+        return _replace_growth(node, where, empty_matches_crash=False)
     if kind == "Prepend":
         prepend = node.get("prepend")
         if not isinstance(prepend, str) or len(prepend) > MAX_ADDED_TOKEN_CHARS:
@@ -344,30 +358,11 @@ def _decoder_expansion(node: Any, where: str) -> int:
         raise _Refused(f"{where} is not an object")
     kind = node.get("type")
     if kind == "Sequence":
-        children = node.get("decoders")
-        if not isinstance(children, list):
-            raise _Refused(f"{where}.decoders is not a list")
-        factor = 1
-        for i, child in enumerate(children):
-            factor *= _decoder_expansion(child, f"{where}.decoders[{i}]")
-            if factor > MAX_EXPANSION:
-                break
-        return factor
+        return _sequence_growth(node, where, "decoders", _decoder_expansion)
     if kind in _PLAIN_DECODERS:
         return 1
     if kind == "Replace":
-        content, pattern = node.get("content"), node.get("pattern")
-        if not isinstance(content, str) or not isinstance(pattern, dict):
-            raise _Refused(f"{where} (Replace) needs a pattern and a text")
-        literal = pattern.get("String")
-        if isinstance(literal, str):
-            if not literal:
-                raise _Refused(f"{where} (Replace) replaces the empty text")
-            return max(1, -(-len(content) // len(literal)))
-        problem = pattern_problem(pattern.get("Regex"), empty_matches_crash=True)
-        if problem:
-            raise _Refused(f"{where} (Replace): {problem}")
-        return len(content) + 1
+        return _replace_growth(node, where, empty_matches_crash=True)
     raise _Refused(f"{where} has decoder type {str(kind)[:40]!r}, which Nanoscope does not run")
 
 

@@ -294,7 +294,7 @@ def test_branch_only_variants_carry_their_markers():
 
 
 def test_tokenizer_files_land_in_base_tokenizer_dir(tmp_path):
-    pytest.importorskip("tokenizer_factory")
+    pytest.importorskip("support.tokenizer_factory")
     from tokenizers import Tokenizer
 
     write_checkpoint(tmp_path / "up", "E7")
