@@ -264,6 +264,8 @@ class RemoteBackend:
             stats.stopped = "cancelled"
             return
         t_first = t_last = None
+        # The client's own limit: a server that ignores max_tokens is cut off there.
+        limit = params.max_tokens
         try:
             for payload in stream.payloads():
                 for ev in reader.read(payload):
@@ -276,6 +278,10 @@ class RemoteBackend:
                     yield ev
                 if cancel.is_set():
                     raise Cancelled
+                if limit is not None and reader.tokens >= limit and reader.finish_reason is None:
+                    reader.finish_reason = "length"
+                    stream.close()
+                    break
         except Cancelled:
             stream.close()
             stats.stopped = "cancelled"

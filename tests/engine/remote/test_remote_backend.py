@@ -201,6 +201,19 @@ def vllm_chunk(text: str, token_id: int, logprob: float) -> bytes:
     return chat_chunk(text, logprobs={"content": [entry]}, token_ids=[token_id])
 
 
+def test_a_server_that_ignores_max_tokens_is_cut_off_at_the_clients_limit(fault):
+    endless = Reply(200, [vllm_chunk("x", 7, -0.5) for _ in range(500)])  # no finish, no [DONE]
+    fault.script = scripted(endless, probe=Reply(200, [vllm_chunk("a", 5, -1.0), chat_chunk(None, "length")]))
+    backend = open_fault(fault)
+    try:
+        events, stats, err = run(backend, chat("hi"))
+    finally:
+        backend.close()
+    assert err is None
+    assert [e.id for e in events] == [7] * GREEDY.max_tokens
+    assert stats.stopped == "max_tokens"
+
+
 def test_ids_logprobs_usage_and_context_from_a_vllm_like_server(fault):
     reply = Reply(
         200,
