@@ -113,6 +113,9 @@ class FaultServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        # A client leaving mid-reply is what many tests do; socketserver would print a traceback
+        # to whatever stderr a later test is capturing.
+        self.httpd.handle_error = lambda *_: outer.disconnected.set()  # type: ignore[method-assign]
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="fault-server", daemon=True)
         self.thread.start()

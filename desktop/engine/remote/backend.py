@@ -266,8 +266,9 @@ class RemoteBackend:
         t_first = t_last = None
         # The client's own limit: a server that ignores max_tokens is cut off there.
         limit = params.max_tokens
+        payloads = stream.payloads()
         try:
-            for payload in stream.payloads():
+            for payload in payloads:
                 for ev in reader.read(payload):
                     now = time.perf_counter()
                     if t_first is None:
@@ -280,14 +281,17 @@ class RemoteBackend:
                     raise Cancelled
                 if limit is not None and reader.tokens >= limit and reader.finish_reason is None:
                     reader.finish_reason = "length"
-                    stream.close()
                     break
         except Cancelled:
-            stream.close()
             stats.stopped = "cancelled"
         else:
             if not stream.done and reader.finish_reason is None:
                 raise RemoteError(f"{where(self.root)} ended the stream before the reply was complete")
+        finally:
+            # Closed here, on every path: its own finally closes the event source and the
+            # response now, instead of leaving an async generator for the garbage collector
+            # ("Task was destroyed but it is pending!").
+            payloads.close()
         yield from reader.finish()
         usage = reader.usage
         if isinstance(usage.get("prompt_tokens"), int):

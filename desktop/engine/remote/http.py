@@ -11,17 +11,21 @@ import json
 import logging
 import re
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from desktop.engine.errors import NanoscopeError
+from desktop.engine.files.safe_json import JsonRefused, loads_bounded
 
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
-LIST_TIMEOUT_S = 15.0
+LIST_TIMEOUT_S = 15.0  # for the whole of GET /v1/models, not per read
+MAX_MODELS_BYTES = 8 << 20  # vLLM's answer for one model is ~1 KB
+MAX_MODELS = 10_000
 MESSAGE_CHARS = 240
 # Fields of /v1/models entries that carry the context length: vLLM, SGLang, LM Studio, others.
 CONTEXT_FIELDS = ("max_model_len", "context_length", "max_context_length", "context_window", "n_ctx")
@@ -190,7 +194,7 @@ def parse_models(doc: Any) -> list[ServedModel]:
     if not isinstance(data, list):
         raise RemoteError("the server's model list is not an OpenAI-style list")
     models = []
-    for item in data:
+    for item in data[:MAX_MODELS]:
         if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]:
             models.append(ServedModel(item["id"], context_of(item), str(item.get("owned_by") or "")))
     return models
@@ -208,23 +212,53 @@ def context_of(item: dict[str, Any]) -> int:
 
 
 def list_models(url: str, api_key: str | None = None, timeout: float = LIST_TIMEOUT_S) -> list[ServedModel]:
-    """``GET /v1/models`` (blocking: call it off the GUI thread); RemoteError with one line."""
+    """``GET /v1/models`` (blocking: call it off the GUI thread); RemoteError with one line.
+
+    Asked uncompressed and read raw, at most :data:`MAX_MODELS_BYTES` within ``timeout`` seconds
+    in all: a compressed body could inflate to gigabytes, and a server trickling bytes would
+    otherwise reset a per-read timeout for ever.
+    """
     endpoint = api_root(url) + "/models"
+    deadline = time.monotonic() + timeout
     try:
-        with httpx.Client(
-            timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S), trust_env=False
-        ) as client:
-            response = client.get(endpoint, headers=headers(api_key))
+        with (
+            httpx.Client(
+                timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S), trust_env=False
+            ) as client,
+            client.stream(
+                "GET", endpoint, headers={**headers(api_key), "Accept-Encoding": "identity"}
+            ) as response,
+        ):
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise RemoteError(
+                    f"{where(endpoint)} sent its model list compressed ({encoding[:20]}), unasked"
+                )
+            body = _read_capped(response, MAX_MODELS_BYTES, deadline, endpoint)
     except httpx.HTTPError as exc:
         logger.info("listing models of %s failed: %s", where(endpoint), type(exc).__name__)
         raise transport_error(exc, endpoint) from None
     if response.status_code != 200:
-        raise status_error(response.status_code, response.content, endpoint, api_key=api_key)
+        raise status_error(response.status_code, body, endpoint, api_key=api_key)
     try:
-        doc = response.json()
-    except ValueError:
+        doc = loads_bounded(body.decode("utf-8", "replace"))
+    except JsonRefused:
         raise RemoteError(f"{where(endpoint)} answered /v1/models with something that is not JSON") from None
     return parse_models(doc)
+
+
+def _read_capped(response: httpx.Response, cap: int, deadline: float, url: str) -> bytes:
+    """The raw body, refused past ``cap`` bytes or past ``deadline``."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_raw():
+        size += len(chunk)
+        if size > cap:
+            raise RemoteError(f"{where(url)} sent more than {cap >> 20} MB for its model list")
+        if time.monotonic() > deadline:
+            raise RemoteError(f"{where(url)} did not finish answering in time")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 # A field name as a server quotes it in an error: 'top_k', "top_k", `top_k` or bare.

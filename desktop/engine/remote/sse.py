@@ -15,7 +15,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Generator
 from typing import Any, TypeVar
 
 import httpx
@@ -127,7 +127,7 @@ class EventStream:
             self.close()
             raise status_error(status, content, self.url, self.model, self.api_key)
 
-    def payloads(self) -> Iterator[dict[str, Any]]:
+    def payloads(self) -> Generator[dict[str, Any], None, None]:
         """Each event's JSON. Raises Cancelled (Stop), or RemoteError with one line."""
         assert self.response is not None, "open() first"
         events = EventSource(self.response).aiter_sse()

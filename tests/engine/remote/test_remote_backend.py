@@ -24,7 +24,7 @@ from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
 from desktop.engine.remote import backend as remote_backend
 from desktop.engine.remote.events import STOP_LABEL
-from desktop.engine.remote.http import RemoteError, api_root, transport_error
+from desktop.engine.remote.http import RemoteError, api_root, list_models, transport_error
 from desktop.engine.remote.servers import ServerEndpoint, directory, refusals, remote_target
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -478,3 +478,28 @@ def test_cli_errors_are_one_line_and_exit_2(fault, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "HTTP 429" in err
     assert main(["generate", "--server", "ftp://x", "--model", "m", "--chat", "hi"]) == 2
     assert "http://" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (
+            Reply(200, [b'{"data": [' + b" " * (9 << 20) + b"]}"], content_type="application/json"),
+            "more than 8 MB",
+        ),
+        (Reply(200, [b"\x1f\x8b"], {"Content-Encoding": "gzip"}, "application/json"), "compressed (gzip)"),
+        (Reply(200, [b'{"data": ' + b"[" * 100_000], content_type="application/json"), "not JSON"),
+    ],
+    ids=["oversized", "gzip", "deep"],
+)
+def test_a_hostile_model_list_is_refused_in_one_line(fault, reply, says):
+    fault.script = lambda path, body: reply
+    with pytest.raises(RemoteError) as info:
+        list_models(fault.url)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_model_list_is_asked_for_uncompressed(fault):
+    fault.script = lambda path, body: models("m")
+    assert [m.name for m in list_models(fault.url)] == ["m"]
+    assert fault.requests[-1][2].get("Accept-Encoding") == "identity"
