@@ -168,7 +168,7 @@ def layering_violations(paths: list[Path]) -> list[tuple[str, str]]:
     found = []
     for path in paths:
         mine = package_of(module_name(path))
-        for name in imports_of(path):
+        for name in sorted(imports_of(path)):
             theirs = package_of(name)
             if theirs in FAMILIES and theirs != mine and (mine in FAMILIES or mine in SHARED):
                 found.append((module_name(path), name))

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import io
 import json
+import random
 import subprocess
 import sys
 import tarfile
@@ -96,3 +97,30 @@ def check_corpus(root: Path) -> int:
     if size > MAX_CORPUS_BYTES:
         raise SystemExit(f"{root}: {size} bytes, over the {MAX_CORPUS_BYTES} budget of the corpus")
     return size
+
+
+# A story told in a fixed order (each sentence mostly followed by the next), the training text of
+# the KempnerForge and transformers cases: greedy decoding is then decided by clear logit gaps
+# while sampling still has choices. Every document ends with the closing sentence.
+STORY = (
+    "the small cat sat on the red mat.",
+    "a big dog ran to the old barn.",
+    "two blue birds sang in the tall tree.",
+    "one red fox hid under the green hat.",
+    "my old friend came home at night.",
+    "we ate bread and drank warm milk.",
+    "her little boat sailed on the lake.",
+    "his brown horse jumped over the wall.",
+)
+CLOSING = "and so it was the end."
+
+
+def story_documents(rng: random.Random, n: int) -> list[str]:
+    docs = []
+    for _ in range(n):
+        i, sentences = rng.randrange(len(STORY)), []
+        for _ in range(rng.randint(3, 9)):
+            sentences.append(STORY[i])
+            i = (i + 1) % len(STORY) if rng.random() < 0.85 else rng.randrange(len(STORY))
+        docs.append(" ".join([*sentences, CLOSING]))
+    return docs
