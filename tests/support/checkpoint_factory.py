@@ -3,7 +3,10 @@
 Everything here follows /work/shared/specs/checkpoint-formats.md (the "spec"):
 
 * Directory layout and file names: spec §1.1 (``<base>/<phase>_checkpoints/<tag>/model_<step:06d>.pt``
-  holding a flat ``dict[str, Tensor]`` written by ``torch.save``, plus ``meta_<step:06d>.json``).
+  holding what ``torch.save(model.state_dict())`` writes, plus ``meta_<step:06d>.json``). Every file
+  is saved from a real ``nn.Module``'s ``state_dict()`` (:func:`module_state_dict`): an
+  ``OrderedDict`` whose ``_metadata`` names every submodule, the pickle shape of a training
+  script's file (tests/engine/nanochat/test_factory_shape.py compares it with the golden files).
 * Meta fields per training script: spec §1.1 (base_train, mid_train, chat_sft, chat_rl) and §2.2 (fork
   base_train writes every extra except ``activation``; sft_train writes every GPTConfig field).
 * Keys and shapes per upstream era: spec §1.3 and the era table in §1.4 (E0 ... E7), branch-only variants
@@ -374,6 +377,8 @@ def make_state_dict(era: str, cfg: TinyConfig | None = None, seed: int = 0) -> d
     # std 4/sqrt(C) on a unit-RMS input gives logits with std ~4: a clearly peaked distribution.
     sd["lm_head.weight"] = w.matrix(rows, C, gain=4.0)
 
+    if lay.smear_backout:  # registered before the value embeddings (E7's GPT.__init__)
+        sd["smear_gate.weight"] = w.matrix(1, SMEAR_GATE_CHANNELS, gain=2.0)
     if lay.bigram:
         sd["bigram_embed.embed.weight"] = w.normal(5 * V, C, std=0.5)  # unpadded V (spec §1.4 E4)
     if lay.ve_gate_width:
@@ -388,8 +393,6 @@ def make_state_dict(era: str, cfg: TinyConfig | None = None, seed: int = 0) -> d
     elif lay.ve_branch == "factored":
         sd["value_embed_A.weight"] = w.normal(rows, 32, std=1.0)
         sd["value_embed_B.weight"] = w.matrix(kvd, 32)
-    if lay.smear_backout:
-        sd["smear_gate.weight"] = w.matrix(1, SMEAR_GATE_CHANNELS, gain=2.0)
     if lay.mtp:
         sd["mtp.proj.weight"] = w.matrix(C, 2 * C)
         _add_attention(sd, "mtp.block.attn.", cfg, w)
@@ -570,6 +573,25 @@ def _apply_overrides(meta: dict[str, Any], overrides: dict[str, Any] | None) -> 
 # writing
 
 
+def module_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` as a model's ``state_dict()`` returns them: a tree of ``nn.Module`` s with each
+    tensor a parameter at its dotted path, in the given order, and that tree's own ``state_dict()``
+    (an ``OrderedDict`` carrying ``_metadata``, each module's version, which ``torch.save`` pickles
+    with a BUILD). A ``torch.compile`` d model's prefix ``_orig_mod.`` becomes its wrapper module."""
+    root = torch.nn.Module()
+    for key, value in tensors.items():
+        *path, leaf = key.split(".")
+        module = root
+        for name in path:
+            child = module._modules.get(name)
+            if child is None:
+                child = torch.nn.Module()
+                module.add_module(name, child)
+            module = child
+        module.register_parameter(leaf, torch.nn.Parameter(value, requires_grad=False))
+    return root.state_dict()
+
+
 def apply_dtype_mix(sd: dict[str, torch.Tensor], dtype_mix: str) -> dict[str, torch.Tensor]:
     """Cast like a real save (spec §1.5): "cuda_mixed" = embeddings bf16, "bf16_all" = fork on CUDA."""
     if dtype_mix == "fp32":
@@ -653,7 +675,7 @@ def write_checkpoint(
 
     ckpt_dir = Path(base_dir) / f"{phase}_checkpoints" / (tag or f"d{cfg.n_layer}")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(sd, ckpt_dir / f"model_{step:06d}.pt")
+    torch.save(module_state_dict(sd), ckpt_dir / f"model_{step:06d}.pt")
     (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if with_optim:
         _write_optimizer(ckpt_dir, era, step)
@@ -785,7 +807,7 @@ def write_pickled_code_model(path: Path, marker_file: Path, era: str = "E7") -> 
     if match is None:
         raise ValueError(f"{path.name!r} is not named model_<step>.pt")
     cfg = default_config(era)
-    payload: dict[str, Any] = dict(make_state_dict(era, cfg))
+    payload = module_state_dict(make_state_dict(era, cfg))
     payload["transformer.wte.weight_meta"] = _TouchOnUnpickle(str(marker_file))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, path)

@@ -5,6 +5,7 @@ with them."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from support import REPO
@@ -44,3 +45,14 @@ def check(m: dict, got: list[int], want: list[int], python_end: int, what: str) 
 def reference(m: dict, c: dict) -> tuple[list[int], dict[str, list[int]]]:
     kind = "engine" if against_engine(m) else "naive"
     return c[f"{kind}_greedy"], c[f"{kind}_sampled"]
+
+
+def copy_base(era: str, root: Path) -> Path:
+    """The era's golden base checkpoint and tokenizer copied under ``root`` (a nanochat base dir),
+    so a test may spoil them; returns the checkpoint directory."""
+    case = GOLDEN / "nanochat" / era
+    for source in [*case.glob("base_checkpoints/*/*"), *case.glob("tokenizer/*")]:
+        target = root / source.relative_to(case)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    return next((root / "base_checkpoints").iterdir())

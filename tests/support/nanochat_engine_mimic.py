@@ -34,7 +34,13 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer as HFTokenizer
 
-from support.checkpoint_factory import default_config, make_meta, make_state_dict, write_tokenizer
+from support.checkpoint_factory import (
+    default_config,
+    make_meta,
+    make_state_dict,
+    module_state_dict,
+    write_tokenizer,
+)
 
 LogitsFn = Callable[[Sequence[int]], torch.Tensor]  # token ids -> logits [V] at the last position
 
@@ -258,7 +264,7 @@ def write_calculator_trap(
         sd["lm_head.weight"][successor] += 3.0 * direction
     ckpt_dir = Path(base_dir) / f"{phase}_checkpoints" / f"d{cfg.n_layer}"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(sd, ckpt_dir / f"model_{step:06d}.pt")
+    torch.save(module_state_dict(sd), ckpt_dir / f"model_{step:06d}.pt")
     meta = make_meta("E0", cfg, phase=phase, step=step)
     (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta), encoding="utf-8")
     write_tokenizer(Path(base_dir), "pkl", cfg.vocab_size)

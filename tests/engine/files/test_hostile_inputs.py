@@ -1,6 +1,7 @@
 """Hostile and broken inputs end in one readable line, never a traceback, a crash or runaway memory.
 
-The corpus is generated (``hostile_corpus.py``); nothing binary is committed.
+The corpus is generated (``hostile_corpus.py``) from files the real tools wrote: a spoilt model file
+starts as a copy of nanochat's own golden E7 checkpoint, and so do the valid controls.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import hostile_corpus as hostile
 from support.checkpoint_factory import model_file, write_checkpoint
+from support.golden import CASES, copy_base
 
 from desktop.engine.backend import GenerationStats, LoadOptions
 from desktop.engine.decode.generation import stream_reply
@@ -246,7 +248,7 @@ def _model(
     """A checkpoint whose model file ``edit`` spoils; ``message(model file)`` is the refusal."""
 
     def build(root: Path) -> Case:
-        ckpt = write_checkpoint(root, era)
+        ckpt = copy_base(era, root)
         edit(ckpt)
         return Case(["generate", str(ckpt), *GENERATE], 2, message(model_file(ckpt)))
 
@@ -317,7 +319,7 @@ _model(
 
 def _code_in_model(root: Path) -> Case:
     marker = root / "pwned"
-    ckpt = write_checkpoint(root, "E7")
+    ckpt = copy_base("E7", root)
     hostile.replace_model(ckpt, hostile.code_payload(marker))
     return Case(
         ["generate", str(ckpt), *GENERATE], 2, f"{model_file(ckpt)}: {CODE} (os.system)", markers=(marker,)
@@ -326,6 +328,7 @@ def _code_in_model(root: Path) -> Case:
 
 SPECS["model-code-payload"] = _code_in_model
 MODEL_CASES = tuple(SPECS)
+GOLDEN_ERAS = {case.name for case in CASES}
 
 
 def _tokenizer(name: str, era: str, kind: str, write: Callable[[Path], object], message: str) -> None:
@@ -497,7 +500,7 @@ def _sampling(
     name: str, flags: list[str], message: str | None, era: str = "E7", prompt: str = "hello"
 ) -> None:
     def build(root: Path) -> Case:
-        ckpt = write_checkpoint(root, era)
+        ckpt = copy_base(era, root) if era in GOLDEN_ERAS else write_checkpoint(root, era)
         argv = ["generate", str(ckpt), "--prompt", prompt, "--max-tokens", "3", "--device", "cpu", *flags]
         if message is None:
             return Case([*argv, "--json"], 0, None, '"done": true')
@@ -552,7 +555,7 @@ SPECS["bench-threads-100000"] = lambda root: Case(
     "--threads must be between 1 and 1024, got 100000",
 )
 SPECS["files-changed-under-a-loaded-model"] = lambda root: Case(
-    ["scenario", "change_files", str(write_checkpoint(root, "E7"))],
+    ["scenario", "change_files", str(copy_base("E7", root))],
     0,
     None,
     "same tokens after truncate, rewrite, delete",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -124,7 +125,9 @@ def test_every_era_writes_native_files_with_spec_keys(tmp_path, era):
     assert sorted(p.name for p in ckpt.iterdir()) == ["meta_000007.json", "model_000007.pt"]
     sd = torch.load(ckpt / "model_000007.pt", map_location="cpu", weights_only=True)
     _, meta = read_checkpoint(ckpt)
-    assert type(sd) is dict and all(isinstance(v, torch.Tensor) for v in sd.values())
+    # what model.state_dict() returns: an OrderedDict carrying each module's version
+    assert type(sd) is OrderedDict and all(isinstance(v, torch.Tensor) for v in sd.values())
+    assert set(sd._metadata) == {".".join(k.split(".")[:i]) for k in sd for i in range(k.count(".") + 1)}
     assert {k: tuple(v.shape) for k, v in sd.items()} == _spec_shapes(era, meta["model_config"])
     assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in sd.values())
 
