@@ -6,7 +6,8 @@ version), which pickle writes as BUILD on the OrderedDict. Every checkpoint a tr
 writes has that shape; the scan once refused it, and no test saw, because the tests wrote flat
 dicts. Here the files are written by torch itself from real module trees (Linear, Embedding,
 nested Sequential/ModuleList, parameters and buffers of every dtype nanochat stores), in the zip
-format and the legacy stream, and through torch.compile's wrapper (``_orig_mod.`` keys).
+format and the legacy stream, and through torch.compile's wrapper (``_orig_mod.`` keys), and the
+project's own GPT for every era the factory writes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import hostile_corpus as hostile
-from support.checkpoint_factory import write_checkpoint
+from support.checkpoint_factory import ERAS, write_checkpoint
 from torch import nn
 
 from desktop.engine.errors import CheckpointError
@@ -206,3 +207,23 @@ def test_code_after_a_legacy_header_never_runs(tmp_path):
         scan_torch_file(path)
     assert (info.value.kind, info.value.name) == ("global", "os.system")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("legacy", "dtype"),
+    [(False, torch.float32), (True, torch.bfloat16), (False, torch.float16)],
+    ids=["zip-fp32", "legacy-bf16", "zip-fp16"],
+)
+@pytest.mark.parametrize("era", ERAS)
+def test_our_own_gpt_of_every_era_saves_what_the_scan_passes(tmp_path, era, legacy, dtype):
+    """The project's GPT, built for each era and cast as a run may keep it, saved as a training
+    script saves it: the scan passes it and it loads with identical bits."""
+    ckpt = write_checkpoint(tmp_path, era, tokenizer=None)
+    saved = load_model(ckpt, device="cpu").model.to(dtype).state_dict()
+    assert hasattr(saved, "_metadata") and {t.dtype for t in saved.values()} == {dtype}
+    path = tmp_path / "model_000001.pt"
+    torch.save(saved, path, _use_new_zipfile_serialization=not legacy)
+    assert list(dict(scan_torch_file(path).entries)) == list(saved)
+    loaded = load_state_dict(path, mmap=False)
+    assert list(loaded) == list(saved)
+    assert all(loaded[k].dtype == t.dtype and torch.equal(loaded[k], t) for k, t in saved.items())
