@@ -92,8 +92,10 @@ def local_greedy(served: Served, text: str | list[dict[str, str]], n: int) -> st
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=n, do_sample=False)
     text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-    # The server's streaming decoder never sends a character still unfinished when the reply
-    # stops (the random tiny model often ends inside one); a full decode shows it as U+FFFD.
+    # transformers serve's DecodeStream never sends a character still unfinished when the reply
+    # stops (the random tiny model often ends inside one; a full decode shows it as U+FFFD), and
+    # it gives neither ids nor bytes a client could restore it from (tests/engine/remote/
+    # test_reply_ends.py restores it where a server gives the bytes).
     return text.removesuffix("\ufffd")
 
 

@@ -364,12 +364,14 @@ class RemoteBackend:
             optional["min_p"] = params.min_p
         if params.repetition_penalty != 1.0:
             optional["repetition_penalty"] = params.repetition_penalty
-        if top > 0:
-            if prompt.text is None:
-                optional["logprobs"] = True
+        if prompt.text is None and (top > 0 or self.gives_logprobs):
+            # Asked for on every chat reply of a server that gives them: their bytes let a
+            # reply that ends inside a character end as the tokenizer decodes it.
+            optional["logprobs"] = True
+            if top > 0:
                 optional["top_logprobs"] = top
-            else:
-                optional["logprobs"] = top
+        elif top > 0:
+            optional["logprobs"] = top
         body.update({k: v for k, v in optional.items() if k not in refused})
         return body
 

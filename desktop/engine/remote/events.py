@@ -9,6 +9,12 @@ A server that streams each token's text on its own writes U+FFFD for a token tha
 multi-byte UTF-8 character. As the local detokenizer does, a trailing U+FFFD is held back until
 the next text shows whether it was completed (the server then sends the whole character) or was
 really an invalid byte (it is kept).
+
+A server whose detokenizer holds back an unfinished character itself (``transformers serve``'s
+``DecodeStream``, vLLM's) never sends it when the reply ends inside one: the reply would end
+short of the tokenizer's own decode of the same ids. Where the server gives each token's bytes
+(the chat ``logprobs`` entries' ``bytes``), the end of the reply is decoded from them, as the
+tokenizer decodes (each invalid sequence one U+FFFD).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class _Token:
     piece: str | None  # the server's text for this token alone, where it gave one
     logprob: float | None = None
     top: tuple[Alternative, ...] | None = None
+    raw: bytes | None = None  # the token's bytes, where the server gave them
 
 
 @dataclass
@@ -69,6 +76,10 @@ class ChunkReader:
     saw_ids: bool = False
     saw_logprobs: bool = False
     _hold: Utf8Holdback = field(default_factory=Utf8Holdback)
+    _texts: list[str] = field(default_factory=list)  # the text released so far
+    _bytes: bytearray = field(default_factory=bytearray)  # every token's bytes, while all are known
+    _bytes_known: bool = True
+    _last_token_bytes: int = 0
 
     def read(self, payload: dict[str, Any]) -> list[TokenEvent]:
         """The events of one chunk; RemoteError for an error the server streamed."""
@@ -95,9 +106,16 @@ class ChunkReader:
             raw = choice.get("text")
         text = self._hold.push(raw if isinstance(raw, str) else "")
         tokens = self._tokens(choice)
+        for tok in tokens:
+            if tok.raw is None:
+                self._bytes_known = False
+            elif self._bytes_known:
+                self._bytes += tok.raw
+                self._last_token_bytes = len(tok.raw)
         if not tokens:
             if not text:
                 return []
+            self._bytes_known = False  # text from no token the server described
             tokens = [_Token(-1, None)]
         return self._events(tokens, text)
 
@@ -105,7 +123,7 @@ class ChunkReader:
         """What the end of the reply releases: held-back text, and the end-of-turn token of a
         server that gives no ids (so a reply reads the same token by token as a local one)."""
         events = []
-        tail = self._hold.flush()
+        tail = self._unsent_end(self._hold.flush())
         if tail:
             events.append(TokenEvent(-1, tail, False, TEXT, continues=self.tokens > 0))
             self.tokens = max(self.tokens, 1)
@@ -113,6 +131,23 @@ class ChunkReader:
             events.append(TokenEvent(-1, "", False, TEXT, STOP_LABEL))
             self.tokens += 1
         return events
+
+    def _unsent_end(self, held: str) -> str:
+        """The reply's last characters: what was held back, or, where every token's bytes are
+        known and the reply ends inside a character the server kept to itself, their decode."""
+        if not (self._bytes_known and self._bytes):
+            return held
+        sent = "".join(self._texts)
+        ends = [bytes(self._bytes)]
+        if self.finish_reason == "stop":  # the stop token's own bytes are not reply text
+            ends.append(ends[0][: -self._last_token_bytes or None])
+        for end in ends:
+            full = end.decode("utf-8", errors="replace")
+            rest = full[len(sent) :] if full.startswith(sent) else ""
+            # Only an unfinished character's end, never text the server chose not to send.
+            if rest.endswith(REPLACEMENT) and rest.startswith(held) and len(rest) > len(held):
+                return rest
+        return held
 
     def _tokens(self, choice: dict[str, Any]) -> list[_Token]:
         ids = choice.get("token_ids")
@@ -127,8 +162,7 @@ class ChunkReader:
         for i in range(count):
             tid = ids[i] if i < len(ids) else -1
             if i < len(lps):
-                piece, logprob, top = lps[i]
-                tokens.append(_Token(tid, piece, logprob, top))
+                tokens.append(_Token(tid, *lps[i]))
             else:
                 tokens.append(_Token(tid, None))
         return tokens
@@ -148,17 +182,30 @@ class ChunkReader:
             texts[-1] += rest
         events = []
         for tok, piece in zip(tokens, texts, strict=True):
-            events.append(TokenEvent(tok.id, piece, False, TEXT, logprob=tok.logprob, top=tok.top))
+            # Log-probabilities asked for only to learn the bytes are not shown.
+            logprob, top = (tok.logprob, tok.top) if self.top else (None, None)
+            events.append(TokenEvent(tok.id, piece, False, TEXT, logprob=logprob, top=top))
+            self._texts.append(piece)
             self.tokens += 1
         return events
 
 
-def _logprob_entries(lp: Any, chat: bool) -> list[tuple[str, float, tuple[Alternative, ...] | None]]:
-    """(piece, log-probability, alternatives) per token, from the chat form (``content`` entries)
-    or the completion form (``tokens`` / ``token_logprobs`` / ``top_logprobs``)."""
+Entry = tuple[str, float, tuple[Alternative, ...] | None, bytes | None]
+
+
+def _token_bytes(value: Any) -> bytes | None:
+    if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
+        return bytes(value)
+    return None
+
+
+def _logprob_entries(lp: Any, chat: bool) -> list[Entry]:
+    """(piece, log-probability, alternatives, bytes) per token, from the chat form (``content``
+    entries, with their ``bytes``) or the completion form (``tokens`` / ``token_logprobs`` /
+    ``top_logprobs``, which has no bytes)."""
     if not isinstance(lp, dict):
         return []
-    out: list[tuple[str, float, tuple[Alternative, ...] | None]] = []
+    out: list[Entry] = []
     content = lp.get("content")
     if isinstance(content, list):
         for entry in content:
@@ -172,7 +219,8 @@ def _logprob_entries(lp: Any, chat: bool) -> list[tuple[str, float, tuple[Altern
                     for a in alts
                     if isinstance(a, dict) and isinstance(a.get("logprob"), (int, float))
                 )
-            out.append((str(entry.get("token", "")), float(entry["logprob"]), top))
+            raw = _token_bytes(entry.get("bytes"))
+            out.append((str(entry.get("token", "")), float(entry["logprob"]), top, raw))
         return out
     tokens, chosen, tops = lp.get("tokens"), lp.get("token_logprobs"), lp.get("top_logprobs")
     if isinstance(tokens, list) and isinstance(chosen, list):
@@ -185,5 +233,5 @@ def _logprob_entries(lp: Any, chat: bool) -> list[tuple[str, float, tuple[Altern
                 if alt
                 else None
             )
-            out.append((str(piece), float(value), top))
+            out.append((str(piece), float(value), top, None))
     return out
