@@ -157,15 +157,16 @@ def inspect_folder(folder: Path) -> FolderReport:
     without loading it (blocking: run it off the GUI thread)."""
     try:
         detect_unsupported(folder)
-    except NanoscopeError as exc:
-        return FolderReport(folder, (), _short(str(exc), folder))
+    except NanoscopeError as exc:  # not nanochat's: a run or model folder of another family?
+        other = _other_families(folder)
+        return other if other.dirs else FolderReport(folder, (), _short(str(exc), folder))
     try:
         subdirs = sorted(p for p in folder.iterdir() if p.is_dir())
     except OSError as exc:
         return FolderReport(folder, (), f"cannot be read ({exc.strerror or exc})")
     dirs = [folder] if model_steps(folder) else [d for d in subdirs if model_steps(d)]
     if not dirs:
-        return FolderReport(folder, (), NOTHING_FOUND)
+        return _other_families(folder)
     first = dirs[0]
     step = model_steps(first)[-1]
     problems = []
@@ -183,6 +184,17 @@ def inspect_folder(folder: Path) -> FolderReport:
         what = "is empty" if not meta else "has no model_config"
         problems.append(f"{name} {what}: it needs the model_config nanochat saves with the weights")
     return FolderReport(folder, tuple(dirs), "; ".join(_short(p, first) for p in problems))
+
+
+def _other_families(folder: Path) -> FolderReport:
+    """A folder without nanochat checkpoints: the Hugging Face model folders and KempnerForge
+    runs in it (or that it is), as the scan finds them, the first one's newest step checked."""
+    found = [e for e in discover(folder, [folder]) if e.source in ("hf", "kempnerforge") and e.steps]
+    if not found:
+        return FolderReport(folder, (), NOTHING_FOUND)
+    first = found[0]
+    problem = summarize(first.path, first.steps[-1]).error
+    return FolderReport(folder, tuple(e.path for e in found), _short(problem, first.path))
 
 
 def _short(message: str, folder: Path) -> str:

@@ -1,0 +1,66 @@
+"""The golden KempnerForge run (saved by KempnerForge's own CheckpointManager) through the real window:
+open its folder, the latest step loads and the greedy reply to a prompt is KempnerForge's own
+``generate()``, token for token; the earlier step, picked and loaded, answers as that step did;
+after a restart the first chat shows the same reply from history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from support.golden import GOLDEN, manifest
+from test_window_sequences import click_row, loop, open_folder, open_window, restart, windows  # noqa: F401
+
+pytestmark = pytest.mark.gui
+WAIT = 60000
+CASES = sorted(p.parent for p in (GOLDEN / "kempnerforge").glob("*/golden.json"))
+
+
+def reply_ids(win) -> list[int]:
+    return list(win.chat.widgets[-1].message.tokens.ids)
+
+
+def ask(qtbot, win, text: str) -> list[int]:
+    with qtbot.waitSignal(win.controller.reply_finished, timeout=WAIT):
+        win.input.editor.setPlainText(text)
+        qtbot.keyClick(win.input.editor, Qt.Key.Key_Return)
+    return reply_ids(win)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_window_answers_as_kempnerforge_does_at_each_step(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+    case: Path,
+):
+    m = manifest(case)
+    run = case / "run"
+    win = open_window(qtbot, fake=False)
+    windows.append(win)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        open_folder(qtbot, win, run, monkeypatch)
+    assert loaded.args[0].step == m["latest"] and loaded.args[0].family == "kempnerforge"
+    win.sampling.apply_preset("Greedy")
+    win.sampling.set_values({"max_tokens": m["max_new_tokens"]})
+    latest = m["expected"][str(m["latest"])][0]
+    assert ask(qtbot, win, latest["text"]) == latest["greedy"]
+    conv_id = win.controller.conv_id
+
+    first = m["steps"][0]
+    qtbot.waitUntil(lambda: any(Path(e.path) == run for e in win.picker.entries), timeout=WAIT)
+    assert next(e for e in win.picker.entries if Path(e.path) == run).steps == m["steps"]
+    win.picker.select(run, first)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        qtbot.mouseClick(win.picker.load_btn, Qt.MouseButton.LeftButton)
+    assert loaded.args[0].step == first
+    win.controller.new_chat()
+    earlier = m["expected"][str(first)][0]
+    assert ask(qtbot, win, earlier["text"]) == earlier["greedy"]
+
+    win = restart(qtbot, windows, fake=False)
+    win.controller.refresh_list()
+    click_row(qtbot, win, conv_id)
+    qtbot.waitUntil(lambda: bool(win.chat.widgets) and reply_ids(win) == latest["greedy"], timeout=WAIT)
