@@ -2,7 +2,8 @@
 
 Each test sets ``server.script``: a function of (path, request body) returning a ``Reply`` —
 the status, headers and a list of body pieces. A piece is bytes to send, ``Pause(event)`` to wait
-(bounded) before going on, or ``DROP`` to cut the connection mid-body. Every request is recorded
+(bounded) before going on, ``Every(seconds, piece, event)`` to repeat a piece until the event
+(bounded), or ``DROP`` to cut the connection mid-body. Every request is recorded
 in ``server.requests`` so a test can see what the client sent (a key, a refused field).
 """
 
@@ -22,6 +23,15 @@ DROP = object()
 
 @dataclass
 class Pause:
+    until: threading.Event
+
+
+@dataclass
+class Every:
+    """Send ``piece`` every ``seconds`` until ``until`` is set (a server that keeps talking)."""
+
+    seconds: float
+    piece: bytes
     until: threading.Event
 
 
@@ -102,6 +112,13 @@ class FaultServer:
                             return
                         if isinstance(piece, Pause):
                             piece.until.wait(PAUSE_LIMIT_S)
+                            continue
+                        if isinstance(piece, Every):
+                            for _ in range(int(PAUSE_LIMIT_S / piece.seconds)):
+                                if piece.until.wait(piece.seconds):
+                                    break
+                                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece.piece), piece.piece))
+                                self.wfile.flush()
                             continue
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                         self.wfile.flush()

@@ -269,7 +269,10 @@ class RemoteBackend:
         payloads = stream.payloads()
         try:
             for payload in payloads:
-                for ev in reader.read(payload):
+                events = reader.read(payload)
+                if events:
+                    stream.progressed()
+                for ev in events:
                     now = time.perf_counter()
                     if t_first is None:
                         t_first = now

@@ -6,6 +6,16 @@ read cannot be interrupted by Stop, so the HTTP work runs on a private asyncio l
 that thread, one awaitable at a time: while it waits, the Stop event and the deadline are
 checked every ``POLL_S``. Stop then closes the response (the server sees the client leave and
 ends the generation) within a fraction of a second, whatever the server is doing.
+
+Nothing a server sends is held without a bound (the hardening issue's network class):
+
+* the headers must arrive within the first-byte timeout, all of them, however they trickle;
+* the body is asked for uncompressed and read raw (a compressed stream is refused: 1.5 MB of
+  gzip inflates to gigabytes), at most :data:`MAX_LINE_BYTES` per event and
+  :data:`MAX_BODY_BYTES` in all;
+* the stall timeout runs from the last event that moved the reply on (the consumer says which,
+  with :meth:`EventStream.progressed`), so keep-alives and empty events do not reset it;
+* the whole reply has :data:`REPLY_DEADLINE_S`.
 """
 
 from __future__ import annotations
@@ -15,11 +25,10 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Awaitable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Generator
 from typing import Any, TypeVar
 
 import httpx
-from httpx_sse import EventSource, SSEError
 
 from desktop.engine.remote.http import RemoteError, one_line, status_error, transport_error, where
 
@@ -27,6 +36,13 @@ T = TypeVar("T")
 POLL_S = 0.05  # how often a wait looks at Stop and its deadline
 CLOSE_TIMEOUT_S = 5.0
 ERROR_BODY_TIMEOUT_S = 10.0
+MAX_ERROR_BODY_BYTES = 64 << 10  # an error answer is a line or a small JSON object
+# One event of one chunk: a vLLM chunk with 20 alternatives per token is a few KB.
+MAX_LINE_BYTES = 1 << 20
+# A whole reply: 1M tokens (max_tokens' ceiling) with their log-probabilities stay far below.
+MAX_BODY_BYTES = 256 << 20
+# A reply's whole time: 1M tokens at 300 tokens/s, a GPU box's pace for the models served here.
+REPLY_DEADLINE_S = 3600.0
 
 
 class Cancelled(Exception):
@@ -98,11 +114,24 @@ class EventStream:
         api_key: str | None = None,
     ) -> None:
         self.runner, self.client, self.url, self.body = runner, client, url, body
-        self.headers = {**headers, "Accept": "text/event-stream", "Cache-Control": "no-store"}
+        self.headers = {
+            **headers,
+            "Accept": "text/event-stream",
+            "Accept-Encoding": "identity",
+            "Cache-Control": "no-store",
+        }
         self.first_byte_timeout, self.stall_timeout = first_byte_timeout, stall_timeout
         self.cancel, self.model, self.api_key = cancel, model, api_key
         self.done = False  # the server sent [DONE]
         self.response: httpx.Response | None = None
+        self._started = time.monotonic()
+        self._stall_at = self._started + first_byte_timeout  # until the first progress
+        self._first = True
+
+    def progressed(self) -> None:
+        """The last event moved the reply on (it held a token): the stall timeout restarts."""
+        self._first = False
+        self._stall_at = time.monotonic() + self.stall_timeout
 
     def open(self) -> None:
         """Send the request and wait for the answer's headers; RemoteError for an error answer."""
@@ -120,43 +149,34 @@ class EventStream:
             raise transport_error(exc, self.url) from None
         if self.response.status_code != 200:
             try:
-                content = self.runner.run(self.response.aread(), ERROR_BODY_TIMEOUT_S)
+                content = self.runner.run(_head(self.response.aiter_raw()), ERROR_BODY_TIMEOUT_S)
             except (TimedOut, httpx.HTTPError):
                 content = b""
             status = self.response.status_code
             self.close()
             raise status_error(status, content, self.url, self.model, self.api_key)
+        encoding = self.response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            self.close()
+            raise RemoteError(f"{where(self.url)} sent its reply compressed ({encoding[:20]}), unasked")
 
     def payloads(self) -> Generator[dict[str, Any], None, None]:
         """Each event's JSON. Raises Cancelled (Stop), or RemoteError with one line."""
         assert self.response is not None, "open() first"
-        events = EventSource(self.response).aiter_sse()
-        first = True
+        events = event_data(self.response.aiter_raw())
         try:
             while True:
-                timeout = self.first_byte_timeout if first else self.stall_timeout
                 try:
-                    sse = self.runner.run(anext(events, None), timeout, self.cancel)
+                    data = self.runner.run(anext(events, None), self._wait(), self.cancel)
                 except TimedOut:
-                    if first:
-                        raise RemoteError(
-                            f"{where(self.url)} sent no reply within {timeout:g} s "
-                            "(timed out before the first byte)"
-                        ) from None
-                    raise RemoteError(
-                        f"{where(self.url)} stopped sending mid-reply: "
-                        f"nothing for {timeout:g} s (stall timeout)"
-                    ) from None
-                except SSEError as exc:
-                    raise RemoteError(
-                        f"{where(self.url)} did not answer with an event stream ({exc})"
-                    ) from None
+                    raise RemoteError(self._timed_out()) from None
+                except StreamRefused as exc:
+                    raise RemoteError(f"{where(self.url)} {exc}") from None
                 except httpx.HTTPError as exc:
                     raise transport_error(exc, self.url) from None
-                if sse is None:
+                if data is None:
                     return
-                first = False
-                data = sse.data.strip()
+                data = data.strip()
                 if data == "[DONE]":
                     self.done = True
                     return
@@ -177,8 +197,73 @@ class EventStream:
                 self.runner.run(events.aclose(), CLOSE_TIMEOUT_S)
             self.close()
 
+    def _wait(self) -> float:
+        """How long the next read may take: to the stall deadline or the reply's, the nearer."""
+        return max(0.0, min(self._stall_at, self._started + REPLY_DEADLINE_S) - time.monotonic())
+
+    def _timed_out(self) -> str:
+        if time.monotonic() >= self._started + REPLY_DEADLINE_S:
+            took = f"{REPLY_DEADLINE_S / 60:g} min" if REPLY_DEADLINE_S >= 60 else f"{REPLY_DEADLINE_S:g} s"
+            return f"{where(self.url)} took longer than {took} for one reply (reply deadline)"
+        if self._first:
+            return (
+                f"{where(self.url)} sent no reply within {self.first_byte_timeout:g} s "
+                "(timed out before the first token)"
+            )
+        return (
+            f"{where(self.url)} stopped sending mid-reply: "
+            f"no token for {self.stall_timeout:g} s (stall timeout)"
+        )
+
     def close(self) -> None:
         """Drop the connection (a server aborts the generation when its client leaves)."""
         if self.response is not None and not self.response.is_closed:
             with contextlib.suppress(TimedOut, httpx.HTTPError):
                 self.runner.run(self.response.aclose(), CLOSE_TIMEOUT_S)
+
+
+class StreamRefused(Exception):
+    """The body broke a budget; the message completes "<server> ..."."""
+
+
+async def _head(chunks: AsyncIterator[bytes]) -> bytes:
+    """At most MAX_ERROR_BODY_BYTES of a raw body."""
+    out = bytearray()
+    async for chunk in chunks:
+        out += chunk
+        if len(out) >= MAX_ERROR_BODY_BYTES:
+            break
+    return bytes(out[:MAX_ERROR_BODY_BYTES])
+
+
+async def event_data(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
+    """Each server-sent event's data (its ``data:`` lines joined by newlines), from the raw
+    body; lines end with LF or CRLF, comments and other fields are skipped, and an event the
+    body ends before completing is dropped, as the SSE specification says. StreamRefused for an
+    event or line over MAX_LINE_BYTES or a body over MAX_BODY_BYTES."""
+    pending = bytearray()
+    data: list[bytes] = []
+    total = size = 0  # the body's bytes so far; the current event's data bytes
+    async for chunk in chunks:
+        total += len(chunk)
+        if total > MAX_BODY_BYTES:
+            raise StreamRefused(f"sent more than {MAX_BODY_BYTES >> 20} MB for one reply")
+        pending += chunk
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            line = bytes(pending[start:end]).removesuffix(b"\r")
+            start = end + 1
+            if not line:
+                if data:
+                    yield b"\n".join(data).decode("utf-8", "replace")
+                    data, size = [], 0
+                continue
+            name, _, value = line.partition(b":")
+            if name == b"data":
+                data.append(value.removeprefix(b" "))
+                size += len(data[-1]) + 1
+                if size > MAX_LINE_BYTES:
+                    raise StreamRefused(f"sent an event longer than {MAX_LINE_BYTES >> 20} MB")
+        del pending[:start]
+        if len(pending) > MAX_LINE_BYTES:
+            raise StreamRefused(f"sent a line longer than {MAX_LINE_BYTES >> 20} MB")

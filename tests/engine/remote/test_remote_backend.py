@@ -8,7 +8,10 @@ numbers written down by hand.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -167,6 +170,23 @@ def test_cli_generate_and_list_against_the_real_server(served, capsys):
     assert main(["list", "--server", served.url, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [m["name"] for m in listed["models"]] == [served.model]
+
+
+def test_a_good_served_reply_prints_nothing_else_in_a_process_of_its_own(served, tmp_path):
+    """Run as a user runs it: the process exits 0 and its stderr is empty (no "Task was destroyed
+    but it is pending!" from a stream left open for the garbage collector at exit)."""
+    args = ["generate", "--server", served.url, "--model", served.model, "--chat", "hello world"]
+    env = {**os.environ, "NANOSCOPE_HOME": str(tmp_path / "home"), "PYTHONWARNINGS": "default"}
+    done = subprocess.run(
+        [sys.executable, "-m", "desktop.cli.main", *args, "--max-tokens", "10", "--temperature", "0"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    assert done.stdout.decode().strip()
 
 
 # ----- faults ------------------------------------------------------------------------------------
