@@ -12,7 +12,7 @@ from pathlib import Path
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.hf.files import display_name, find_hf_directories, is_hf_directory
 from desktop.engine.hf.summary import summary_fields
-from desktop.engine.kempnerforge.layout import find_runs, is_kf_target
+from desktop.engine.kempnerforge.layout import STEP_RE, find_runs, is_kf_target
 from desktop.engine.kempnerforge.summary import summary_fields as kf_summary_fields
 from desktop.engine.nanochat import checkpoint as ckpt
 from desktop.engine.nanochat.classify import classify
@@ -95,6 +95,15 @@ def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[Checkpoin
         if all(e.path != run for e in entries):
             entries.append(CheckpointEntry("kempnerforge", run.name, run, steps))
     return entries
+
+
+def unlisted_problem(folder: Path) -> str:
+    """Why a folder in which the scan lists nothing cannot be opened, where its family can say
+    (a KempnerForge step folder that is incomplete or damaged); else ""."""
+    match = STEP_RE.fullmatch(folder.name)
+    if match is None or not is_kf_target(folder):
+        return ""
+    return summarize(folder, int(match.group(1))).error
 
 
 def latest_step(directory: Path) -> int:

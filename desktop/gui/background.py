@@ -14,7 +14,13 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 
 from desktop.config.paths import demo_checkpoint, nanochat_base_dir
-from desktop.engine.discovery import CheckpointEntry, CheckpointSummary, discover, summarize
+from desktop.engine.discovery import (
+    CheckpointEntry,
+    CheckpointSummary,
+    discover,
+    summarize,
+    unlisted_problem,
+)
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.nanochat.checkpoint import (
     detect_unsupported,
@@ -191,7 +197,7 @@ def _other_families(folder: Path) -> FolderReport:
     runs in it (or that it is), as the scan finds them, the first one's newest step checked."""
     found = [e for e in discover(folder, [folder]) if e.source in ("hf", "kempnerforge") and e.steps]
     if not found:
-        return FolderReport(folder, (), NOTHING_FOUND)
+        return FolderReport(folder, (), _short(unlisted_problem(folder), folder) or NOTHING_FOUND)
     first = found[0]
     problem = summarize(first.path, first.steps[-1]).error
     return FolderReport(folder, tuple(e.path for e in found), _short(problem, first.path))

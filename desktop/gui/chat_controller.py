@@ -115,7 +115,8 @@ class ChatController(QObject):
 
     def _on_load_failed(self, target: str, reason: str) -> None:
         self.model_load_failed.emit(target, reason)
-        self.notice.emit("error", f"Could not load {target}", reason)
+        # The folder's name in the title (the reason names the file in full, and elides last).
+        self.notice.emit("error", f"Could not load {Path(target).name or target}", reason)
 
     # ----- conversations ---------------------------------------------------------------------
 
