@@ -1,7 +1,12 @@
-"""The golden KempnerForge run (saved by KempnerForge's own CheckpointManager) through the real window:
-open its folder, the latest step loads and the greedy reply to a prompt is KempnerForge's own
-``generate()``, token for token; the earlier step, picked and loaded, answers as that step did;
-after a restart the first chat shows the same reply from history."""
+"""The golden files of the other families through the real window, as a user opens them (File ›
+Open folder…).
+
+* KempnerForge (saved by its own CheckpointManager): the latest step loads and the greedy reply to
+  a prompt is KempnerForge's own ``generate()``, token for token; the earlier step, picked and
+  loaded, answers as that step did; after a restart the first chat shows the same reply.
+* transformers (``save_pretrained``): each folder loads, and the greedy reply to a chat is
+  ``generate()``'s on the prompt its chat template renders; a restart shows it again.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ from test_window_sequences import click_row, loop, open_folder, open_window, res
 
 pytestmark = pytest.mark.gui
 WAIT = 60000
-CASES = sorted(p.parent for p in (GOLDEN / "kempnerforge").glob("*/golden.json"))
+KF = sorted(p.parent for p in (GOLDEN / "kempnerforge").glob("*/golden.json"))
+HF = sorted(p.parent for p in (GOLDEN / "transformers").glob("*/golden.json"))
 
 
 def reply_ids(win) -> list[int]:
@@ -28,7 +34,7 @@ def ask(qtbot, win, text: str) -> list[int]:
     return reply_ids(win)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", KF, ids=[c.name for c in KF])
 def test_the_window_answers_as_kempnerforge_does_at_each_step(
     qtbot,
     windows,  # noqa: F811
@@ -64,3 +70,29 @@ def test_the_window_answers_as_kempnerforge_does_at_each_step(
     win.controller.refresh_list()
     click_row(qtbot, win, conv_id)
     qtbot.waitUntil(lambda: bool(win.chat.widgets) and reply_ids(win) == latest["greedy"], timeout=WAIT)
+
+
+@pytest.mark.parametrize("case", HF, ids=[c.name for c in HF])
+def test_the_window_answers_as_transformers_does(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+    case: Path,
+):
+    m = manifest(case)
+    win = open_window(qtbot, fake=False)
+    windows.append(win)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        open_folder(qtbot, win, case, monkeypatch)
+    assert loaded.args[0].family.startswith("hf") and Path(loaded.args[0].path) == case
+    win.sampling.apply_preset("Greedy")
+    win.sampling.set_values({"max_tokens": m["max_new_tokens"]})
+    chat = next(c for c in m["expected"] if c["chat"])
+    assert ask(qtbot, win, chat["text"]) == chat["greedy"]
+    conv_id = win.controller.conv_id
+
+    win = restart(qtbot, windows, fake=False)
+    win.controller.refresh_list()
+    click_row(qtbot, win, conv_id)
+    qtbot.waitUntil(lambda: bool(win.chat.widgets) and reply_ids(win) == chat["greedy"], timeout=WAIT)
