@@ -573,11 +573,14 @@ def _apply_overrides(meta: dict[str, Any], overrides: dict[str, Any] | None) -> 
 # writing
 
 
-def module_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def module_state_dict(
+    tensors: dict[str, torch.Tensor], empty: tuple[str, ...] = ()
+) -> dict[str, torch.Tensor]:
     """``tensors`` as a model's ``state_dict()`` returns them: a tree of ``nn.Module`` s with each
     tensor a parameter at its dotted path, in the given order, and that tree's own ``state_dict()``
     (an ``OrderedDict`` carrying ``_metadata``, each module's version, which ``torch.save`` pickles
-    with a BUILD). A ``torch.compile`` d model's prefix ``_orig_mod.`` becomes its wrapper module."""
+    with a BUILD). A ``torch.compile`` d model's prefix ``_orig_mod.`` becomes its wrapper module.
+    ``empty``: paths of modules without parameters (a Dropout), each its parent's last child."""
     root = torch.nn.Module()
     for key, value in tensors.items():
         *path, leaf = key.split(".")
@@ -589,7 +592,16 @@ def module_state_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
                 module.add_module(name, child)
             module = child
         module.register_parameter(leaf, torch.nn.Parameter(value, requires_grad=False))
+    for path in empty:
+        parent, _, name = path.rpartition(".")
+        root.get_submodule(parent).add_module(name, torch.nn.Module())
     return root.state_dict()
+
+
+def empty_modules(era: str, cfg: TinyConfig, prefix: str = "") -> tuple[str, ...]:
+    """The modules of ``era`` 's GPT that hold no parameter: the fork's Engram dropout."""
+    layers = sorted(engram_layer_set(cfg)) if _layout(era).engram else []
+    return tuple(f"{prefix}transformer.h.{i}.engram.dropout" for i in layers)
 
 
 def apply_dtype_mix(sd: dict[str, torch.Tensor], dtype_mix: str) -> dict[str, torch.Tensor]:
@@ -675,7 +687,8 @@ def write_checkpoint(
 
     ckpt_dir = Path(base_dir) / f"{phase}_checkpoints" / (tag or f"d{cfg.n_layer}")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(module_state_dict(sd), ckpt_dir / f"model_{step:06d}.pt")
+    prefix = COMPILED_PREFIX if compiled_prefix else ""
+    torch.save(module_state_dict(sd, empty_modules(era, cfg, prefix)), ckpt_dir / f"model_{step:06d}.pt")
     (ckpt_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
     if with_optim:
         _write_optimizer(ckpt_dir, era, step)

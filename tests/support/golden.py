@@ -11,7 +11,11 @@ from pathlib import Path
 from support import REPO
 
 GOLDEN = REPO / "tests" / "golden"
-CASES = sorted(p.parent for p in (GOLDEN / "nanochat").glob("*/golden.json"))
+# nanochat's eras, then the C++ fork's variants (the same loader, the same checks)
+CASES = [
+    *sorted(p.parent for p in (GOLDEN / "nanochat").glob("*/golden.json")),
+    *sorted(p.parent for p in (GOLDEN / "fork").glob("*/golden.json")),
+]
 MAX_NEW = 40
 # <|python_end|> in every case's 300-token vocabulary (the 7th of the last nine); <|assistant_end|>
 # is two before it and <|bos|> six before.

@@ -38,11 +38,14 @@ def resolve(repo: Path, rev: str) -> str:
     return git(repo, "rev-parse", f"{rev}^{{commit}}")
 
 
-def export(repo: Path, commit: str, dest: Path) -> Path:
-    """The tree of ``commit`` written into ``dest`` (created); returns ``dest``."""
+def export(repo: Path, commit: str, dest: Path, paths: Sequence[str] = ()) -> Path:
+    """The tree of ``commit`` (only ``paths`` when given: a mirror may lack large files outside
+    them) written into ``dest`` (created); returns ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     data = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", commit], check=True, capture_output=True
+        ["git", "-C", str(repo), "archive", "--format=tar", commit, "--", *paths],
+        check=True,
+        capture_output=True,
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")

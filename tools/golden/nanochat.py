@@ -77,7 +77,7 @@ WORDS = [
 ]
 
 
-def _conversations(rng: random.Random, n: int) -> list[dict[str, Any]]:
+def conversations(rng: random.Random, n: int) -> list[dict[str, Any]]:
     """Tiny chats: small talk, and sums answered through the calculator."""
     out = []
     for _ in range(n):
@@ -110,12 +110,12 @@ def _conversations(rng: random.Random, n: int) -> list[dict[str, Any]]:
     return out
 
 
-def _asking(text: str) -> dict[str, Any]:
+def asking(text: str) -> dict[str, Any]:
     """A conversation for ``render_for_completion``, which drops the (empty) last assistant turn."""
     return {"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]}
 
 
-def _tokenizer_text(rng: random.Random) -> list[str]:
+def tokenizer_text(rng: random.Random) -> list[str]:
     texts = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(200)]
     texts += [
         f"What is {a} plus {b}? Let me add. {a}+{b} So it is {a + b}."
@@ -125,7 +125,7 @@ def _tokenizer_text(rng: random.Random) -> list[str]:
     return texts
 
 
-def _train(model: Any, tok: Any, chats: list[dict[str, Any]], steps: int, seed: int) -> None:
+def train(model: Any, tok: Any, chats: list[dict[str, Any]], steps: int, seed: int) -> None:
     """A few hundred AdamW steps of next-token loss, through the revision's own forward."""
     rows = []
     for chat in chats:
@@ -181,7 +181,7 @@ COMPARE_WITH = {
 LOAD_OPTIONS = {"E5": {"softcap": 20.0}}  # what a user passes for a checkpoint of that era
 
 
-def _expected(engine: Any, model: Any, prompt_ids: list[int]) -> dict[str, Any]:
+def expected(engine: Any, model: Any, prompt_ids: list[int]) -> dict[str, Any]:
     """What the revision's own code produces for ``prompt_ids``: ``Engine.generate`` (greedy
     with its forced calculator tokens, seeded samples) where it runs on a CPU (from 2026-01-11
     to 2026-07-03 minus the eras that fixed it, its KV cache is bf16 and it does not), and its
@@ -224,7 +224,7 @@ def write_era(repo: Path, era: str, out: Path) -> dict[str, Any]:
             from nanochat.tokenizer import RustBPETokenizer
 
             rng = random.Random(0)
-            tok = RustBPETokenizer.train_from_iterator(iter(_tokenizer_text(rng)), VOCAB)
+            tok = RustBPETokenizer.train_from_iterator(iter(tokenizer_text(rng)), VOCAB)
             tok.save(str(case / "tokenizer"))
             torch.manual_seed(0)
             config = GPTConfig(
@@ -237,8 +237,8 @@ def write_era(repo: Path, era: str, out: Path) -> dict[str, Any]:
             )
             model = GPT(config)
             model.init_weights()
-            chats = _conversations(rng, 400)
-            _train(model, tok, chats, 150, seed=1)
+            chats = conversations(rng, 400)
+            train(model, tok, chats, 150, seed=1)
             meta_base = {
                 "step": BASE_STEP,
                 "val_bpb": 0.0,
@@ -248,7 +248,7 @@ def write_era(repo: Path, era: str, out: Path) -> dict[str, Any]:
             save_checkpoint(
                 str(case / "base_checkpoints" / TAG), BASE_STEP, model.state_dict(), None, meta_base
             )
-            _train(model, tok, chats, 150, seed=2)
+            train(model, tok, chats, 150, seed=2)
             meta_sft = {"step": SFT_STEP, "val_loss": 0.0, "model_config": dict(model.config.__dict__)}
             save_checkpoint(
                 str(case / "chatsft_checkpoints" / TAG), SFT_STEP, model.state_dict(), None, meta_sft
@@ -259,14 +259,14 @@ def write_era(repo: Path, era: str, out: Path) -> dict[str, Any]:
             )
             engine = Engine(loaded, tok)
             prompts = [
-                {"text": "What is 12 plus 7?", "conversation": _asking("What is 12 plus 7?")},
-                {"text": "Say: the red cat", "conversation": _asking("Say: the red cat")},
+                {"text": "What is 12 plus 7?", "conversation": asking("What is 12 plus 7?")},
+                {"text": "Say: the red cat", "conversation": asking("Say: the red cat")},
             ]
             cases = []
             for p in prompts:
                 prompt_ids = tok.render_for_completion(p["conversation"])
                 cases.append(
-                    {"text": p["text"], "prompt_ids": prompt_ids, **_expected(engine, loaded, prompt_ids)}
+                    {"text": p["text"], "prompt_ids": prompt_ids, **expected(engine, loaded, prompt_ids)}
                 )
             used = sorted(
                 f"nanochat/{m.split('.', 1)[1]}.py" for m in list(sys.modules) if m.startswith("nanochat.")
