@@ -34,6 +34,25 @@ def ask(qtbot, win, text: str) -> list[int]:
     return reply_ids(win)
 
 
+def open_greedy(qtbot, windows, monkeypatch, folder: Path, max_tokens: int):  # noqa: F811
+    """A new window; File › Open folder… on ``folder``; the Greedy preset. The loaded model's info."""
+    win = open_window(qtbot, fake=False)
+    windows.append(win)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        open_folder(qtbot, win, folder, monkeypatch)
+    win.sampling.apply_preset("Greedy")
+    win.sampling.set_values({"max_tokens": max_tokens})
+    return win, loaded.args[0]
+
+
+def reopened_shows(qtbot, windows, conv_id: int, ids: list[int]) -> None:  # noqa: F811
+    """After a restart, the chat clicked in the list shows the same reply."""
+    win = restart(qtbot, windows, fake=False)
+    win.controller.refresh_list()
+    click_row(qtbot, win, conv_id)
+    qtbot.waitUntil(lambda: bool(win.chat.widgets) and reply_ids(win) == ids, timeout=WAIT)
+
+
 @pytest.mark.parametrize("case", KF, ids=[c.name for c in KF])
 def test_the_window_answers_as_kempnerforge_does_at_each_step(
     qtbot,
@@ -44,13 +63,8 @@ def test_the_window_answers_as_kempnerforge_does_at_each_step(
 ):
     m = manifest(case)
     run = case / "run"
-    win = open_window(qtbot, fake=False)
-    windows.append(win)
-    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
-        open_folder(qtbot, win, run, monkeypatch)
-    assert loaded.args[0].step == m["latest"] and loaded.args[0].family == "kempnerforge"
-    win.sampling.apply_preset("Greedy")
-    win.sampling.set_values({"max_tokens": m["max_new_tokens"]})
+    win, info = open_greedy(qtbot, windows, monkeypatch, run, m["max_new_tokens"])
+    assert info.step == m["latest"] and info.family == "kempnerforge"
     latest = m["expected"][str(m["latest"])][0]
     assert ask(qtbot, win, latest["text"]) == latest["greedy"]
     conv_id = win.controller.conv_id
@@ -66,10 +80,7 @@ def test_the_window_answers_as_kempnerforge_does_at_each_step(
     earlier = m["expected"][str(first)][0]
     assert ask(qtbot, win, earlier["text"]) == earlier["greedy"]
 
-    win = restart(qtbot, windows, fake=False)
-    win.controller.refresh_list()
-    click_row(qtbot, win, conv_id)
-    qtbot.waitUntil(lambda: bool(win.chat.widgets) and reply_ids(win) == latest["greedy"], timeout=WAIT)
+    reopened_shows(qtbot, windows, conv_id, latest["greedy"])
 
 
 @pytest.mark.parametrize("case", HF, ids=[c.name for c in HF])
@@ -81,18 +92,10 @@ def test_the_window_answers_as_transformers_does(
     case: Path,
 ):
     m = manifest(case)
-    win = open_window(qtbot, fake=False)
-    windows.append(win)
-    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
-        open_folder(qtbot, win, case, monkeypatch)
-    assert loaded.args[0].family.startswith("hf") and Path(loaded.args[0].path) == case
-    win.sampling.apply_preset("Greedy")
-    win.sampling.set_values({"max_tokens": m["max_new_tokens"]})
+    win, info = open_greedy(qtbot, windows, monkeypatch, case, m["max_new_tokens"])
+    assert info.family.startswith("hf") and Path(info.path) == case
     chat = next(c for c in m["expected"] if c["chat"])
     assert ask(qtbot, win, chat["text"]) == chat["greedy"]
     conv_id = win.controller.conv_id
 
-    win = restart(qtbot, windows, fake=False)
-    win.controller.refresh_list()
-    click_row(qtbot, win, conv_id)
-    qtbot.waitUntil(lambda: bool(win.chat.widgets) and reply_ids(win) == chat["greedy"], timeout=WAIT)
+    reopened_shows(qtbot, windows, conv_id, chat["greedy"])

@@ -4,6 +4,7 @@ with them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -24,6 +25,14 @@ PYTHON_END = 297
 
 def manifest(case: Path) -> dict:
     return json.loads((case / "golden.json").read_text(encoding="utf-8"))
+
+
+def assert_files_as_written(case: Path) -> None:
+    """Every file of the case is the one its writer hashed, and the case is within 2 MB."""
+    files = manifest(case)["files"]
+    for rel, digest in files.items():
+        assert hashlib.sha256((case / rel).read_bytes()).hexdigest() == digest, rel
+    assert sum((case / rel).stat().st_size for rel in files) < 2 << 20
 
 
 def against_engine(m: dict) -> bool:

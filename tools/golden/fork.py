@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,19 +32,7 @@ from typing import Any
 import torch
 
 from .common import check_corpus, export, file_commits, imported_from, resolve, write_manifest
-from .nanochat import (
-    BASE_STEP,
-    DEPTH,
-    SEQ,
-    SFT_STEP,
-    TAG,
-    VOCAB,
-    asking,
-    conversations,
-    expected,
-    tokenizer_text,
-    train,
-)
+from .nanochat import BASE_STEP, SFT_STEP, TAG, make_case
 
 REVISION = "7e9ffe4"  # the fork's main (spec 2)
 # variant -> GPTConfig extras
@@ -78,64 +64,31 @@ def write_variant(repo: Path, variant: str, out: Path) -> dict[str, Any]:
         os.environ["NANOCHAT_CPP_TOKENIZER"] = "0"
         case.mkdir(parents=True, exist_ok=True)
         with imported_from(src, "nanochat"):
-            from nanochat.checkpoint_manager import build_model, save_checkpoint
-            from nanochat.engine import Engine
-            from nanochat.gpt import GPT, GPTConfig
-            from nanochat.tokenizer import RustBPETokenizer
-
-            rng = random.Random(0)
-            tok = RustBPETokenizer.train_from_iterator(iter(tokenizer_text(rng)), VOCAB)
-            tok.save(str(case / "tokenizer"))
-            torch.manual_seed(0)
-            config = GPTConfig(
-                sequence_len=SEQ,
-                vocab_size=tok.get_vocab_size(),
-                n_layer=DEPTH,
-                n_head=2,
-                n_kv_head=2,
-                n_embd=64,
-                **VARIANTS[variant],
+            # base_train leaves activation out of the meta; sft_train writes every field (spec 2.2)
+            fields, cases, used = make_case(
+                case, VARIANTS[variant], lambda f: {k: v for k, v in f.items() if k != "activation"}
             )
-            model = GPT(config)
-            model.init_weights()  # bf16 weights on CUDA only: a CPU run keeps fp32 master weights
-            chats = conversations(rng, 400)
-            train(model, tok, chats, 150, seed=1)
-            fields = dict(model.config.__dict__)
-            base_config = {k: v for k, v in fields.items() if k != "activation"}
-            meta_base = {"step": BASE_STEP, "val_bpb": 0.0, "model_config": base_config, "user_config": {}}
-            base_dir, sft_dir = case / "base_checkpoints" / TAG, case / "chatsft_checkpoints" / TAG
-            save_checkpoint(str(base_dir), BASE_STEP, model.state_dict(), None, meta_base)
-            train(model, tok, chats, 150, seed=2)
-            meta_sft = {"step": SFT_STEP, "val_loss": 0.0, "model_config": fields}
-            save_checkpoint(str(sft_dir), SFT_STEP, model.state_dict(), None, meta_sft)
-            loaded, _tok, _meta = build_model(str(sft_dir), SFT_STEP, torch.device("cpu"), "eval")
-            engine = Engine(loaded, tok)
-            cases = []
-            for text in ("What is 12 plus 7?", "Say: the red cat"):
-                prompt_ids = tok.render_for_completion(asking(text))
-                cases.append({"text": text, "prompt_ids": prompt_ids, **expected(engine, loaded, prompt_ids)})
-            used = sorted(
-                f"nanochat/{m.split('.', 1)[1]}.py" for m in list(sys.modules) if m.startswith("nanochat.")
-            )
-        engram_or_mhc = bool(VARIANTS[variant].get("engram_enabled") or VARIANTS[variant].get("mhc_enabled"))
-        runs_engine = "engine_greedy" in cases[0]
-        manifest = {
-            "family": "nanochat",
-            "era": "fork",
-            "variant": variant,
-            "upstream": "apstenku123/nanochat",
-            "commit": commit,
-            "file_commits": file_commits(repo, commit, used),
-            "source": "sft",
-            "tag": TAG,
-            "step": SFT_STEP,
-            "base_step": BASE_STEP,
-            "config": fields,
-            "torch": torch.__version__,
-            "compare_with": FULL_FORWARD if engram_or_mhc or not runs_engine else "Engine.generate",
-            "load_options": {},
-            "cases": cases,
-        }
+    extras = VARIANTS[variant]
+    full_forward = (
+        extras.get("engram_enabled") or extras.get("mhc_enabled") or "engine_greedy" not in cases[0]
+    )
+    manifest = {
+        "family": "nanochat",
+        "era": "fork",
+        "variant": variant,
+        "upstream": "apstenku123/nanochat",
+        "commit": commit,
+        "file_commits": file_commits(repo, commit, used),
+        "source": "sft",
+        "tag": TAG,
+        "step": SFT_STEP,
+        "base_step": BASE_STEP,
+        "config": fields,
+        "torch": torch.__version__,
+        "compare_with": FULL_FORWARD if full_forward else "Engine.generate",
+        "load_options": {},
+        "cases": cases,
+    }
     write_manifest(case, manifest)
     return manifest
 

@@ -26,6 +26,7 @@ import os
 import random
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,45 @@ def expected(engine: Any, model: Any, prompt_ids: list[int]) -> dict[str, Any]:
     return out
 
 
+def make_case(
+    case: Path, extras: dict[str, Any], base_config: Callable[[dict[str, Any]], dict[str, Any]] = dict
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """With a revision imported as ``nanochat`` (``NANOCHAT_BASE_DIR`` = ``case``): its own
+    tokenizer, ``GPT`` (``GPTConfig`` plus ``extras``), training, base and SFT saves (the base
+    meta's model_config through ``base_config``), reload by ``build_model``, and what it
+    generates. Returns (the model's config fields, the prompt cases, the files of nanochat run)."""
+    from nanochat.checkpoint_manager import build_model, save_checkpoint
+    from nanochat.engine import Engine
+    from nanochat.gpt import GPT, GPTConfig
+    from nanochat.tokenizer import RustBPETokenizer
+
+    rng = random.Random(0)
+    tok = RustBPETokenizer.train_from_iterator(iter(tokenizer_text(rng)), VOCAB)
+    tok.save(str(case / "tokenizer"))
+    torch.manual_seed(0)
+    sizes = dict(sequence_len=SEQ, vocab_size=tok.get_vocab_size(), n_layer=DEPTH, n_head=2, n_kv_head=2)
+    model = GPT(GPTConfig(**sizes, n_embd=64, **extras))
+    model.init_weights()  # bf16 weights on CUDA only: a CPU run keeps fp32 master weights
+    chats = conversations(rng, 400)
+    train(model, tok, chats, 150, seed=1)
+    fields = dict(model.config.__dict__)
+    base_dir, sft_dir = case / "base_checkpoints" / TAG, case / "chatsft_checkpoints" / TAG
+    meta_base = {"step": BASE_STEP, "val_bpb": 0.0, "model_config": base_config(fields), "user_config": {}}
+    save_checkpoint(str(base_dir), BASE_STEP, model.state_dict(), None, meta_base)
+    train(model, tok, chats, 150, seed=2)
+    meta_sft = {"step": SFT_STEP, "val_loss": 0.0, "model_config": fields}
+    save_checkpoint(str(sft_dir), SFT_STEP, model.state_dict(), None, meta_sft)
+
+    loaded, _tok, _meta = build_model(str(sft_dir), SFT_STEP, torch.device("cpu"), "eval")
+    engine = Engine(loaded, tok)
+    cases = []
+    for text in ("What is 12 plus 7?", "Say: the red cat"):
+        prompt_ids = tok.render_for_completion(asking(text))
+        cases.append({"text": text, "prompt_ids": prompt_ids, **expected(engine, loaded, prompt_ids)})
+    used = sorted(f"nanochat/{m.split('.', 1)[1]}.py" for m in list(sys.modules) if m.startswith("nanochat."))
+    return fields, cases, used
+
+
 def write_era(repo: Path, era: str, out: Path) -> dict[str, Any]:
     commit = resolve(repo, ERAS[era])
     case = out / "nanochat" / era
@@ -218,77 +258,25 @@ def write_era(repo: Path, era: str, out: Path) -> dict[str, Any]:
         os.environ["NANOCHAT_BASE_DIR"] = str(case)
         case.mkdir(parents=True, exist_ok=True)
         with imported_from(src, "nanochat"):
-            from nanochat.checkpoint_manager import build_model, save_checkpoint
-            from nanochat.engine import Engine
-            from nanochat.gpt import GPT, GPTConfig
-            from nanochat.tokenizer import RustBPETokenizer
-
-            rng = random.Random(0)
-            tok = RustBPETokenizer.train_from_iterator(iter(tokenizer_text(rng)), VOCAB)
-            tok.save(str(case / "tokenizer"))
-            torch.manual_seed(0)
-            config = GPTConfig(
-                sequence_len=SEQ,
-                vocab_size=tok.get_vocab_size(),
-                n_layer=DEPTH,
-                n_head=2,
-                n_kv_head=2,
-                n_embd=64,
-            )
-            model = GPT(config)
-            model.init_weights()
-            chats = conversations(rng, 400)
-            train(model, tok, chats, 150, seed=1)
-            meta_base = {
-                "step": BASE_STEP,
-                "val_bpb": 0.0,
-                "model_config": dict(model.config.__dict__),
-                "user_config": {},
-            }
-            save_checkpoint(
-                str(case / "base_checkpoints" / TAG), BASE_STEP, model.state_dict(), None, meta_base
-            )
-            train(model, tok, chats, 150, seed=2)
-            meta_sft = {"step": SFT_STEP, "val_loss": 0.0, "model_config": dict(model.config.__dict__)}
-            save_checkpoint(
-                str(case / "chatsft_checkpoints" / TAG), SFT_STEP, model.state_dict(), None, meta_sft
-            )
-
-            loaded, _tok, _meta = build_model(
-                str(case / "chatsft_checkpoints" / TAG), SFT_STEP, torch.device("cpu"), "eval"
-            )
-            engine = Engine(loaded, tok)
-            prompts = [
-                {"text": "What is 12 plus 7?", "conversation": asking("What is 12 plus 7?")},
-                {"text": "Say: the red cat", "conversation": asking("Say: the red cat")},
-            ]
-            cases = []
-            for p in prompts:
-                prompt_ids = tok.render_for_completion(p["conversation"])
-                cases.append(
-                    {"text": p["text"], "prompt_ids": prompt_ids, **expected(engine, loaded, prompt_ids)}
-                )
-            used = sorted(
-                f"nanochat/{m.split('.', 1)[1]}.py" for m in list(sys.modules) if m.startswith("nanochat.")
-            )
-        manifest = {
-            "family": "nanochat",
-            "era": era,
-            "upstream": "karpathy/nanochat",
-            "commit": commit,
-            "file_commits": file_commits(repo, commit, used),
-            "source": "sft",
-            "tag": TAG,
-            "step": SFT_STEP,
-            "base_step": BASE_STEP,
-            "config": dict(model.config.__dict__),
-            "torch": torch.__version__,
-            "compare_with": COMPARE_WITH.get(
-                era, "Engine.generate" if "engine_greedy" in cases[0] else "GPT.generate"
-            ),
-            "load_options": LOAD_OPTIONS.get(era, {}),
-            "cases": cases,
-        }
+            fields, cases, used = make_case(case, {})
+    manifest = {
+        "family": "nanochat",
+        "era": era,
+        "upstream": "karpathy/nanochat",
+        "commit": commit,
+        "file_commits": file_commits(repo, commit, used),
+        "source": "sft",
+        "tag": TAG,
+        "step": SFT_STEP,
+        "base_step": BASE_STEP,
+        "config": fields,
+        "torch": torch.__version__,
+        "compare_with": COMPARE_WITH.get(
+            era, "Engine.generate" if "engine_greedy" in cases[0] else "GPT.generate"
+        ),
+        "load_options": LOAD_OPTIONS.get(era, {}),
+        "cases": cases,
+    }
     write_manifest(case, manifest)
     return manifest
 
