@@ -17,6 +17,11 @@ the candidates of the mode are timed here and the fastest that keeps the mode's 
 The error bound is checked on the real weight at every load (it depends on the values); the
 timings depend on the machine only and are cached in a JSON file keyed by the CPU, torch's
 version and the thread count, so later loads time nothing.
+
+Timing has a budget per process (:data:`TUNING_BUDGET_S`): on a busy machine the first answer
+once waited over a minute for it. Past the budget, a product not yet timed takes its safe
+default (``F.linear``'s own route in exact mode, exact fp32 in the lossy modes), which keeps
+every contract; nothing of it is saved, so the next start times what is left.
 """
 
 from __future__ import annotations
@@ -71,6 +76,9 @@ MIN_PACKED_ROWS = 256
 ERROR_ROWS = 4
 # Timings taken while other processes used more than this share of all cores are not saved.
 BUSY_SHARE = 0.25  # random rows the error of a lossy candidate is measured with
+# Seconds of timing one process spends at most (all shapes, all modes): an idle 2-core machine
+# times the demo in about 2 s, a d20 model's every shape in exact and fast mode in about 10 s.
+TUNING_BUDGET_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -260,8 +268,11 @@ class KernelTuner:
     """Times candidate kernels once per machine, shape and thread count, and keeps the verdicts
     (in memory, and in ``cache_file`` when given). Safe to share between worker threads."""
 
-    def __init__(self, cache_file: Path | None = None) -> None:
+    def __init__(self, cache_file: Path | None = None, budget_s: float = TUNING_BUDGET_S) -> None:
         self.cache_file = cache_file
+        self.budget_s = budget_s
+        self.spent_s = 0.0  # seconds spent timing so far
+        self.skipped = 0  # products that took their safe default: the budget was spent
         self._lock = threading.RLock()
         self._timings: dict[str, dict[str, dict[str, float]]] = self._read()  # threads -> entry -> µs
         self.measured = 0  # candidates timed by this tuner (the cache's effect is visible here)
@@ -342,10 +353,20 @@ class KernelTuner:
         with self._lock:
             known = self._timings.setdefault(str(threads), {}).setdefault(entry, {})
             missing = [name for name in names if name not in known]
+            if missing and self.spent_s >= self.budget_s:
+                if not self.skipped:
+                    logger.info(
+                        "kernel timing passed its %.0f s budget: safe defaults until the next start",
+                        self.budget_s,
+                    )
+                self.skipped += 1
+                return dict(known)
             if missing:
                 others = OtherLoad()
+                started = time.perf_counter()
                 with torch.inference_mode():
                     timed = time_them(missing)
+                self.spent_s += time.perf_counter() - started
                 self.measured += len(timed)
                 known.update({name: round(us * scale, 2) for name, us in timed.items()})
                 busy = others.share()
@@ -375,6 +396,9 @@ class KernelTuner:
             return _best_us({name: calls[name] for name in missing}, flush)
 
         timed = self._measure(_exact_entry(product), threads, list(routes), time_them)
+        if not all(name in timed for name in routes):  # past the budget: the safe route first
+            safe = "by parts" if "by parts" in routes else "F.linear"
+            return [safe, *(name for name in routes if name != safe)]
         return sorted(routes, key=lambda name: timed[name])
 
     # ----- building products ----------------------------------------------------------------------

@@ -220,3 +220,23 @@ def test_a_model_shows_its_kernels_and_a_second_load_times_nothing(tmp_path, qui
 
 def _lossy_choices(lines: tuple[str, ...]) -> list[str]:
     return [line.split(" (")[0] for line in lines if " exact: " not in line]
+
+
+@pytest.mark.parametrize("kind", ["exact", "fp16", "int8"])
+def test_past_the_tuning_budget_a_product_takes_its_safe_default_and_the_next_start_times_it(
+    tmp_path, quiet_machine, kind
+):
+    cache = tmp_path / "kernels.json"
+    weight = _weight()
+    x = torch.randn(1, 1, weight.shape[1])
+    spent = KernelTuner(cache, budget_s=0.0)  # a first start whose budget is already used up
+    kernel = spent.product(weight, kind)
+    assert isinstance(kernel, gemv.ExactLinear)  # exact fp32: every mode's contract holds
+    assert torch.equal(kernel(x), torch.nn.functional.linear(x, weight))
+    assert kernel.chosen == "F.linear" and spent.measured == 0 and spent.skipped > 0
+    saved = json.loads(cache.read_text())["machines"][machine_id()] if cache.exists() else {}
+    assert not any(timings for entries in saved.values() for timings in entries.values())
+
+    later = KernelTuner(cache)  # the next start goes on timing
+    later.product(weight, kind)(x)
+    assert later.measured > 0 and later.skipped == 0 and later.spent_s > 0
