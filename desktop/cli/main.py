@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 from desktop import __version__
 from desktop.cli.export import add_export_parser, cmd_export
 from desktop.cli.remote import add_server_args, list_served, open_served
+from desktop.cli.timeline import add_timeline_parser, cmd_timeline
 from desktop.config import paths
 from desktop.config.logfile import SHOWN, cli_logging
 from desktop.engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
@@ -123,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "were taken on a busy machine)",
     )
     add_export_parser(sub)
+    add_timeline_parser(sub)
     return parser
 
 
@@ -391,7 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(printable(f"nanoscope: error: {problem}"), file=sys.stderr)
         return EXIT_ERROR
-    handlers = {"list": cmd_list, "generate": cmd_generate, "bench": cmd_bench, "export": cmd_export}
+    handlers = {
+        "list": cmd_list,
+        "generate": cmd_generate,
+        "bench": cmd_bench,
+        "export": cmd_export,
+        "timeline": cmd_timeline,
+    }
     with cli_logging():  # errors (and the GUI's whole run) also go to the log file
         try:
             if args.command is None:  # the GUI: `nanoscope`, `nanoscope-gui`, the frozen app
@@ -405,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_ERROR
         except KeyboardInterrupt:
             return 130
+        except BrokenPipeError:  # `nanoscope ... | head`: the reader left; say nothing more
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
         except BaseException as exc:
             if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
                 raise  # SystemExit and the like; a Rust panic is an error like any other here

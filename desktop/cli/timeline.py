@@ -1,0 +1,51 @@
+"""``nanoscope timeline RUN [--json]``: a training run's saved steps and the numbers their files state.
+
+RUN is a nanochat checkpoint folder (``<phase>_checkpoints/<tag>``, whose other stages join it),
+``SOURCE[/TAG]`` under ``$NANOCHAT_BASE_DIR``, or a KempnerForge run. Only metas are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from desktop.config import paths
+
+
+def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("timeline", help="a training run's saved steps and their numbers (metas only)")
+    p.add_argument(
+        "run", help="checkpoint folder, KempnerForge run, or SOURCE[/TAG] with SOURCE in base|mid|sft|rl"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    from desktop.engine.discovery import resolve_spec
+    from desktop.engine.timeline import timeline_of
+
+    directory, _step = resolve_spec(args.run, paths.nanochat_base_dir())
+    timeline = timeline_of(directory)
+    for problem in timeline.problems:
+        print(f"nanoscope: warning: {problem}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(timeline.to_dict()))
+        return 0
+    metrics = timeline.metric_names()
+    print(f"{timeline.name}: {len(timeline.points)} saved steps")
+    header = ["stage", "step", "tokens", *metrics, "MB"]
+    rows = [
+        [
+            p.stage,
+            str(p.step),
+            f"{p.tokens:,}" if p.tokens is not None else "",
+            *(f"{p.metrics[m]:.6g}" if m in p.metrics else "" for m in metrics),
+            f"{p.file_bytes / 1e6:.1f}",
+        ]
+        for p in timeline.points
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+    return 0

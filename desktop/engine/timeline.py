@@ -1,0 +1,228 @@
+"""A training run as one timeline: every saved step with the numbers its files state (Qt-free).
+
+Only metas and small metadata files are read, never weights, so a run of hundreds of steps is
+drawn at once:
+
+* nanochat: ``<base>/<phase>_checkpoints/<tag>/meta_<step>.json``. The stages of one tag (base →
+  mid → sft → rl) are chained as segments of one timeline: each stage's steps start where the
+  previous stage's last step ended, so the x-axis stays put as stages are added. Numbers are the
+  meta's top-level metrics (``val_bpb``, ``val_loss``, the SFT accuracies, …) and base_train's
+  ``loop_state`` (``min_val_bpb``, ``smooth_train_loss``, ``total_training_time``); tokens are
+  ``step × total_batch_size`` where the meta states the batch.
+* KempnerForge: ``run/step_<N>/metadata.json`` (``step``, ``tokens_seen``).
+
+A value that is not a finite number (NaN, a string, a list) is left out with one line naming the
+file and the key; an unreadable meta leaves its step out with one line. Nothing here allocates
+more than the bounded readers allow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from desktop.engine.discovery import PHASES
+from desktop.engine.errors import NanoscopeError
+from desktop.engine.files.bounded import FileRefused, read_json
+from desktop.engine.kempnerforge.layout import is_kf_target, run_dir, run_steps
+from desktop.engine.nanochat import checkpoint as ckpt
+
+# Stages in the order a run goes through them; the fork's extra phase folders map onto them.
+STAGES = ("base", "mid", "sft", "rl")
+# base_train's loop_state numbers worth a curve (the rest are bookkeeping).
+LOOP_STATE = ("min_val_bpb", "smooth_train_loss", "total_training_time")
+# Top-level meta fields that are not metrics.
+NOT_METRICS = frozenset({"step", "total_batch_size", "model_config", "user_config", "loop_state"})
+MAX_POINTS = 100_000  # a run with more saved steps than this is cut, with a line saying so
+
+
+@dataclass(frozen=True)
+class Point:
+    """One saved step. ``x``: its place on the timeline (chained across stages)."""
+
+    stage: str  # base | mid | sft | rl | kempnerforge
+    step: int
+    x: int
+    path: Path  # what to load: the checkpoint folder (nanochat) or the run (KempnerForge)
+    metrics: dict[str, float]
+    tokens: int | None
+    file_bytes: int
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # config vs the point before
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "step": self.step,
+            "x": self.x,
+            "path": str(self.path),
+            "metrics": self.metrics,
+            "tokens": self.tokens,
+            "file_bytes": self.file_bytes,
+            "changes": {k: list(v) for k, v in self.changes.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Timeline:
+    name: str
+    points: tuple[Point, ...]
+    problems: tuple[str, ...] = ()
+    # (x where a stage starts, its name), for the segments a plot draws
+    stages: tuple[tuple[int, str], ...] = ()
+
+    def metric_names(self) -> list[str]:
+        """Every metric some point has, in the order they first appear."""
+        seen: dict[str, None] = {}
+        for point in self.points:
+            seen.update(dict.fromkeys(point.metrics))
+        return list(seen)
+
+    def series(self, metric: str) -> list[Point]:
+        """The points that have ``metric``, in timeline order."""
+        return [p for p in self.points if metric in p.metrics]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "stages": [list(s) for s in self.stages],
+            "points": [p.to_dict() for p in self.points],
+            "problems": list(self.problems),
+        }
+
+
+def timeline_of(target: Path) -> Timeline:
+    """The timeline of the run ``target`` names: a nanochat ``<phase>_checkpoints/<tag>`` folder
+    (its tag's other stages join it), or a KempnerForge run or step folder. NanoscopeError for
+    a folder that is neither."""
+    target = Path(target).expanduser()
+    if is_kf_target(target):
+        return _kempnerforge(run_dir(target))
+    if ckpt.model_steps(target):
+        return _nanochat(target)
+    raise NanoscopeError(
+        f"{target}: not a training run (a nanochat <phase>_checkpoints/<tag> folder or a KempnerForge run)"
+    )
+
+
+def _stage_folders(folder: Path) -> list[tuple[str, Path]]:
+    """(stage, folder) for each stage of ``folder`` 's tag in the same base dir, in run order;
+    a folder outside a nanochat layout is a run of its own."""
+    phase = PHASES.get(folder.parent.name)
+    if phase is None:
+        return [("folder", folder)]
+    base, tag = folder.parent.parent, folder.name
+    found: dict[str, Path] = {}
+    for name, stage in PHASES.items():
+        candidate = base / name / tag
+        if stage not in found and ckpt.model_steps(candidate):
+            found[stage] = candidate
+    found.setdefault(phase, folder)
+    return [(stage, found[stage]) for stage in STAGES if stage in found]
+
+
+def _nanochat(folder: Path) -> Timeline:
+    points: list[Point] = []
+    problems: list[str] = []
+    stages: list[tuple[int, str]] = []
+    offset = 0
+    previous: dict[str, Any] | None = None
+    for stage, directory in _stage_folders(folder):
+        steps = ckpt.model_steps(directory)[:MAX_POINTS]
+        if not steps:
+            continue
+        stages.append((offset, stage))
+        for step in steps:
+            meta_path = ckpt.meta_file(directory, step)
+            try:
+                meta = ckpt.read_meta(meta_path)
+            except NanoscopeError as exc:
+                problems.append(str(exc))
+                continue
+            metrics = _metrics(meta, meta_path, problems)
+            batch = meta.get("total_batch_size")
+            tokens = step * batch if _is_count(batch) else None
+            config = _config(meta)
+            changes = _changes(previous, config)
+            previous = config
+            points.append(
+                Point(stage, step, offset + step, directory, metrics, tokens, _size(directory, step), changes)
+            )
+        offset += steps[-1]
+    name = folder.name if len(stages) < 2 else f"{folder.name} ({' → '.join(s for _, s in stages)})"
+    return Timeline(name, tuple(points), tuple(problems), tuple(stages))
+
+
+def _kempnerforge(run: Path) -> Timeline:
+    points: list[Point] = []
+    problems: list[str] = []
+    for step in run_steps(run)[:MAX_POINTS]:
+        path = run / f"step_{step}" / "metadata.json"
+        tokens = None
+        try:
+            data = read_json(path, "config")
+        except FileRefused as exc:
+            if path.exists():
+                problems.append(str(exc))
+            data = {}
+        if isinstance(data, dict):
+            seen = data.get("tokens_seen")
+            if _is_count(seen):
+                tokens = int(seen)
+            elif seen is not None:
+                problems.append(f"{path}: tokens_seen is not a count; left out")
+        size = sum(p.stat().st_size for p in (run / f"step_{step}").glob("*.distcp") if p.is_file())
+        points.append(Point("kempnerforge", step, step, run, {}, tokens, size))
+    return Timeline(run.name, tuple(points), tuple(problems), ((0, "kempnerforge"),) if points else ())
+
+
+def _metrics(meta: dict[str, Any], path: Path, problems: list[str]) -> dict[str, float]:
+    """The meta's numbers worth a curve; anything else in their place is one line."""
+    found: dict[str, Any] = {k: v for k, v in meta.items() if k not in NOT_METRICS}
+    loop = meta.get("loop_state")
+    if isinstance(loop, dict):
+        found.update({k: loop[k] for k in LOOP_STATE if k in loop})
+    metrics: dict[str, float] = {}
+    for key, value in found.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, str) or value is None:
+                problems.append(f"{path}: {key} is not a number; left out")
+            continue
+        if not math.isfinite(value):
+            problems.append(f"{path}: {key} is {value}; left out")
+            continue
+        metrics[key] = float(value)
+    return metrics
+
+
+def _config(meta: dict[str, Any]) -> dict[str, Any]:
+    """The settings a step was trained with, flattened (model_config and user_config)."""
+    config: dict[str, Any] = {}
+    for section in ("model_config", "user_config"):
+        values = meta.get(section)
+        if isinstance(values, dict):
+            config.update({f"{section}.{k}": v for k, v in values.items() if _is_scalar(v)})
+    return config
+
+
+def _changes(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    if before is None:
+        return {}
+    keys = sorted(set(before) | set(after))
+    return {k: (before.get(k), after.get(k)) for k in keys if before.get(k) != after.get(k)}
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
+
+
+def _size(directory: Path, step: int) -> int:
+    try:
+        return ckpt.model_file(directory, step).stat().st_size
+    except (NanoscopeError, OSError):
+        return 0
