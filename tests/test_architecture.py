@@ -192,9 +192,11 @@ def test_the_layering_rule_catches_a_violation(tmp_path):
 
 
 # What the widgets may know of the engine: the protocol and its value types, the checkpoint
-# list, and the served-model protocol's types (the Servers dialog).
+# list, a run's timeline (values the Run tab draws), and the served-model protocol's types (the
+# Servers dialog).
 UI_MAY_IMPORT = frozenset(
-    f"desktop.engine.{m}" for m in ("backend", "params", "messages", "errors", "discovery", "remote.http")
+    f"desktop.engine.{m}"
+    for m in ("backend", "params", "messages", "errors", "discovery", "timeline", "remote.http")
 )
 
 

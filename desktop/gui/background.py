@@ -29,6 +29,7 @@ from desktop.engine.nanochat.checkpoint import (
     model_steps,
     read_meta,
 )
+from desktop.engine.timeline import timeline_of
 from desktop.store import HistoryStore
 
 SEARCH_DEBOUNCE_S = 0.2
@@ -40,6 +41,7 @@ class Background(QObject):
     summary_ready(object): CheckpointSummary for the picker's current selection.
     summary_listed(object): a CheckpointSummary asked for by ``summarize_many`` (one each).
     folder_opened(object): the FolderReport of a folder the user opened.
+    timeline_ready(object) / timeline_failed(object, str): a run's Timeline, or why not.
     search_results(list): SearchHit list for the latest query (older queries are dropped).
     """
 
@@ -48,6 +50,8 @@ class Background(QObject):
     search_results = Signal(list)
     summary_listed = Signal(object)
     folder_opened = Signal(object)
+    timeline_ready = Signal(object)  # a Timeline
+    timeline_failed = Signal(object, str)  # the run's folder, one line
 
     def __init__(self, store: HistoryStore, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -130,6 +134,17 @@ class Background(QObject):
     async def _open_folder(self, folder: Path) -> None:
         loop = asyncio.get_running_loop()
         self.folder_opened.emit(await loop.run_in_executor(None, inspect_folder, folder))
+
+    def read_timeline(self, run: Path) -> None:
+        """A run's timeline, from its metas, off the GUI thread (``timeline_ready``)."""
+        self._spawn(self._read_timeline(Path(run)))
+
+    async def _read_timeline(self, run: Path) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self.timeline_ready.emit(await loop.run_in_executor(None, timeline_of, run))
+        except NanoscopeError as exc:
+            self.timeline_failed.emit(run, str(exc))
 
     def search(self, query: str) -> None:
         """Debounced: only the last query typed within SEARCH_DEBOUNCE_S runs."""

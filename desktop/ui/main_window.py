@@ -40,6 +40,7 @@ from desktop.ui.error_banner import ErrorBanner
 from desktop.ui.history_sidebar import HistorySidebar
 from desktop.ui.input_box import InputBox
 from desktop.ui.model_picker import ModelPicker
+from desktop.ui.run_view import RunView
 from desktop.ui.sampling_panel import SamplingPanel
 from desktop.ui.servers_dialog import ServersDialog
 from desktop.ui.shortcuts_dialog import ShortcutsDialog
@@ -119,6 +120,8 @@ class MainWindow(QMainWindow):
         self.compare_view = CompareView(compare) if compare is not None else None
         if self.compare_view is not None:
             self.tabs.addTab(self.compare_view, "Compare")
+        self.run_view = RunView()
+        self.tabs.addTab(self.run_view, "Run")
         self.setCentralWidget(self.tabs)
 
         self._restore_settings()
@@ -223,6 +226,13 @@ class MainWindow(QMainWindow):
             compare.comparison_opened.connect(self._sync_sidebar)
             compare.busy_changed.connect(self._sync_sidebar)  # a new run is not the saved one
         bg.checkpoints_found.connect(self._autoload_once)
+        # the run timeline
+        bg.checkpoints_found.connect(self.run_view.set_entries)
+        self.run_view.run_chosen.connect(bg.read_timeline)
+        bg.timeline_ready.connect(self.run_view.show_timeline)
+        bg.timeline_failed.connect(self.run_view.show_problem)
+        self.run_view.open_step.connect(self._open_from_run)
+        self.run_view.compare_steps.connect(self._compare_from_run)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
         self.picker.load_requested.connect(c.load_checkpoint)
@@ -406,6 +416,24 @@ class MainWindow(QMainWindow):
         entry = next((e for e in entries if Path(e.path) == target), None) if target else None
         if entry is not None and entry.steps:
             self._load_picked(Path(entry.path), entry.steps[-1])
+
+    def _open_from_run(self, path: Path, step: int) -> None:
+        """A point of the Run tab clicked: that step, in Chat."""
+        self.tabs.setCurrentIndex(0)
+        self.picker.select(Path(path), step)
+        self.controller.load_checkpoint(Path(path), step)
+
+    def _compare_from_run(self, steps: list) -> None:
+        """Steps marked on the Run tab: one Compare pane each, loaded."""
+        if self.compare_view is None:
+            return
+        compare = self.compare_view.controller
+        while len(compare.panes) < len(steps) and compare.add_pane():
+            pass
+        for index, (path, step) in enumerate(steps[: len(compare.panes)]):
+            compare.select(index, Path(path), step)
+            compare.load(index, Path(path), step)
+        self.tabs.setCurrentWidget(self.compare_view)
 
     def _open_model_picker(self) -> None:
         info = self.controller.model_info

@@ -1,0 +1,243 @@
+"""The Run tab: one training run on a timeline, each saved step a point to open or compare.
+
+The user picks a run (a nanochat tag, whose stages are chained, or a KempnerForge run); the view
+asks for its timeline (read off the GUI thread, from metas only) and draws the chosen number
+against the step or the tokens seen, a marker at every saved checkpoint and a line where each
+stage starts. Hovering a marker shows what the step's files state (its numbers, what changed in
+its config since the step before, its size); a click opens it in Chat; Shift+click marks steps,
+and "Compare" sends the marked ones (two to four) to the Compare tab.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtWidgets import QApplication, QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from desktop.engine.discovery import CheckpointEntry
+from desktop.engine.timeline import Point, Timeline
+from desktop.ui import theme
+
+STEPS = "saved steps"  # the "metric" of a run whose metas state no numbers: markers on one line
+MAX_COMPARED = 4
+
+
+def run_targets(entries: list[CheckpointEntry]) -> list[tuple[str, Path]]:
+    """One (label, folder) per run among the listed checkpoints: a nanochat tag once (its
+    stages are chained on one timeline), each KempnerForge run."""
+    runs: dict[tuple[Path, str], tuple[str, Path]] = {}
+    for e in entries:
+        if e.source in ("base", "mid", "sft", "rl", "folder"):
+            key = (Path(e.path).parent.parent, e.tag) if e.source != "folder" else (Path(e.path), "")
+            runs.setdefault(key, (e.tag if e.source != "folder" else f"{e.tag} (folder)", Path(e.path)))
+        elif e.source == "demo":
+            runs.setdefault((Path(e.path), ""), ("demo (bundled)", Path(e.path)))
+        elif e.source == "kempnerforge":
+            runs.setdefault((Path(e.path), ""), (f"{e.tag} (KempnerForge)", Path(e.path)))
+    return list(runs.values())
+
+
+def point_tip(point: Point) -> str:
+    """A marker's hover text: the step, its numbers, its config changes, its size."""
+    lines = [f"<b>{html.escape(point.stage)} · step {point.step:,}</b>"]
+    if point.tokens is not None:
+        lines.append(f"{point.tokens:,} tokens")
+    lines += [f"{html.escape(k)} = {v:.6g}" for k, v in point.metrics.items()]
+    for key, (before, after) in list(point.changes.items())[:8]:
+        lines.append(f"<i>{html.escape(key)}: {html.escape(str(before))} → {html.escape(str(after))}</i>")
+    if point.file_bytes:
+        lines.append(f"{point.file_bytes / 1e6:.1f} MB")
+    lines.append("click: open in Chat · Shift+click: mark for Compare")
+    return "<br/>".join(lines)
+
+
+class RunView(QWidget):
+    """Signals: run_chosen(Path) asks for a timeline; open_step(Path, int) opens a step in Chat;
+    compare_steps(list[(Path, int)]) sends the marked steps to Compare."""
+
+    run_chosen = Signal(object)
+    open_step = Signal(object, int)
+    compare_steps = Signal(list)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.timeline: Timeline | None = None
+        self.marked: list[Point] = []
+        self.runs = QComboBox()
+        self.runs.setMinimumContentsLength(18)
+        self.runs.currentIndexChanged.connect(self._on_run)
+        self.curve = QComboBox()
+        self.curve.currentIndexChanged.connect(self._draw)
+        self.axis = QComboBox()
+        self.axis.addItems(["step", "tokens"])
+        self.axis.currentIndexChanged.connect(self._draw)
+        self.compare_btn = QPushButton("Compare")
+        self.compare_btn.setEnabled(False)
+        self.compare_btn.clicked.connect(self._send_to_compare)
+        self.status = QLabel("Pick a run: its saved steps and the numbers their metas state.")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)
+        self.status.setWordWrap(True)
+        bar = QHBoxLayout()
+        for label, widget in (("Run", self.runs), ("Curve", self.curve), ("Against", self.axis)):
+            bar.addWidget(QLabel(label))
+            bar.addWidget(widget)
+        bar.addStretch(1)
+        bar.addWidget(self.compare_btn)
+        self.plot = pg.PlotWidget()
+        self.plot.showGrid(x=True, y=True, alpha=0.15)
+        self.plot.setMenuEnabled(False)
+        self.scatter = pg.ScatterPlotItem(hoverable=True, tip=self._tip, size=11, hoverSize=15)
+        self.scatter.sigClicked.connect(self._on_click)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.addLayout(bar)
+        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.status)
+        self.apply_theme()
+
+    # ----- inputs ----------------------------------------------------------------------------
+
+    def set_entries(self, entries: list[CheckpointEntry]) -> None:
+        """The runs among the scan's checkpoints (the chosen one stays chosen)."""
+        current = self.runs.currentData()
+        self.runs.blockSignals(True)
+        self.runs.clear()
+        for label, folder in run_targets(entries):
+            self.runs.addItem(label, folder)
+        index = self.runs.findData(current) if current is not None else -1
+        self.runs.setCurrentIndex(max(index, 0) if self.runs.count() else -1)
+        self.runs.blockSignals(False)
+        if self.runs.currentData() != current:
+            self._on_run()
+
+    def choose_run(self, folder: Path) -> None:
+        index = self.runs.findData(Path(folder))
+        if index < 0:
+            self.runs.addItem(Path(folder).name, Path(folder))
+            index = self.runs.count() - 1
+        self.runs.setCurrentIndex(index)
+
+    def show_timeline(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+        self.marked = []
+        chosen = self.curve.currentText()
+        self.curve.blockSignals(True)
+        self.curve.clear()
+        self.curve.addItems(timeline.metric_names() or [STEPS])
+        self.curve.setCurrentIndex(max(self.curve.findText(chosen), 0))
+        self.curve.blockSignals(False)
+        self._draw()
+
+    def show_problem(self, folder: Path, message: str) -> None:
+        self.timeline = None
+        self.plot.clear()
+        self.status.setText(f"{Path(folder).name}: {message}")
+
+    def apply_theme(self) -> None:
+        c = theme.colors()
+        self.plot.setBackground(c.surface)
+        for name in ("left", "bottom"):
+            axis = self.plot.getAxis(name)
+            axis.enableAutoSIPrefix(False)  # "val_bpb (x0.001)" reads as another number
+            axis.setPen(pg.mkPen(c.border))
+            axis.setTextPen(pg.mkPen(c.muted))
+        self._draw()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:  # the theme changed
+            self.apply_theme()
+
+    # ----- drawing ---------------------------------------------------------------------------
+
+    def _x(self, point: Point) -> float | None:
+        return float(point.x) if self.axis.currentText() == "step" else point.tokens
+
+    def _draw(self) -> None:
+        self.plot.clear()
+        timeline = self.timeline
+        if timeline is None:
+            return
+        c = theme.colors()
+        metric = self.curve.currentText()
+        placed = [(x, p) for p in timeline.points if (x := self._x(p)) is not None]
+        with_value = [(x, p) for x, p in placed if metric in p.metrics]
+        values = [p.metrics[metric] for _, p in with_value]
+        # A loss that falls by orders of magnitude reads on a log scale.
+        log = bool(values) and min(values) > 0 and max(values) / min(values) > 20
+        self.plot.setLogMode(y=log)
+        if len(with_value) > 1:
+            self.plot.plot([x for x, _ in with_value], values, pen=pg.mkPen(c.accent, width=2))
+        # Every saved step gets a marker: on its value, or (it has none) on the curve's floor.
+        floor = min(values) if values else 0.0
+        ys = [p.metrics.get(metric, floor) for _, p in placed]
+        brushes = [
+            pg.mkBrush(c.warning if p in self.marked else c.accent if metric in p.metrics else c.muted)
+            for _, p in placed
+        ]
+        self.scatter.setData(
+            x=[x for x, _ in placed],
+            y=[math.log10(y) if log else y for y in ys],
+            data=[p for _, p in placed],
+            brush=brushes,
+            pen=pg.mkPen(c.surface),
+        )
+        self.plot.addItem(self.scatter)
+        if self.axis.currentText() == "step":
+            for start, stage in timeline.stages[1:] if len(timeline.stages) > 1 else ():
+                line = pg.InfiniteLine(pos=start, angle=90, pen=pg.mkPen(c.muted, style=Qt.PenStyle.DashLine))
+                line.label = pg.InfLineLabel(line, text=stage, position=0.95, color=c.muted)
+                self.plot.addItem(line)
+        if placed:
+            xs = [x for x, _ in placed]
+            self.plot.setXRange(min(0.0, min(xs)), max(xs) or 1.0, padding=0.05)
+        self.plot.setLabel("left", metric if metric != STEPS else "")
+        self.plot.setLabel("bottom", self.axis.currentText())
+        self._say(timeline, len(timeline.points) - len(placed))
+
+    def _say(self, timeline: Timeline, without_x: int) -> None:
+        parts = [f"{timeline.name}: {len(timeline.points)} saved steps"]
+        if without_x:
+            parts.append(f"{without_x} without a token count")
+        if timeline.problems:
+            parts.append(f"{len(timeline.problems)} values left out ({timeline.problems[0]})")
+        if self.marked:
+            parts.append(f"marked for Compare: {', '.join(str(p.step) for p in self.marked)}")
+        self.status.setText(" · ".join(parts))
+        self.compare_btn.setEnabled(2 <= len(self.marked) <= MAX_COMPARED)
+        self.compare_btn.setText(f"Compare {len(self.marked)}" if self.marked else "Compare")
+
+    def _tip(self, x: float, y: float, data: Point) -> str:
+        return point_tip(data)
+
+    # ----- actions -----------------------------------------------------------------------------
+
+    def _on_run(self) -> None:
+        folder = self.runs.currentData()
+        if folder is not None:
+            self.status.setText(f"Reading {Path(folder).name}…")
+            self.run_chosen.emit(Path(folder))
+
+    def _on_click(self, _item: object, spots: list, _event: object = None) -> None:
+        if not spots:
+            return
+        self.click_point(spots[0].data(), QApplication.keyboardModifiers())
+
+    def click_point(self, point: Point, modifiers: Qt.KeyboardModifier) -> None:
+        """What a click on ``point`` does: open it, or with Shift mark or unmark it."""
+        if modifiers & Qt.KeyboardModifier.ShiftModifier:
+            if point in self.marked:
+                self.marked.remove(point)
+            elif len(self.marked) < MAX_COMPARED:
+                self.marked.append(point)
+            self._draw()
+        else:
+            self.open_step.emit(point.path, point.step)
+
+    def _send_to_compare(self) -> None:
+        if 2 <= len(self.marked) <= MAX_COMPARED:
+            self.compare_steps.emit([(p.path, p.step) for p in self.marked])

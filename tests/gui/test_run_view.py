@@ -1,0 +1,60 @@
+"""The Run tab through the real window: a user picks a run, sees its saved steps on a timeline,
+clicks one to chat with it, and Shift-clicks three to race them in Compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from support import REPO
+from support.golden import GOLDEN
+from test_window_sequences import loop, start_with_base, windows  # noqa: F401
+
+from desktop.engine.timeline import timeline_of
+
+pytestmark = pytest.mark.gui
+WAIT = 60000
+DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
+
+
+def show_run(qtbot, win, folder: Path):
+    view = win.run_view
+    win.tabs.setCurrentWidget(view)
+    with qtbot.waitSignal(win.background.timeline_ready, timeout=WAIT):
+        view.choose_run(folder)
+    return view
+
+
+def test_a_run_on_its_timeline_opens_a_step_in_chat_and_races_three_in_compare(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+):
+    base = GOLDEN / "nanochat" / "E7"
+    win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
+    sft = base / "chatsft_checkpoints" / "d2"
+    qtbot.waitUntil(lambda: win.run_view.runs.count() >= 2, timeout=WAIT)
+
+    view = show_run(qtbot, win, sft)  # the tag's base and SFT stages, one timeline
+    want = timeline_of(sft)
+    assert [(p.stage, p.step) for p in view.timeline.points] == [(p.stage, p.step) for p in want.points]
+    assert "2 saved steps" in view.status.text()
+    first = view.timeline.points[0]
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        view.click_point(first, Qt.KeyboardModifier.NoModifier)
+    assert (Path(loaded.args[0].path), loaded.args[0].step) == (first.path, first.step)
+    assert win.tabs.currentIndex() == 0 and win.picker.current() == (first.path, first.step)
+
+    view = show_run(qtbot, win, DEMO)
+    assert [p.step for p in view.timeline.points] == [p.step for p in timeline_of(DEMO).points]
+    assert view.curve.currentText() == "val_bpb"
+    for point in view.timeline.points[1:]:
+        view.click_point(point, Qt.KeyboardModifier.ShiftModifier)
+    assert view.compare_btn.isEnabled() and view.compare_btn.text() == "Compare 3"
+    compare = win.compare_view.controller
+    qtbot.mouseClick(view.compare_btn, Qt.MouseButton.LeftButton)
+    assert win.tabs.currentWidget() is win.compare_view
+    wanted = [(DEMO, p.step) for p in view.timeline.points[1:]]
+    qtbot.waitUntil(lambda: [p.loaded_key for p in compare.panes[:3]] == wanted, timeout=WAIT)
