@@ -19,7 +19,7 @@ from typing import Any
 from desktop import __version__
 from desktop.cli.export import add_export_parser, cmd_export
 from desktop.cli.remote import add_server_args, list_served, open_served
-from desktop.cli.timeline import add_timeline_parser, cmd_timeline
+from desktop.cli.timeline import add_eval_parser, add_timeline_parser, cmd_eval, cmd_timeline
 from desktop.config import paths
 from desktop.config.logfile import SHOWN, cli_logging
 from desktop.engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_export_parser(sub)
     add_timeline_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 
@@ -400,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": cmd_bench,
         "export": cmd_export,
         "timeline": cmd_timeline,
+        "eval": cmd_eval,
     }
     with cli_logging():  # errors (and the GUI's whole run) also go to the log file
         try:

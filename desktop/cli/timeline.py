@@ -1,7 +1,9 @@
-"""``nanoscope timeline RUN [--json]``: a training run's saved steps and the numbers their files state.
+"""``nanoscope timeline RUN [--json]``: a training run's saved steps and the numbers their files state;
+``nanoscope eval RUN --task samples [--steps A,B] [--prompt TEXT]... [--json]``: what each step says.
 
 RUN is a nanochat checkpoint folder (``<phase>_checkpoints/<tag>``, whose other stages join it),
-``SOURCE[/TAG]`` under ``$NANOCHAT_BASE_DIR``, or a KempnerForge run. Only metas are read.
+``SOURCE[/TAG]`` under ``$NANOCHAT_BASE_DIR``, or a KempnerForge run. The timeline reads metas
+only; an eval loads one step at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,54 @@ def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
         "run", help="checkpoint folder, KempnerForge run, or SOURCE[/TAG] with SOURCE in base|mid|sft|rl"
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a run's saved steps, one at a time")
+    p.add_argument("run", help="as for timeline")
+    p.add_argument(
+        "--task",
+        choices=["samples"],
+        required=True,
+        help="samples: nanochat's seven base_train prompts (or --prompt), greedy, 16 tokens",
+    )
+    p.add_argument("--steps", default=None, help="comma-separated steps (default: every saved step)")
+    p.add_argument("--prompt", action="append", default=None, help="your own prompt (repeatable)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true", help="one JSON line per sample")
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from desktop.engine.backend import LoadOptions
+    from desktop.engine.discovery import resolve_spec
+    from desktop.engine.errors import NanoscopeError
+    from desktop.engine.evals import SAMPLE_PROMPTS, sample_sweep
+    from desktop.engine.timeline import timeline_of
+
+    base = paths.nanochat_base_dir()
+    directory, _step = resolve_spec(args.run, base)
+    points = list(timeline_of(directory).points)
+    if args.steps:
+        try:
+            wanted = {int(s) for s in args.steps.split(",")}
+        except ValueError:
+            raise NanoscopeError(f"--steps {args.steps!r}: comma-separated step numbers") from None
+        missing = wanted - {p.step for p in points}
+        if missing:
+            raise NanoscopeError(f"{directory}: no saved step {', '.join(map(str, sorted(missing)))}")
+        points = [p for p in points if p.step in wanted]
+    options = LoadOptions(device=args.device, base_dir=base, kernel_cache=paths.kernel_timings_file())
+    prompts = args.prompt or list(SAMPLE_PROMPTS)
+    shown = None
+    for sample in sample_sweep(points, prompts, options=options):
+        if args.json:
+            print(json.dumps(sample.to_dict()), flush=True)
+            continue
+        if (sample.stage, sample.step) != shown:
+            shown = (sample.stage, sample.step)
+            print(f"{sample.stage} step {sample.step}:", flush=True)
+        print(f"  {sample.prompt}{sample.text!r}", flush=True)
+    return 0
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:

@@ -1,0 +1,84 @@
+"""Evaluations swept across the saved steps of a run (Qt-free): one checkpoint in memory at a time.
+
+The first task is nanochat's own progress check: during base training it samples seven prompts,
+greedy, 16 tokens, at every evaluation (``scripts/base_train.py``). Run over a run's saved
+steps, it shows side by side what each step says; the user's own prompts can stand in.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from desktop.engine.backend import LoadOptions
+from desktop.engine.params import SamplingParams
+from desktop.engine.registry import open_backend
+from desktop.engine.timeline import Point
+
+# scripts/base_train.py's sampled prompts, in its order.
+SAMPLE_PROMPTS = (
+    "The capital of France is",
+    "The chemical symbol of gold is",
+    "If yesterday was Friday, then tomorrow will be",
+    "The opposite of hot is",
+    "The planets of the solar system are:",
+    "My favorite color is",
+    "If 5*x + 3 = 13, then x is",
+)
+SAMPLE_TOKENS = 16  # as nanochat samples them
+MAX_PROMPTS = 100
+
+
+@dataclass(frozen=True)
+class Sample:
+    stage: str
+    step: int
+    prompt: str
+    ids: tuple[int, ...]
+    text: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "stage": self.stage,
+            "step": self.step,
+            "prompt": self.prompt,
+            "ids": list(self.ids),
+            "text": self.text,
+        }
+
+
+def sample_sweep(
+    points: Sequence[Point],
+    prompts: Sequence[str] = SAMPLE_PROMPTS,
+    *,
+    options: LoadOptions | None = None,
+    cancel: threading.Event | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    max_tokens: int = SAMPLE_TOKENS,
+) -> Iterator[Sample]:
+    """Each step's greedy continuation of each prompt (the prompt as a completion: BOS + text),
+    step after step; the previous step is closed before the next opens. ``progress(done,
+    total)`` after each prompt; ``cancel`` stops after the prompt being written."""
+    if not 0 < len(prompts) <= MAX_PROMPTS:
+        raise ValueError(f"between 1 and {MAX_PROMPTS} prompts, got {len(prompts)}")
+    cancel = cancel or threading.Event()
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    total, done = len(points) * len(prompts), 0
+    for point in points:
+        if cancel.is_set():
+            return
+        backend = open_backend(Path(point.path), replace(options or LoadOptions(), step=point.step))
+        try:
+            for prompt in prompts:
+                events = list(backend.stream(backend.render(prompt, max_tokens), greedy, cancel))
+                ids = tuple(ev.id for ev in events if not ev.continues)
+                yield Sample(point.stage, point.step, prompt, ids, "".join(ev.text for ev in events))
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+                if cancel.is_set():
+                    return
+        finally:
+            backend.close()
