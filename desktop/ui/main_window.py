@@ -33,6 +33,7 @@ from desktop.gui.background import Background
 from desktop.gui.chat_controller import ChatController
 from desktop.gui.compare.controller import CompareController
 from desktop.gui.hf_export_task import HFExportTask
+from desktop.gui.sample_sweep_task import SampleSweepTask
 from desktop.ui.chat_view import ChatView
 from desktop.ui.checkpoint_picker import CheckpointPicker
 from desktop.ui.compare_view import CompareView
@@ -121,6 +122,7 @@ class MainWindow(QMainWindow):
         if self.compare_view is not None:
             self.tabs.addTab(self.compare_view, "Compare")
         self.run_view = RunView()
+        self.sample_sweep = SampleSweepTask(self)
         self.tabs.addTab(self.run_view, "Run")
         self.setCentralWidget(self.tabs)
 
@@ -233,6 +235,12 @@ class MainWindow(QMainWindow):
         bg.timeline_failed.connect(self.run_view.show_problem)
         self.run_view.open_step.connect(self._open_from_run)
         self.run_view.compare_steps.connect(self._compare_from_run)
+        sweep = self.sample_sweep
+        self.run_view.samples_wanted.connect(sweep.start)
+        self.run_view.samples_stopped.connect(sweep.stop)
+        sweep.sample.connect(self.run_view.add_sample)
+        sweep.progress.connect(self.run_view.show_sweep_progress)
+        sweep.finished.connect(self.run_view.sweep_done)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
         self.picker.load_requested.connect(c.load_checkpoint)
@@ -581,5 +589,6 @@ class MainWindow(QMainWindow):
             self.settings.set("sampling_panel_visible", not self.sampling.isHidden())
             if self.compare is not None:
                 self.compare.shutdown()
+            self.sample_sweep.stop(wait=30.0)  # it ends after the prompt being written
             self.controller.shutdown()
         super().closeEvent(event)

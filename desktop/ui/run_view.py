@@ -5,7 +5,9 @@ asks for its timeline (read off the GUI thread, from metas only) and draws the c
 against the step or the tokens seen, a marker at every saved checkpoint and a line where each
 stage starts. Hovering a marker shows what the step's files state (its numbers, what changed in
 its config since the step before, its size); a click opens it in Chat; Shift+click marks steps,
-and "Compare" sends the marked ones (two to four) to the Compare tab.
+and "Compare" sends the marked ones (two to four) to the Compare tab. "Sample prompts" asks
+the marked steps (all, when none is marked) nanochat's base_train sample prompts and fills a
+table, prompts by steps, as the sweep goes.
 """
 
 from __future__ import annotations
@@ -16,11 +18,33 @@ from pathlib import Path
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtWidgets import QApplication, QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from desktop.engine.discovery import CheckpointEntry
+from desktop.engine.evals import SAMPLE_PROMPTS, Sample
 from desktop.engine.timeline import Point, Timeline
 from desktop.ui import theme
+
+
+class PlainLogAxis(pg.AxisItem):
+    """Log-scale ticks as plain numbers (0.003, 0.02, 0.5): pyqtgraph writes them as 5·10⁻¹, whose
+    superscript minus many fonts lack, so 0.5 read as 500."""
+
+    def logTickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
+        return [f"{10**v:.3g}" for v in values]  # the value itself, whatever SI scale is set
+
 
 STEPS = "saved steps"  # the "metric" of a run whose metas state no numbers: markers on one line
 MAX_COMPARED = 4
@@ -62,6 +86,8 @@ class RunView(QWidget):
     run_chosen = Signal(object)
     open_step = Signal(object, int)
     compare_steps = Signal(list)
+    samples_wanted = Signal(list, list)  # points, prompts
+    samples_stopped = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -78,6 +104,20 @@ class RunView(QWidget):
         self.compare_btn = QPushButton("Compare")
         self.compare_btn.setEnabled(False)
         self.compare_btn.clicked.connect(self._send_to_compare)
+        self.sample_btn = QPushButton("Sample prompts")
+        self.sample_btn.setToolTip(
+            "Ask each marked step (every step when none is marked) nanochat's seven base_train "
+            "prompts: greedy, 16 tokens, one checkpoint in memory at a time"
+        )
+        self.sample_btn.clicked.connect(self._on_sample_btn)
+        self.sweeping = False
+        self.table = QTableWidget(0, 0)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.setWordWrap(True)
+        self.table.hide()
+        self._rows: list[str] = []  # the table's prompts and step columns, in order
+        self._columns: list[str] = []
         self.status = QLabel("Pick a run: its saved steps and the numbers their metas state.")
         self.status.setTextFormat(Qt.TextFormat.PlainText)
         self.status.setWordWrap(True)
@@ -86,8 +126,9 @@ class RunView(QWidget):
             bar.addWidget(QLabel(label))
             bar.addWidget(widget)
         bar.addStretch(1)
+        bar.addWidget(self.sample_btn)
         bar.addWidget(self.compare_btn)
-        self.plot = pg.PlotWidget()
+        self.plot = pg.PlotWidget(axisItems={"left": PlainLogAxis("left")})
         self.plot.showGrid(x=True, y=True, alpha=0.15)
         self.plot.setMenuEnabled(False)
         self.scatter = pg.ScatterPlotItem(hoverable=True, tip=self._tip, size=11, hoverSize=15)
@@ -95,7 +136,12 @@ class RunView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.addLayout(bar)
-        layout.addWidget(self.plot, 1)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.plot)
+        split.addWidget(self.table)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        layout.addWidget(split, 1)
         layout.addWidget(self.status)
         self.apply_theme()
 
@@ -131,6 +177,33 @@ class RunView(QWidget):
         self.curve.setCurrentIndex(max(self.curve.findText(chosen), 0))
         self.curve.blockSignals(False)
         self._draw()
+
+    def add_sample(self, sample: Sample) -> None:
+        """One step's continuation of one prompt, into its cell (prompts down, steps across)."""
+        column = f"{sample.stage} {sample.step}"
+        if column not in self._columns:
+            self.table.insertColumn(len(self._columns))
+            self.table.setHorizontalHeaderItem(len(self._columns), QTableWidgetItem(column))
+            self._columns.append(column)
+        if sample.prompt not in self._rows:
+            self.table.insertRow(len(self._rows))
+            self.table.setVerticalHeaderItem(len(self._rows), QTableWidgetItem(sample.prompt))
+            self._rows.append(sample.prompt)
+        cell = QTableWidgetItem(sample.text.strip() or "(nothing)")
+        cell.setToolTip(f"{sample.prompt}{sample.text}")
+        self.table.setItem(self._rows.index(sample.prompt), self._columns.index(column), cell)
+        self.table.resizeRowsToContents()
+
+    def show_sweep_progress(self, done: int, total: int) -> None:
+        self.status.setText(f"Sampling: {done} of {total} prompts answered")
+
+    def sweep_done(self, error: str) -> None:
+        self.sweeping = False
+        self.sample_btn.setText("Sample prompts")
+        if error:
+            self.status.setText(f"Sampling stopped: {error}")
+        elif self.timeline is not None:
+            self._say(self.timeline, 0)
 
     def show_problem(self, folder: Path, message: str) -> None:
         self.timeline = None
@@ -237,6 +310,21 @@ class RunView(QWidget):
             self._draw()
         else:
             self.open_step.emit(point.path, point.step)
+
+    def _on_sample_btn(self) -> None:
+        if self.sweeping:
+            self.samples_stopped.emit()
+            return
+        if self.timeline is None or not self.timeline.points:
+            return
+        points = list(self.marked) or list(self.timeline.points)
+        self.table.setRowCount(0)
+        self.table.setColumnCount(0)
+        self._rows, self._columns = [], []
+        self.table.show()
+        self.sweeping = True
+        self.sample_btn.setText("Stop sampling")
+        self.samples_wanted.emit(points, list(SAMPLE_PROMPTS))
 
     def _send_to_compare(self) -> None:
         if 2 <= len(self.marked) <= MAX_COMPARED:

@@ -58,3 +58,40 @@ def test_a_run_on_its_timeline_opens_a_step_in_chat_and_races_three_in_compare(
     assert win.tabs.currentWidget() is win.compare_view
     wanted = [(DEMO, p.step) for p in view.timeline.points[1:]]
     qtbot.waitUntil(lambda: [p.loaded_key for p in compare.panes[:3]] == wanted, timeout=WAIT)
+
+
+def test_sample_prompts_fill_a_table_of_steps_and_stop_stops(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+):
+    win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
+    view = show_run(qtbot, win, DEMO)
+    sweep = win.sample_sweep
+    # Every step, then Stop once the first answer is in: the sweep ends early and says nothing wrong.
+    first: list = []
+
+    def stop_after_the_first(sample) -> None:
+        first.append(sample)
+        if len(first) == 1:
+            qtbot.mouseClick(view.sample_btn, Qt.MouseButton.LeftButton)  # it reads "Stop sampling"
+
+    sweep.sample.connect(stop_after_the_first)
+    with qtbot.waitSignal(sweep.finished, timeout=WAIT) as ended:
+        qtbot.mouseClick(view.sample_btn, Qt.MouseButton.LeftButton)
+    assert ended.args == [""] and 1 <= len(first) < 7 * len(view.timeline.points)
+    assert view.sample_btn.text() == "Sample prompts"
+    sweep.sample.disconnect(stop_after_the_first)
+
+    # Two marked steps, to the end: seven prompts down, two steps across, every cell filled.
+    for point in (view.timeline.points[0], view.timeline.points[-1]):
+        view.click_point(point, Qt.KeyboardModifier.ShiftModifier)
+    with qtbot.waitSignal(sweep.finished, timeout=WAIT) as ended:
+        qtbot.mouseClick(view.sample_btn, Qt.MouseButton.LeftButton)
+    assert ended.args == [""]
+    table = view.table
+    assert table.isVisible() and (table.rowCount(), table.columnCount()) == (7, 2)
+    steps = [f"sft {p.step}" for p in (view.timeline.points[0], view.timeline.points[-1])]
+    assert [table.horizontalHeaderItem(i).text() for i in range(2)] == steps
+    assert all(table.item(r, c) is not None for r in range(7) for c in range(2))
