@@ -14,16 +14,17 @@ from PySide6.QtCore import QObject, Signal
 from desktop.config import paths
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
+from desktop.engine.evals import SAMPLE_PROMPTS, sample_sweep
 from desktop.engine.timeline import Point
 
 logger = logging.getLogger(__name__)
 
 
 class SampleSweepTask(QObject):
-    """Signals: sample(Sample), progress(done, total), finished(error: "" when it completed or
-    was stopped)."""
+    """Signals: sample(stage, step, prompt, text), progress(done, total), finished(error: "" when
+    it completed or was stopped)."""
 
-    sample = Signal(object)
+    sample = Signal(str, int, str, str)
     progress = Signal(int, int)
     finished = Signal(str)
 
@@ -35,7 +36,7 @@ class SampleSweepTask(QObject):
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, points: Sequence[Point], prompts: Sequence[str]) -> bool:
+    def start(self, points: Sequence[Point], prompts: Sequence[str] = SAMPLE_PROMPTS) -> bool:
         if self.running() or not points:
             return False
         self._cancel = threading.Event()
@@ -52,13 +53,11 @@ class SampleSweepTask(QObject):
             self._thread.join(wait)
 
     def _run(self, points: list[Point], prompts: list[str], options: LoadOptions) -> None:
-        from desktop.engine.evals import sample_sweep
-
         try:
             for sample in sample_sweep(
                 points, prompts, options=options, cancel=self._cancel, progress=self.progress.emit
             ):
-                self.sample.emit(sample)
+                self.sample.emit(sample.stage, sample.step, sample.prompt, sample.text)
         except NanoscopeError as exc:
             self.finished.emit(str(exc))
         except (MemoryError, RuntimeError) as exc:

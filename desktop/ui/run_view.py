@@ -33,7 +33,6 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.engine.discovery import CheckpointEntry
-from desktop.engine.evals import SAMPLE_PROMPTS, Sample
 from desktop.engine.timeline import Point, Timeline
 from desktop.ui import theme
 
@@ -86,7 +85,7 @@ class RunView(QWidget):
     run_chosen = Signal(object)
     open_step = Signal(object, int)
     compare_steps = Signal(list)
-    samples_wanted = Signal(list, list)  # points, prompts
+    samples_wanted = Signal(list)  # the points to sample
     samples_stopped = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -178,20 +177,20 @@ class RunView(QWidget):
         self.curve.blockSignals(False)
         self._draw()
 
-    def add_sample(self, sample: Sample) -> None:
+    def add_sample(self, stage: str, step: int, prompt: str, text: str) -> None:
         """One step's continuation of one prompt, into its cell (prompts down, steps across)."""
-        column = f"{sample.stage} {sample.step}"
+        column = f"{stage} {step}"
         if column not in self._columns:
             self.table.insertColumn(len(self._columns))
             self.table.setHorizontalHeaderItem(len(self._columns), QTableWidgetItem(column))
             self._columns.append(column)
-        if sample.prompt not in self._rows:
+        if prompt not in self._rows:
             self.table.insertRow(len(self._rows))
-            self.table.setVerticalHeaderItem(len(self._rows), QTableWidgetItem(sample.prompt))
-            self._rows.append(sample.prompt)
-        cell = QTableWidgetItem(sample.text.strip() or "(nothing)")
-        cell.setToolTip(f"{sample.prompt}{sample.text}")
-        self.table.setItem(self._rows.index(sample.prompt), self._columns.index(column), cell)
+            self.table.setVerticalHeaderItem(len(self._rows), QTableWidgetItem(prompt))
+            self._rows.append(prompt)
+        cell = QTableWidgetItem(text.strip() or "(nothing)")
+        cell.setToolTip(f"{prompt}{text}")
+        self.table.setItem(self._rows.index(prompt), self._columns.index(column), cell)
         self.table.resizeRowsToContents()
 
     def show_sweep_progress(self, done: int, total: int) -> None:
@@ -324,7 +323,7 @@ class RunView(QWidget):
         self.table.show()
         self.sweeping = True
         self.sample_btn.setText("Stop sampling")
-        self.samples_wanted.emit(points, list(SAMPLE_PROMPTS))
+        self.samples_wanted.emit(points)
 
     def _send_to_compare(self) -> None:
         if 2 <= len(self.marked) <= MAX_COMPARED:
