@@ -126,12 +126,14 @@ def tokenizer_text(rng: random.Random) -> list[str]:
     return texts
 
 
-def train(model: Any, tok: Any, chats: list[dict[str, Any]], steps: int, seed: int) -> None:
-    """A few hundred AdamW steps of next-token loss, through the revision's own forward."""
-    rows = []
-    for chat in chats:
-        ids, _mask = tok.render_conversation(chat)
-        rows.append(ids[: SEQ + 1])
+def chat_rows(tok: Any, chats: list[dict[str, Any]]) -> list[list[int]]:
+    """The chats as the revision's own ``render_conversation`` renders them, cut to ``SEQ + 1``."""
+    return [tok.render_conversation(chat)[0][: SEQ + 1] for chat in chats]
+
+
+def train(model: Any, rows: list[list[int]], steps: int, seed: int) -> None:
+    """A few hundred AdamW steps of next-token loss on ``rows`` (token ids), through the
+    revision's own forward: each step a batch of 8 rows cut to the shortest."""
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     model.train()
@@ -211,41 +213,59 @@ def expected(engine: Any, model: Any, prompt_ids: list[int]) -> dict[str, Any]:
     return out
 
 
+QUESTIONS = ("What is 12 plus 7?", "Say: the red cat")
+
+
 def make_case(
     case: Path, extras: dict[str, Any], base_config: Callable[[dict[str, Any]], dict[str, Any]] = dict
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
     """With a revision imported as ``nanochat`` (``NANOCHAT_BASE_DIR`` = ``case``): its own
-    tokenizer, ``GPT`` (``GPTConfig`` plus ``extras``), training, base and SFT saves (the base
-    meta's model_config through ``base_config``), reload by ``build_model``, and what it
-    generates. Returns (the model's config fields, the prompt cases, the files of nanochat run)."""
-    from nanochat.checkpoint_manager import build_model, save_checkpoint
-    from nanochat.engine import Engine
-    from nanochat.gpt import GPT, GPTConfig
+    ``RustBPETokenizer`` trained and saved, chats rendered by it, then :func:`train_and_record`."""
     from nanochat.tokenizer import RustBPETokenizer
 
     rng = random.Random(0)
     tok = RustBPETokenizer.train_from_iterator(iter(tokenizer_text(rng)), VOCAB)
     tok.save(str(case / "tokenizer"))
+    rows = chat_rows(tok, conversations(rng, 400))
+    prompts = {text: tok.render_for_completion(asking(text)) for text in QUESTIONS}
+    return train_and_record(case, tok, rows, prompts, extras, base_config)
+
+
+def train_and_record(
+    case: Path,
+    tok: Any,
+    rows: list[list[int]],
+    prompts: dict[str, list[int]],
+    extras: dict[str, Any],
+    base_config: Callable[[dict[str, Any]], dict[str, Any]] = dict,
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """With a revision imported as ``nanochat``: its ``GPT`` (``GPTConfig`` plus ``extras``, vocab
+    of ``tok``) trained on ``rows``, base and SFT saves (the base meta's model_config through
+    ``base_config``), reload by ``build_model``, and what it generates from each of ``prompts``
+    (text -> prompt ids). Returns (the model's config fields, the prompt cases, the files of
+    nanochat run)."""
+    from nanochat.checkpoint_manager import build_model, save_checkpoint
+    from nanochat.engine import Engine
+    from nanochat.gpt import GPT, GPTConfig
+
     torch.manual_seed(0)
     sizes = dict(sequence_len=SEQ, vocab_size=tok.get_vocab_size(), n_layer=DEPTH, n_head=2, n_kv_head=2)
     model = GPT(GPTConfig(**sizes, n_embd=64, **extras))
     model.init_weights()  # bf16 weights on CUDA only: a CPU run keeps fp32 master weights
-    chats = conversations(rng, 400)
-    train(model, tok, chats, 150, seed=1)
+    train(model, rows, 150, seed=1)
     fields = dict(model.config.__dict__)
     base_dir, sft_dir = case / "base_checkpoints" / TAG, case / "chatsft_checkpoints" / TAG
     meta_base = {"step": BASE_STEP, "val_bpb": 0.0, "model_config": base_config(fields), "user_config": {}}
     save_checkpoint(str(base_dir), BASE_STEP, model.state_dict(), None, meta_base)
-    train(model, tok, chats, 150, seed=2)
+    train(model, rows, 150, seed=2)
     meta_sft = {"step": SFT_STEP, "val_loss": 0.0, "model_config": fields}
     save_checkpoint(str(sft_dir), SFT_STEP, model.state_dict(), None, meta_sft)
 
     loaded, _tok, _meta = build_model(str(sft_dir), SFT_STEP, torch.device("cpu"), "eval")
     engine = Engine(loaded, tok)
-    cases = []
-    for text in ("What is 12 plus 7?", "Say: the red cat"):
-        prompt_ids = tok.render_for_completion(asking(text))
-        cases.append({"text": text, "prompt_ids": prompt_ids, **expected(engine, loaded, prompt_ids)})
+    cases = [
+        {"text": text, "prompt_ids": ids, **expected(engine, loaded, ids)} for text, ids in prompts.items()
+    ]
     used = sorted(f"nanochat/{m.split('.', 1)[1]}.py" for m in list(sys.modules) if m.startswith("nanochat."))
     return fields, cases, used
 
