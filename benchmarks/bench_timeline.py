@@ -28,7 +28,7 @@ from perf_report import write_section  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from desktop.engine.kernels.tuning import machine_id  # noqa: E402
-from desktop.engine.timeline import timeline_of  # noqa: E402
+from desktop.engine.runs.timeline import timeline_of  # noqa: E402
 from desktop.ui.run_view import RunView  # noqa: E402
 
 

@@ -196,7 +196,7 @@ def test_the_layering_rule_catches_a_violation(tmp_path):
 # Servers dialog).
 UI_MAY_IMPORT = frozenset(
     f"desktop.engine.{m}"
-    for m in ("backend", "params", "messages", "errors", "discovery", "timeline", "remote.http")
+    for m in ("backend", "params", "messages", "errors", "discovery", "runs.timeline", "remote.http")
 )
 
 

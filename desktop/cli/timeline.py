@@ -42,8 +42,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from desktop.engine.backend import LoadOptions
     from desktop.engine.discovery import resolve_spec
     from desktop.engine.errors import NanoscopeError
-    from desktop.engine.evals import SAMPLE_PROMPTS, sample_sweep
-    from desktop.engine.timeline import timeline_of
+    from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
+    from desktop.engine.runs.timeline import timeline_of
 
     base = paths.nanochat_base_dir()
     directory, _step = resolve_spec(args.run, base)
@@ -73,7 +73,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_timeline(args: argparse.Namespace) -> int:
     from desktop.engine.discovery import resolve_spec
-    from desktop.engine.timeline import timeline_of
+    from desktop.engine.runs.timeline import timeline_of
 
     directory, _step = resolve_spec(args.run, paths.nanochat_base_dir())
     timeline = timeline_of(directory)

@@ -29,7 +29,7 @@ from desktop.engine.nanochat.checkpoint import (
     model_steps,
     read_meta,
 )
-from desktop.engine.timeline import timeline_of
+from desktop.engine.runs.timeline import timeline_of
 from desktop.store import HistoryStore
 
 SEARCH_DEBOUNCE_S = 0.2

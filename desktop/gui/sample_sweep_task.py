@@ -1,4 +1,4 @@
-"""The Run tab's sample sweep off the GUI thread: :func:`~desktop.engine.evals.sample_sweep` over
+"""The Run tab's sample sweep off the GUI thread: :func:`~desktop.engine.runs.evals.sample_sweep` over
 the chosen steps, one checkpoint at a time, each sample, the progress and the end reported as
 signals (Qt delivers them to the window's thread as queued calls). Stop ends it after the prompt
 being written; a new sweep waits for none: one runs at a time."""
@@ -14,8 +14,8 @@ from PySide6.QtCore import QObject, Signal
 from desktop.config import paths
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
-from desktop.engine.evals import SAMPLE_PROMPTS, sample_sweep
-from desktop.engine.timeline import Point
+from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
+from desktop.engine.runs.timeline import Point
 
 logger = logging.getLogger(__name__)
 

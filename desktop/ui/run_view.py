@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.engine.discovery import CheckpointEntry
-from desktop.engine.timeline import Point, Timeline
+from desktop.engine.runs.timeline import Point, Timeline
 from desktop.ui import theme
 
 

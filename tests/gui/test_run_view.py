@@ -11,7 +11,7 @@ from support import REPO
 from support.golden import GOLDEN
 from test_window_sequences import loop, start_with_base, windows  # noqa: F401
 
-from desktop.engine.timeline import timeline_of
+from desktop.engine.runs.timeline import timeline_of
 
 pytestmark = pytest.mark.gui
 WAIT = 60000

@@ -8,7 +8,7 @@ import shutil
 
 from support import REPO
 
-from desktop.engine.timeline import timeline_of
+from desktop.engine.runs.timeline import timeline_of
 from desktop.ui.run_view import point_tip
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"

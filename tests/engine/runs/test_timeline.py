@@ -14,7 +14,7 @@ from support.golden import GOLDEN
 
 from desktop.cli import main as cli
 from desktop.engine.errors import NanoscopeError
-from desktop.engine.timeline import timeline_of
+from desktop.engine.runs.timeline import timeline_of
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from desktop.engine.backend import LoadOptions
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
-from desktop.engine.timeline import Point
+from desktop.engine.runs.timeline import Point
 
 # scripts/base_train.py's sampled prompts, in its order.
 SAMPLE_PROMPTS = (
