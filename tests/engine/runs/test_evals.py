@@ -12,10 +12,10 @@ from support import REPO
 from support.backend_helpers import reply_ids
 
 from desktop.cli import main as cli
-from desktop.engine.runs import evals
 from desktop.engine.backend import LoadOptions
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
+from desktop.engine.runs import evals
 from desktop.engine.runs.timeline import timeline_of
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
