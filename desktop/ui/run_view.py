@@ -229,6 +229,28 @@ class RunView(QWidget):
     def _x(self, point: Point) -> float | None:
         return float(point.x) if self.axis.currentText() == "step" else point.tokens
 
+    def _line(self, timeline: Timeline, metric: str) -> list[tuple[float, float]]:
+        """The metric's known values against the chosen axis. Against tokens, a logged value
+        between saves is placed by its stage's tokens per step (a run's batch is fixed)."""
+        line = timeline.line(metric)
+        if self.axis.currentText() == "step":
+            return line
+        starts = sorted(start for start, _ in timeline.stages) or [0]
+
+        def stage_start(x: float) -> int:
+            return max((s for s in starts if s <= x), default=0)
+
+        rate: dict[int, float] = {}  # tokens per step, by the x where the stage starts
+        for p in timeline.points:
+            if p.tokens is not None and p.step > 0:
+                rate.setdefault(stage_start(p.x), p.tokens / p.step)
+        placed: list[tuple[float, float]] = []
+        for x, y in line:
+            start = stage_start(x)
+            if start in rate:
+                placed.append(((x - start) * rate[start], y))
+        return placed
+
     def _draw(self) -> None:
         self.plot.clear()
         timeline = self.timeline
@@ -237,19 +259,20 @@ class RunView(QWidget):
         c = theme.colors()
         metric = self.curve.currentText()
         placed = [(x, p) for p in timeline.points if (x := self._x(p)) is not None]
-        with_value = [(x, p) for x, p in placed if metric in p.metrics]
-        values = [p.metrics[metric] for _, p in with_value]
+        line = self._line(timeline, metric)
+        values = [y for _, y in line]
         # A loss that falls by orders of magnitude reads on a log scale.
         log = bool(values) and min(values) > 0 and max(values) / min(values) > 20
         self.plot.setLogMode(y=log)
-        if len(with_value) > 1:
-            self.plot.plot([x for x, _ in with_value], values, pen=pg.mkPen(c.accent, width=2))
+        if len(line) > 1:
+            self.plot.plot([x for x, _ in line], values, pen=pg.mkPen(c.accent, width=2))
         # Every saved step gets a marker: on its value, or (it has none) on the curve's floor.
         floor = min(values) if values else 0.0
-        ys = [p.metrics.get(metric, floor) for _, p in placed]
+        on_curve = [timeline.value_at(p, metric) for _, p in placed]
+        ys = [floor if y is None else y for y in on_curve]
         brushes = [
-            pg.mkBrush(c.warning if p in self.marked else c.accent if metric in p.metrics else c.muted)
-            for _, p in placed
+            pg.mkBrush(c.warning if p in self.marked else c.accent if y is not None else c.muted)
+            for (_, p), y in zip(placed, on_curve, strict=True)
         ]
         self.scatter.setData(
             x=[x for x, _ in placed],
@@ -277,6 +300,8 @@ class RunView(QWidget):
             parts.append(f"{without_x} without a token count")
         if timeline.problems:
             parts.append(f"{len(timeline.problems)} values left out ({timeline.problems[0]})")
+        if "bpb" in self.curve.currentText():
+            parts += timeline.notes
         if self.marked:
             parts.append(f"marked for Compare: {', '.join(str(p.step) for p in self.marked)}")
         self.status.setText(" · ".join(parts))

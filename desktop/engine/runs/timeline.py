@@ -11,6 +11,14 @@ drawn at once:
   ``step × total_batch_size`` where the meta states the batch.
 * KempnerForge: ``run/step_<N>/metadata.json`` (``step``, ``tokens_seen``).
 
+Numbers logged more often than checkpoints are saved (a training log's evaluations, TensorBoard
+scalars) are :class:`Curve` s on the same x-axis; a saved step's marker sits on them.
+
+val_bpb counts the bytes of each token through ``token_bytes.pt``; upstream fixed how that file is
+computed on 2026-07-03 (nanochat 2ce972a: 193 of 32,768 tokens were counted too long), so runs
+after it read about 0.05% higher. A run with bpb numbers saved on both sides of that date gets a
+note (by the metas' modification times, the only date a meta has).
+
 A value that is not a finite number (NaN, a string, a list) is left out with one line naming the
 file and the key; an unreadable meta leaves its step out with one line. Nothing here allocates
 more than the bounded readers allow.
@@ -18,8 +26,10 @@ more than the bounded readers allow.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -36,6 +46,11 @@ LOOP_STATE = ("min_val_bpb", "smooth_train_loss", "total_training_time")
 # Top-level meta fields that are not metrics.
 NOT_METRICS = frozenset({"step", "total_batch_size", "model_config", "user_config", "loop_state"})
 MAX_POINTS = 100_000  # a run with more saved steps than this is cut, with a line saying so
+BPB_FIX = datetime(2026, 7, 3, tzinfo=timezone.utc).timestamp()  # nanochat 2ce972a
+BPB_NOTE = (
+    "val_bpb: nanochat changed how token bytes are counted on 2026-07-03 (2ce972a); steps saved "
+    "before then read about 0.05% lower than those after"
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,7 @@ class Point:
     tokens: int | None
     file_bytes: int
     changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # config vs the point before
+    saved_at: float = 0.0  # the meta's modification time (seconds since the epoch; 0: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +77,33 @@ class Point:
             "tokens": self.tokens,
             "file_bytes": self.file_bytes,
             "changes": {k: list(v) for k, v in self.changes.items()},
+            "saved_at": self.saved_at,
+        }
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A number logged between saves (a log's evaluations, TensorBoard scalars): ``(x, value)``
+    pairs on the timeline's x-axis, x ascending, from one file."""
+
+    name: str
+    stage: str
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+    source: str  # the file it was read from
+
+    def at(self, x: float) -> float | None:
+        """The value logged last at or before ``x`` (None before the first)."""
+        index = bisect.bisect_right(self.xs, x)
+        return self.ys[index - 1] if index else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "stage": self.stage,
+            "xs": list(self.xs),
+            "ys": list(self.ys),
+            "source": self.source,
         }
 
 
@@ -71,24 +114,53 @@ class Timeline:
     problems: tuple[str, ...] = ()
     # (x where a stage starts, its name), for the segments a plot draws
     stages: tuple[tuple[int, str], ...] = ()
+    curves: tuple[Curve, ...] = ()
+    notes: tuple[str, ...] = ()  # what a reader of the curves should know (the bpb change)
 
     def metric_names(self) -> list[str]:
-        """Every metric some point has, in the order they first appear."""
+        """Every metric some point or curve has, in the order they first appear."""
         seen: dict[str, None] = {}
         for point in self.points:
             seen.update(dict.fromkeys(point.metrics))
+        seen.update(dict.fromkeys(c.name for c in self.curves))
         return list(seen)
 
     def series(self, metric: str) -> list[Point]:
         """The points that have ``metric``, in timeline order."""
         return [p for p in self.points if metric in p.metrics]
 
+    def line(self, metric: str) -> list[tuple[float, float]]:
+        """Every known ``(x, value)`` of ``metric``: its curves' samples and the saved steps'
+        own values, x ascending (a step's own value wins where both sit on one x)."""
+        found: dict[float, float] = {}
+        for curve in self.curves:
+            if curve.name == metric:
+                found.update(zip(curve.xs, curve.ys, strict=True))
+        found.update((float(p.x), p.metrics[metric]) for p in self.series(metric))
+        return sorted(found.items())
+
+    def value_at(self, point: Point, metric: str) -> float | None:
+        """Where ``point`` 's marker sits on ``metric``: its own value, else the value its
+        stage's curve logged last at or before it."""
+        if metric in point.metrics:
+            return point.metrics[metric]
+        for curve in self.curves:
+            if (
+                curve.name == metric
+                and curve.stage == point.stage
+                and (value := curve.at(point.x)) is not None
+            ):
+                return value
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "stages": [list(s) for s in self.stages],
             "points": [p.to_dict() for p in self.points],
+            "curves": [c.to_dict() for c in self.curves],
             "problems": list(self.problems),
+            "notes": list(self.notes),
         }
 
 
@@ -147,11 +219,27 @@ def _nanochat(folder: Path) -> Timeline:
             changes = _changes(previous, config)
             previous = config
             points.append(
-                Point(stage, step, offset + step, directory, metrics, tokens, _size(directory, step), changes)
+                Point(
+                    stage,
+                    step,
+                    offset + step,
+                    directory,
+                    metrics,
+                    tokens,
+                    _size(directory, step),
+                    changes,
+                    _mtime(meta_path),
+                )
             )
         offset += steps[-1]
     name = folder.name if len(stages) < 2 else f"{folder.name} ({' → '.join(s for _, s in stages)})"
-    return Timeline(name, tuple(points), tuple(problems), tuple(stages))
+    return Timeline(name, tuple(points), tuple(problems), tuple(stages), notes=bpb_notes(points))
+
+
+def bpb_notes(points: list[Point]) -> tuple[str, ...]:
+    """The bpb note, for a run whose bpb numbers were saved on both sides of the fix."""
+    dates = [p.saved_at for p in points if p.saved_at and any("bpb" in k for k in p.metrics)]
+    return (BPB_NOTE,) if dates and min(dates) < BPB_FIX <= max(dates) else ()
 
 
 def _kempnerforge(run: Path) -> Timeline:
@@ -219,6 +307,13 @@ def _is_scalar(value: Any) -> bool:
 
 def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _size(directory: Path, step: int) -> int:

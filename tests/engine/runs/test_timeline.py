@@ -5,7 +5,9 @@ tokens; numbers that are not numbers are left out with one line naming the file.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from support.golden import GOLDEN
 
 from desktop.cli import main as cli
 from desktop.engine.errors import NanoscopeError
-from desktop.engine.runs.timeline import timeline_of
+from desktop.engine.runs.timeline import BPB_FIX, Curve, timeline_of
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 
@@ -81,3 +83,33 @@ def test_nanoscope_timeline_prints_the_run(capsys):
     assert cli.main(["timeline", str(DEMO)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0] == "demo: 4 saved steps" and "val_bpb" in table[1] and len(table) == 6
+
+
+def test_a_run_saved_across_the_bpb_fix_says_so(tmp_path):
+    run = tmp_path / "chatsft_checkpoints" / "demo"
+    shutil.copytree(DEMO, run)
+    before, after = BPB_FIX - 86400, BPB_FIX + 86400
+    metas_written = sorted(run.glob("meta_*.json"))
+    for meta in metas_written:
+        os.utime(meta, (after, after))
+    assert timeline_of(run).notes == ()  # every step after the fix: nothing to say
+    os.utime(metas_written[0], (before, before))
+    notes = timeline_of(run).notes
+    assert len(notes) == 1 and "2026-07-03" in notes[0] and "\n" not in notes[0]
+
+
+def test_a_logged_curve_joins_the_steps_values_and_carries_their_markers():
+    demo = timeline_of(DEMO)
+    first, last = demo.points[0], demo.points[-1]
+    logged = Curve("train_loss", "sft", (0.0, float(first.x), float(last.x) - 1), (9.0, 5.0, 1.0), "log")
+    timeline = replace(demo, curves=(logged,))
+    assert timeline.metric_names() == ["val_bpb", "val_loss", "train_loss"]
+    assert timeline.line("train_loss") == list(zip(logged.xs, logged.ys, strict=True))
+    # a step without its own value sits where the log last stood at or before it
+    assert timeline.value_at(first, "train_loss") == 5.0
+    assert timeline.value_at(last, "train_loss") == 1.0
+    assert timeline.value_at(first, "val_bpb") == first.metrics["val_bpb"]
+    # a step's own value wins over a logged one on the same x
+    both = replace(demo, curves=(Curve("val_bpb", "sft", (float(first.x),), (123.0,), "log"),))
+    assert dict(both.line("val_bpb"))[float(first.x)] == first.metrics["val_bpb"]
+    assert json.loads(json.dumps(timeline.to_dict()))["curves"][0]["name"] == "train_loss"
