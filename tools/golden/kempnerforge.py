@@ -15,6 +15,12 @@ own code
   CPU-only torch (``init_distributed`` calls ``torch.cuda.set_device``);
 * saves ``run/step_<N>/`` with its ``CheckpointManager.save`` (DCP shards + ``.metadata``,
   ``train_state.pt``, ``metadata.json``, the ``latest`` symlink) at each ``checkpoint.interval``;
+* logs every step to its ``MetricsTracker`` (``metrics.enable_tensorboard`` on, its default
+  ``log_interval``), whose ``TensorBoardBackend`` writes ``tb_logs/events.out.tfevents.*``
+  through torch's ``SummaryWriter``. ``tensorboard_dir`` is relative to where training is
+  launched, as ``checkpoint.dir`` is, so training runs in the case folder and the events land
+  beside ``run/``. TensorBoard's own ``EventAccumulator`` reads them back into golden.json
+  (``tensorboard``): the scalars as stored, float32;
 * loads each step back with ``scripts/generate.py``'s ``_load_model`` in float32 and records
   what its ``model.generate.generate`` produces (greedy, two seeded samplings drawn after
   ``torch.manual_seed``, as its script's users seed it) and the top-2 logit gap of each greedy step.
@@ -22,6 +28,12 @@ own code
 The tokenizer (``tokenizer/``) is a byte-level BPE trained with ``tokenizers`` and saved by
 transformers' ``PreTrainedTokenizerFast``; prompts are encoded by ``AutoTokenizer`` as
 KempnerForge's script encodes them. Only the files these write land in ``<out>/kempnerforge/``.
+
+torch's ``SummaryWriter`` needs the ``tensorboard`` package, which Nanoscope does not depend on (its
+own reader is ``desktop/engine/files/tensorboard_events.py``): run this in a venv that has it, e.g.
+``python -m venv /tmp/kfvenv``, a ``.pth`` file naming the project venv's site-packages, then
+``/tmp/kfvenv/bin/pip install tensorboard``. Without it KempnerForge would only warn and write no
+events, so the writer refuses to start.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import contextlib
 import importlib.util
 import io
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -102,8 +115,13 @@ pin_memory = false
 dir = "run"
 interval = 120
 keep_last_n = 3
+
+[metrics]
+# TensorBoard event files in tensorboard_dir ("tb_logs"), relative to where training was launched
+enable_tensorboard = true
 """
 PROMPTS = ("the small cat", "and so it was the")
+TB_DIR = "tb_logs"  # KempnerForge's default metrics.tensorboard_dir
 
 
 def _tokenizer(texts: list[str]) -> Tokenizer:
@@ -159,6 +177,7 @@ def _train(config: Any) -> None:
     from kempnerforge.distributed.parallel import build_parallel_model, default_mp_policy
     from kempnerforge.distributed.setup import _set_seed
     from kempnerforge.distributed.utils import clip_grad_norm_
+    from kempnerforge.metrics.tracker import MetricsTracker
     from kempnerforge.training import build_loss_fn, build_optimizer, build_scheduler
 
     tc = config.train
@@ -184,6 +203,8 @@ def _train(config: Any) -> None:
     )
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=tc.effective_data_seed)
     loader = StatefulDataLoader(dataset, batch_size=tc.batch_size, sampler=sampler, config=config.data)
+    tracker = MetricsTracker(config, num_gpus=1)
+    tracker.init_backends(config)
     model.train()
     step, tokens_seen, batches = 0, 0, iter(loader)
     while step < tc.max_steps:
@@ -192,18 +213,38 @@ def _train(config: Any) -> None:
         except StopIteration:
             batches = iter(loader)
             batch = next(batches)
+        tracker.start_step()
         loss = loss_fn(model(batch["input_ids"]), batch["labels"])
         loss.backward()
-        clip_grad_norm_(model, tc.grad_clip_norm)
+        grad_norm = clip_grad_norm_(model, tc.grad_clip_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
         step += 1
-        tokens_seen += tc.batch_size * tc.seq_len * tc.grad_accum_steps
+        tokens_in_step = tc.batch_size * tc.seq_len * tc.grad_accum_steps
+        tokens_seen += tokens_in_step
+        tracker.end_step(
+            step=step,
+            loss=loss.item(),
+            grad_norm=grad_norm.item() if isinstance(grad_norm, torch.Tensor) else grad_norm,
+            lr=optimizer.param_groups[0]["lr"],
+            tokens_in_step=tokens_in_step,
+        )
         if config.checkpoint.should_save(step):
             ckpt.save(step=step, tokens_seen=tokens_seen, scheduler=scheduler, dataloader=loader, extra={})
     ckpt.wait()
+    tracker.close()
     print(f"trained {step} steps, last loss {loss.item():.3f}")
+
+
+def _logged_scalars(folder: Path) -> dict[str, list[list[float]]]:
+    """``{tag: [[step, value], ...]}`` of the event files in ``folder``, read by TensorBoard's own
+    ``EventAccumulator`` (every event kept, none sampled away)."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(str(folder), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    return {tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in sorted(acc.Tags()["scalars"])}
 
 
 def _script(src: Path) -> Any:
@@ -271,13 +312,14 @@ def _expected(script: Any, toml: Path, step_dir: Path, hf_tok: Any) -> list[dict
 
 def write_case(repo: Path, out: Path) -> dict[str, Any]:
     commit = resolve(repo, REVISION)
-    case = out / "kempnerforge" / CASE
+    case = (out / "kempnerforge" / CASE).resolve()  # absolute: training runs with the case as cwd
     case.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     texts = story_documents(rng, 1500)
     tok = _write_tokenizer(texts, case / "tokenizer")
     toml = case / "train.toml"
     toml.write_text(TOML.format(vocab=VOCAB))
+    shutil.rmtree(case / TB_DIR, ignore_errors=True)  # a rerun's writer would add a second file
     with tempfile.TemporaryDirectory() as tmp:
         _write_tokens(tok, texts, Path(tmp) / "tokens")
         src = export(repo, commit, Path(tmp) / "src")
@@ -288,7 +330,10 @@ def write_case(repo: Path, out: Path) -> dict[str, Any]:
                 toml,
                 cli_args=[f"--data.dataset_path={Path(tmp) / 'tokens'}", f"--checkpoint.dir={case / 'run'}"],
             )
-            _train(config)
+            with contextlib.chdir(case):  # where training is launched: tensorboard_dir is relative
+                _train(config)
+            assert config.metrics.tensorboard_dir == TB_DIR, config.metrics.tensorboard_dir
+            logged = _logged_scalars(case / TB_DIR)
             hf_tok = transformers.AutoTokenizer.from_pretrained(case / "tokenizer")
             script = _script(src)
             steps = sorted(int(p.name.split("_")[1]) for p in (case / "run").glob("step_*"))
@@ -314,6 +359,12 @@ def write_case(repo: Path, out: Path) -> dict[str, Any]:
         "dtype": "float32",
         "max_new_tokens": MAX_NEW,
         "expected": expected,
+        "tensorboard": {
+            "dir": TB_DIR,
+            "log_interval": config.metrics.log_interval,
+            "event_files": sorted(p.name for p in (case / TB_DIR).iterdir()),
+            "scalars": logged,
+        },
     }
     write_manifest(case, manifest)
     return manifest
@@ -326,6 +377,8 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("tests/golden"))
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("tensorboard") is None:
+        raise SystemExit("tensorboard is not importable: torch's SummaryWriter needs it (see the module doc)")
     torch.set_num_threads(1)
     manifest = write_case(args.src, args.out)
     gaps = [g for cases in manifest["expected"].values() for c in cases for g in c["greedy_top2_gaps"]]
