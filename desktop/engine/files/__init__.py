@@ -1,2 +1,3 @@
 """Every reader of untrusted bytes: bounded file reads, the pickle scan and restricted unpicklers,
-bounded JSON, tokenizer checks, finite weights."""
+bounded JSON, tokenizer checks, finite weights, TensorBoard event files (their protobuf wire
+format and CRC-32C)."""
