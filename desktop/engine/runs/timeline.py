@@ -9,7 +9,8 @@ drawn at once:
   meta's top-level metrics (``val_bpb``, ``val_loss``, the SFT accuracies, …) and base_train's
   ``loop_state`` (``min_val_bpb``, ``smooth_train_loss``, ``total_training_time``); tokens are
   ``step × total_batch_size`` where the meta states the batch.
-* KempnerForge: ``run/step_<N>/metadata.json`` (``step``, ``tokens_seen``).
+* KempnerForge: ``run/step_<N>/metadata.json`` (``step``, ``tokens_seen``), and the scalars its
+  TensorBoard logger wrote (one curve per tag: train/loss, grad_norm, lr, …).
 
 Numbers logged more often than checkpoints are saved (a training log's evaluations, TensorBoard
 scalars) are :class:`Curve` s on the same x-axis; a saved step's marker sits on them.
@@ -38,6 +39,7 @@ from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused, read_json
 from desktop.engine.kempnerforge.layout import is_kf_target, run_dir, run_steps
 from desktop.engine.nanochat import checkpoint as ckpt
+from desktop.engine.runs.tensorboard_scalars import kf_curves
 
 # Stages in the order a run goes through them; the fork's extra phase folders map onto them.
 STAGES = ("base", "mid", "sft", "rl")
@@ -262,7 +264,11 @@ def _kempnerforge(run: Path) -> Timeline:
                 problems.append(f"{path}: tokens_seen is not a count; left out")
         size = sum(p.stat().st_size for p in (run / f"step_{step}").glob("*.distcp") if p.is_file())
         points.append(Point("kempnerforge", step, step, run, {}, tokens, size))
-    return Timeline(run.name, tuple(points), tuple(problems), ((0, "kempnerforge"),) if points else ())
+    logged, lines = kf_curves(run)
+    problems += lines
+    curves = tuple(Curve(c.name, "kempnerforge", c.xs, c.ys, c.source) for c in logged)
+    stages = ((0, "kempnerforge"),) if points else ()
+    return Timeline(run.name, tuple(points), tuple(problems), stages, curves=curves)
 
 
 def _metrics(meta: dict[str, Any], path: Path, problems: list[str]) -> dict[str, float]:

@@ -113,3 +113,16 @@ def test_a_logged_curve_joins_the_steps_values_and_carries_their_markers():
     both = replace(demo, curves=(Curve("val_bpb", "sft", (float(first.x),), (123.0,), "log"),))
     assert dict(both.line("val_bpb"))[float(first.x)] == first.metrics["val_bpb"]
     assert json.loads(json.dumps(timeline.to_dict()))["curves"][0]["name"] == "train_loss"
+
+
+def test_a_kempnerforge_run_draws_what_its_tensorboard_logger_wrote():
+    run = next((GOLDEN / "kempnerforge").glob("*/run"))
+    logged = json.loads((run.parent / "golden.json").read_text())["tensorboard"]["scalars"]
+    timeline = timeline_of(run)
+    assert set(logged) <= set(timeline.metric_names()) and not timeline.problems
+    for tag, pairs in logged.items():
+        assert timeline.line(tag) == [(float(step), value) for step, value in pairs]
+    # each saved step's marker sits on the loss its logger wrote last at or before it
+    loss = dict(logged["train/loss"])
+    for point in timeline.points:
+        assert timeline.value_at(point, "train/loss") == loss[max(s for s in loss if s <= point.step)]
