@@ -95,3 +95,35 @@ def test_sample_prompts_fill_a_table_of_steps_and_stop_stops(
     steps = [f"sft {p.step}" for p in (view.timeline.points[0], view.timeline.points[-1])]
     assert [table.horizontalHeaderItem(i).text() for i in range(2)] == steps
     assert all(table.item(r, c) is not None for r in range(7) for c in range(2))
+
+
+def test_a_kempnerforge_run_shows_its_logged_loss_opens_a_step_and_races_both(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+):
+    win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
+    run = next((GOLDEN / "kempnerforge").glob("*/run"))
+    view = show_run(qtbot, win, run)
+    names = [view.curve.itemText(i) for i in range(view.curve.count())]
+    assert "train/loss" in names and "smoothed/loss" in names
+    view.curve.setCurrentText("train/loss")
+    want = timeline_of(run)
+    xs, ys = view.scatter.getData()
+    assert list(xs) == [float(p.step) for p in want.points]
+    # the loss falls from 5.6 to 0.1: drawn on a log scale, markers on the values the logger wrote
+    assert view.plot.getPlotItem().ctrl.logYCheck.isChecked()
+    assert [10**y for y in ys] == pytest.approx([want.value_at(p, "train/loss") for p in want.points])
+    first = view.timeline.points[0]
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        view.click_point(first, Qt.KeyboardModifier.NoModifier)
+    assert (Path(loaded.args[0].path), loaded.args[0].step) == (run, first.step)
+
+    view = show_run(qtbot, win, run)
+    for point in view.timeline.points:
+        view.click_point(point, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.mouseClick(view.compare_btn, Qt.MouseButton.LeftButton)
+    compare = win.compare_view.controller
+    wanted = [(run, p.step) for p in view.timeline.points]
+    qtbot.waitUntil(lambda: [p.loaded_key for p in compare.panes[:2]] == wanted, timeout=WAIT)
