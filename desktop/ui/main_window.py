@@ -33,6 +33,7 @@ from desktop.gui.background import Background
 from desktop.gui.chat_controller import ChatController
 from desktop.gui.compare.controller import CompareController
 from desktop.gui.hf_export_task import HFExportTask
+from desktop.gui.run_report_task import RunReportTask
 from desktop.gui.sample_sweep_task import SampleSweepTask
 from desktop.ui.chat_view import ChatView
 from desktop.ui.checkpoint_picker import CheckpointPicker
@@ -123,6 +124,7 @@ class MainWindow(QMainWindow):
             self.tabs.addTab(self.compare_view, "Compare")
         self.run_view = RunView()
         self.sample_sweep = SampleSweepTask(self)
+        self.run_report = RunReportTask(self.run_view.save_plots, self)
         self.tabs.addTab(self.run_view, "Run")
         self.setCentralWidget(self.tabs)
 
@@ -241,6 +243,8 @@ class MainWindow(QMainWindow):
         sweep.sample.connect(self.run_view.add_sample)
         sweep.progress.connect(self.run_view.show_sweep_progress)
         sweep.finished.connect(self.run_view.sweep_done)
+        self.run_view.report_wanted.connect(self._write_run_report)
+        self.run_report.finished.connect(self.run_view.report_done)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
         self.picker.load_requested.connect(c.load_checkpoint)
@@ -431,6 +435,11 @@ class MainWindow(QMainWindow):
         self.picker.select(Path(path), step)
         self.controller.load_checkpoint(Path(path), step)
 
+    def _write_run_report(self, folder: Path) -> None:
+        view = self.run_view
+        if view.timeline is None or not self.run_report.start(folder, view.timeline, view.said):
+            view.report_done("A report card is being written; wait for it to finish.")
+
     def _compare_from_run(self, steps: list) -> None:
         """Steps marked on the Run tab: one Compare pane each, loaded."""
         if self.compare_view is None:
@@ -590,5 +599,6 @@ class MainWindow(QMainWindow):
             if self.compare is not None:
                 self.compare.shutdown()
             self.sample_sweep.stop(wait=30.0)  # it ends after the prompt being written
+            self.run_report.stop(wait=30.0)  # it ends between two chunks of a file
             self.controller.shutdown()
         super().closeEvent(event)

@@ -7,7 +7,8 @@ stage starts. Hovering a marker shows what the step's files state (its numbers, 
 its config since the step before, its size); a click opens it in Chat; Shift+click marks steps,
 and "Compare" sends the marked ones (two to four) to the Compare tab. "Sample prompts" asks
 the marked steps (all, when none is marked) nanochat's base_train sample prompts and fills a
-table, prompts by steps, as the sweep goes.
+table, prompts by steps, as the sweep goes. "Report…" writes the run's report card (Markdown
+and a PNG per curve) into a folder the user picks.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import math
 from pathlib import Path
 
 import pyqtgraph as pg
+import pyqtgraph.exporters
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
+    QFileDialog,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -42,9 +45,16 @@ class PlainLogAxis(pg.AxisItem):
     superscript minus many fonts lack, so 0.5 read as 500."""
 
     def logTickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
-        return [f"{10**v:.3g}" for v in values]  # the value itself, whatever SI scale is set
+        # The value itself, whatever SI scale is set; between decades only 2 and 5 are written,
+        # as 0.09, 0.08, 0.07 … overlap where a decade is a few pixels tall.
+        return [f"{10**v:.3g}" if _leading_digit(10**v) in (1, 2, 5) else "" for v in values]
 
 
+def _leading_digit(value: float) -> int:
+    return int(round(value / 10 ** math.floor(math.log10(value)), 6)) if value > 0 else 0
+
+
+PLOT_WIDTH = 1200  # pixels of a report's curve image
 STEPS = "saved steps"  # the "metric" of a run whose metas state no numbers: markers on one line
 MAX_COMPARED = 4
 
@@ -87,6 +97,7 @@ class RunView(QWidget):
     compare_steps = Signal(list)
     samples_wanted = Signal(list)  # the points to sample
     samples_stopped = Signal()
+    report_wanted = Signal(object)  # the folder to write the report card into
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -109,7 +120,14 @@ class RunView(QWidget):
             "prompts: greedy, 16 tokens, one checkpoint in memory at a time"
         )
         self.sample_btn.clicked.connect(self._on_sample_btn)
+        self.report_btn = QPushButton("Report…")
+        self.report_btn.setToolTip(
+            "Write this run's report card into a folder: Markdown with its curves as PNG, every "
+            "step's numbers and weights hash, the sampled prompts, the config"
+        )
+        self.report_btn.clicked.connect(self._on_report_btn)
         self.sweeping = False
+        self.said: list[tuple[str, int, str, str]] = []  # (stage, step, prompt, text) of the last sweep
         self.table = QTableWidget(0, 0)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
@@ -125,6 +143,7 @@ class RunView(QWidget):
             bar.addWidget(QLabel(label))
             bar.addWidget(widget)
         bar.addStretch(1)
+        bar.addWidget(self.report_btn)
         bar.addWidget(self.sample_btn)
         bar.addWidget(self.compare_btn)
         self.plot = pg.PlotWidget(axisItems={"left": PlainLogAxis("left")})
@@ -179,6 +198,7 @@ class RunView(QWidget):
 
     def add_sample(self, stage: str, step: int, prompt: str, text: str) -> None:
         """One step's continuation of one prompt, into its cell (prompts down, steps across)."""
+        self.said.append((stage, step, prompt, text))
         column = f"{stage} {step}"
         if column not in self._columns:
             self.table.insertColumn(len(self._columns))
@@ -192,6 +212,37 @@ class RunView(QWidget):
         cell.setToolTip(f"{prompt}{text}")
         self.table.setItem(self._rows.index(prompt), self._columns.index(column), cell)
         self.table.resizeRowsToContents()
+
+    def save_plots(self, folder: Path) -> list[tuple[str, str]]:
+        """Each curve of the run drawn as the tab draws it, against the step, into
+        ``folder/<metric>.png``; (metric, file name) for each. The user's choice is kept."""
+        if self.timeline is None:
+            return []
+        chosen, axis, marked = self.curve.currentIndex(), self.axis.currentIndex(), self.marked
+        self.axis.setCurrentIndex(0)
+        self.marked = []  # a card shows the run, not this session's marks
+        written: list[tuple[str, str]] = []
+        try:
+            for index in range(self.curve.count()):
+                metric = self.curve.itemText(index)
+                if metric == STEPS:
+                    continue
+                self.curve.setCurrentIndex(index)
+                name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in metric) + ".png"
+                exporter = pyqtgraph.exporters.ImageExporter(self.plot.getPlotItem())
+                exporter.parameters()["width"] = PLOT_WIDTH
+                exporter.export(str(Path(folder) / name))
+                written.append((metric, name))
+        finally:
+            self.marked = marked
+            self.curve.setCurrentIndex(chosen)
+            self.axis.setCurrentIndex(axis)
+            self._draw()
+        return written
+
+    def report_done(self, message: str) -> None:
+        self.report_btn.setEnabled(True)
+        self.status.setText(message)
 
     def show_sweep_progress(self, done: int, total: int) -> None:
         self.status.setText(f"Sampling: {done} of {total} prompts answered")
@@ -345,10 +396,23 @@ class RunView(QWidget):
         self.table.setRowCount(0)
         self.table.setColumnCount(0)
         self._rows, self._columns = [], []
+        self.said = []
         self.table.show()
         self.sweeping = True
         self.sample_btn.setText("Stop sampling")
         self.samples_wanted.emit(points)
+
+    def _on_report_btn(self) -> None:
+        if self.timeline is None:
+            return
+        folder = QFileDialog.getExistingDirectory(self, "Write the report card into")
+        if folder:
+            self.report_to(Path(folder))
+
+    def report_to(self, folder: Path) -> None:
+        self.report_btn.setEnabled(False)
+        self.status.setText(f"Writing the report card into {folder}…")
+        self.report_wanted.emit(Path(folder))
 
     def _send_to_compare(self) -> None:
         if 2 <= len(self.marked) <= MAX_COMPARED:

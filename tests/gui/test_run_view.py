@@ -3,6 +3,7 @@ clicks one to chat with it, and Shift-clicks three to race them in Compare."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from support import REPO
 from support.golden import GOLDEN
 from test_window_sequences import loop, start_with_base, windows  # noqa: F401
 
+from desktop.engine.runs.report import cell
 from desktop.engine.runs.timeline import timeline_of
 
 pytestmark = pytest.mark.gui
@@ -127,3 +129,35 @@ def test_a_kempnerforge_run_shows_its_logged_loss_opens_a_step_and_races_both(
     compare = win.compare_view.controller
     wanted = [(run, p.step) for p in view.timeline.points]
     qtbot.waitUntil(lambda: [p.loaded_key for p in compare.panes[:2]] == wanted, timeout=WAIT)
+
+
+def test_a_report_card_holds_the_curves_every_step_and_what_the_sweep_said(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+):
+    win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
+    view = show_run(qtbot, win, DEMO)
+    chosen = view.curve.currentText()
+    last = view.timeline.points[-1]
+    view.click_point(last, Qt.KeyboardModifier.ShiftModifier)
+    with qtbot.waitSignal(win.sample_sweep.finished, timeout=WAIT):
+        qtbot.mouseClick(view.sample_btn, Qt.MouseButton.LeftButton)
+    out = tmp_path / "card"
+    with qtbot.waitSignal(win.run_report.finished, timeout=WAIT) as done:
+        view.report_to(out)
+    assert str(out / "report.md") in done.args[0] and view.report_btn.isEnabled()
+    card = (out / "report.md").read_text(encoding="utf-8")
+    metrics = [view.curve.itemText(i) for i in range(view.curve.count())]
+    for metric in metrics:  # each curve drawn to a PNG the card shows
+        assert f"![{metric}]({metric}.png)" in card
+        assert (out / f"{metric}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert view.curve.currentText() == chosen  # the user's curve is still the one shown
+    digest = hashlib.sha256((DEMO / f"model_{last.step:06d}.pt").read_bytes()).hexdigest()
+    assert f"`{digest}`" in card
+    assert len(view.said) == 7
+    for stage, step, prompt, text in view.said:  # the sweep's answers: prompts down, the marked step across
+        assert (stage, step) == (last.stage, last.step)
+        assert f"| {cell(prompt)} | {cell(text)} |" in card

@@ -4,12 +4,13 @@ its numbers, its config changes (escaped: a config value is text, never markup) 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 from support import REPO
 
 from desktop.engine.runs.timeline import timeline_of
-from desktop.ui.run_view import point_tip
+from desktop.ui.run_view import PlainLogAxis, point_tip
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 
@@ -27,3 +28,10 @@ def test_a_markers_hover_text_says_what_the_steps_files_state(tmp_path):
     assert f"val_bpb = {meta['val_bpb']:.6g}" in tip
     assert "model_config.window_pattern: SSSL → L&lt;b&gt;" in tip  # escaped, not markup
     assert f"{last.file_bytes / 1e6:.1f} MB" in tip
+
+
+def test_log_ticks_are_plain_numbers_and_only_1_2_5_between_decades(qapp):
+    axis = PlainLogAxis("left")
+    values = [math.log10(m * 10.0**e) for e in (-3, -2) for m in range(1, 10)]
+    shown = [s for s in axis.logTickStrings(values, 1.0, 1.0) if s]
+    assert shown == ["0.001", "0.002", "0.005", "0.01", "0.02", "0.05"]

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import html
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 from desktop.engine.errors import NanoscopeError
+from desktop.engine.files.bounded import FileRefused
+from desktop.engine.files.content_hash import sha256_of_files
 from desktop.engine.kempnerforge import config as kf_config
-from desktop.engine.kempnerforge.layout import resolve_checkpoint
+from desktop.engine.kempnerforge.layout import dcp_dirs_of, resolve_checkpoint
 from desktop.engine.nanochat import checkpoint as ckpt
 from desktop.engine.runs.evals import Sample
 from desktop.engine.runs.timeline import Point, Timeline
@@ -55,6 +59,30 @@ class RunReport:
     samples: Sequence[Sample] = ()
     config: Mapping[str, object] = field(default_factory=dict)  # the first step's settings
     written_at: datetime | None = None
+
+
+def weights_files(point: Point) -> list[Path]:
+    """The files that hold a saved step's weights: nanochat's ``model_<step>.pt``, a
+    KempnerForge step's DCP shards and ``.metadata`` (by name, stage by stage)."""
+    if point.stage == "kempnerforge":
+        step_dir = point.path / f"step_{point.step}"
+        return [f for d in dcp_dirs_of(step_dir) for f in sorted(d.iterdir()) if f.is_file()]
+    return [ckpt.model_file(point.path, point.step)]
+
+
+def step_hashes(timeline: Timeline, cancel: threading.Event | None = None) -> dict[StepKey, str]:
+    """The weights hash of each saved step, as far as it got before ``cancel``; a step whose
+    files cannot be read is left out (the card shows no hash for it)."""
+    hashes: dict[StepKey, str] = {}
+    for point in timeline.points:
+        try:
+            digest = sha256_of_files(weights_files(point), cancel)
+        except (NanoscopeError, FileRefused, OSError):
+            continue
+        if digest is None:
+            break
+        hashes[(point.stage, point.step)] = digest
+    return hashes
 
 
 def run_config(timeline: Timeline) -> dict[str, object]:

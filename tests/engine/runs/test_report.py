@@ -4,15 +4,25 @@ model card fields a person must still fill in; strings from files cannot break i
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import threading
 from pathlib import Path
 
 from support import REPO
 from support.golden import GOLDEN
 
 from desktop.engine.runs.evals import Sample
-from desktop.engine.runs.report import RunReport, cell, report_markdown, run_config
+from desktop.engine.runs.report import (
+    RunReport,
+    cell,
+    report_markdown,
+    run_config,
+    step_hashes,
+    weights_files,
+)
 from desktop.engine.runs.timeline import timeline_of
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
@@ -83,3 +93,30 @@ def test_strings_from_files_cannot_break_the_tables(tmp_path):
 def test_a_cell_is_one_bounded_line():
     assert cell("x\n| y") == "x \\| y" and len(cell("z" * 10_000)) == 200
     assert cell(Path("<b>")) == "&lt;b&gt;"
+
+
+def test_each_step_is_named_by_the_sha256_of_its_weights_files():
+    for run in (DEMO, next((GOLDEN / "kempnerforge").glob("*/run"))):
+        timeline = timeline_of(run)
+        hashes = step_hashes(timeline)
+        for point in timeline.points:
+            files = weights_files(point)
+            assert files and all(f.is_relative_to(run) for f in files)
+            assert (
+                hashes[(point.stage, point.step)]
+                == hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+            )
+
+
+def test_hashing_stops_when_asked_and_skips_what_it_cannot_read(tmp_path):
+    run = tmp_path / "chatsft_checkpoints" / "demo"
+    shutil.copytree(DEMO, run)
+    timeline = timeline_of(run)
+    stopped = threading.Event()
+    stopped.set()
+    assert step_hashes(timeline, stopped) == {}
+    first = timeline.points[0]
+    weights = weights_files(first)[0]
+    weights.unlink()
+    os.mkfifo(weights)  # a pipe where the weights were: never opened for reading
+    assert set(step_hashes(timeline)) == {(p.stage, p.step) for p in timeline.points[1:]}
