@@ -57,7 +57,7 @@ from desktop.engine.kernels.device import (
     pick_device,
     pick_dtype,
 )
-from desktop.engine.kernels.tuning import tuner_for
+from desktop.engine.kernels.tuning import tuner_for, tuning_progress
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
 
@@ -122,7 +122,9 @@ class HFBackend:
         dtype = _dtype_for(device, opts.dtype)
         report(20, "Reading weights")
         weights = load_weights(directory, config, dtype, device)
-        model = HFCausalLM(config, weights, tuner_for(opts.kernel_cache))
+        tuner = tuner_for(opts.kernel_cache)
+        with tuner.listening(tuning_progress(report, 40, 90)):
+            model = HFCausalLM(config, weights, tuner)
         report(90, "Warming up")
         info = ModelInfo(
             family=config.family,

@@ -64,7 +64,7 @@ from desktop.engine.kernels.device import (
 )
 from desktop.engine.kernels.memory import available_ram, human
 from desktop.engine.kernels.threads import torch_threads
-from desktop.engine.kernels.tuning import KernelTuner, tuner_for
+from desktop.engine.kernels.tuning import KernelTuner, tuner_for, tuning_progress
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
 
@@ -234,7 +234,9 @@ class KempnerForgeBackend:
                 report(92, f"moving the weights to {device}")
                 moved: dict[int, torch.Tensor] = {}
                 tensors = {k: moved.setdefault(id(v), v.to(device)) for k, v in tensors.items()}
-            model = assemble(cfg, tensors, device, tuner_for(opts.kernel_cache))
+            tuner = tuner_for(opts.kernel_cache)
+            with tuner.listening(tuning_progress(report, 92, 99)):
+                model = assemble(cfg, tensors, device, tuner)
         except (RuntimeError, MemoryError) as exc:
             if is_out_of_memory(exc):
                 raise OutOfMemoryError(

@@ -26,6 +26,7 @@ every contract; nothing of it is saved, so the next start times what is left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -79,6 +80,8 @@ BUSY_SHARE = 0.25  # random rows the error of a lossy candidate is measured with
 # Seconds of timing one process spends at most (all shapes, all modes): an idle 2-core machine
 # times the demo in about 2 s, a d20 model's every shape in exact and fast mode in about 10 s.
 TUNING_BUDGET_S = 20.0
+# Told (seconds spent timing so far, the budget) before each timing: what a load shows meanwhile.
+TuningListener = Callable[[float, float], None]
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,17 @@ class KernelTuner:
         self.measured = 0  # candidates timed by this tuner (the cache's effect is visible here)
         self._provisional: set[tuple[str, str]] = set()  # (threads, entry) timed on a busy machine
         self._choices: weakref.WeakKeyDictionary[object, Choice] = weakref.WeakKeyDictionary()
+        self._listeners = threading.local()  # per thread: Compare's panes load side by side
+
+    @contextlib.contextmanager
+    def listening(self, listener: TuningListener) -> Iterator[None]:
+        """Tell ``listener`` (seconds spent, the budget) before each timing this thread runs, so
+        a first load on a new machine can say what it waits for."""
+        self._listeners.current = listener
+        try:
+            yield
+        finally:
+            self._listeners.current = None
 
     # ----- the cache ----------------------------------------------------------------------------
 
@@ -362,6 +376,9 @@ class KernelTuner:
                 self.skipped += 1
                 return dict(known)
             if missing:
+                listener = getattr(self._listeners, "current", None)
+                if listener is not None:
+                    listener(self.spent_s, self.budget_s)
                 others = OtherLoad()
                 started = time.perf_counter()
                 with torch.inference_mode():
@@ -538,3 +555,19 @@ def tuner_for(cache_file: Path | None) -> KernelTuner:
         if cache_file not in _shared:
             _shared[cache_file] = KernelTuner(cache_file)
         return _shared[cache_file]
+
+
+def tuning_progress(report: Callable[[int, str], None], start: int, end: int) -> TuningListener:
+    """A listener that shows timing as a load's progress, from ``start`` to ``end`` percent as
+    the budget is spent: the first load on a new machine says what it waits for, and for how
+    long at most (later loads read the timings from the cache and never call it)."""
+
+    def said(spent: float, budget: float) -> None:
+        share = min(spent / budget, 1.0) if budget > 0 else 1.0
+        left = max(budget - spent, 0.0)
+        report(
+            start + int((end - start) * share),
+            f"Tuning for this CPU… once per machine, at most {left:.0f} s more",
+        )
+
+    return said

@@ -14,7 +14,7 @@ from desktop.engine.files.finite import check_finite
 from desktop.engine.files.pickle_scan import TensorInfo
 from desktop.engine.kernels import memory
 from desktop.engine.kernels.device import Precision, describe_device, pick_device, pick_precision
-from desktop.engine.kernels.tuning import tuner_for
+from desktop.engine.kernels.tuning import tuner_for, tuning_progress
 from desktop.engine.nanochat import checkpoint as ckpt
 from desktop.engine.nanochat.classify import classify, is_ignorable
 from desktop.engine.nanochat.config import ModelConfig, table_bytes
@@ -160,7 +160,9 @@ def load_model(
         model.load_state_dict(wanted, strict=True, assign=True)
         del sd, wanted
         report(70, "choosing kernels")
-        model.prepare(dev, compute, precision.gemv, tuner_for(kernel_cache))
+        tuner = tuner_for(kernel_cache)
+        with tuner.listening(tuning_progress(report, 70, 95)):
+            model.prepare(dev, compute, precision.gemv, tuner)
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise

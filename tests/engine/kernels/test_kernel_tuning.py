@@ -20,7 +20,7 @@ from support.checkpoint_factory import default_config, write_checkpoint
 from desktop.engine.backend import LoadOptions
 from desktop.engine.kernels import gemv
 from desktop.engine.kernels import tuning as kernel_tuning
-from desktop.engine.kernels.tuning import TOLERANCE, KernelTuner, machine_id, relative_error
+from desktop.engine.kernels.tuning import TOLERANCE, TUNING_BUDGET_S, KernelTuner, machine_id, relative_error
 from desktop.engine.nanochat.backend import NanochatBackend
 
 
@@ -240,3 +240,22 @@ def test_past_the_tuning_budget_a_product_takes_its_safe_default_and_the_next_st
     later = KernelTuner(cache)  # the next start goes on timing
     later.product(weight, kind)(x)
     assert later.measured > 0 and later.skipped == 0 and later.spent_s > 0
+
+
+def test_a_first_load_says_it_is_tuning_and_a_second_load_does_not(tmp_path, quiet_machine):
+    ckpt = write_checkpoint(tmp_path, "E7", cfg=default_config("E7", n_embd=128, vocab_size=1000, n_layer=2))
+    cache = tmp_path / "cache" / "kernels.json"
+    options = LoadOptions(device="cpu", dtype="int8", kernel_cache=cache)
+
+    def load() -> list[tuple[int, str]]:
+        said: list[tuple[int, str]] = []
+        NanochatBackend.open(ckpt, options, progress=lambda pct, text: said.append((pct, text))).close()
+        return said
+
+    first = load()
+    tuning = [(pct, text) for pct, text in first if text.startswith("Tuning for this CPU")]
+    assert tuning and all(70 <= pct <= 95 for pct, _ in tuning)
+    assert [pct for pct, _ in first] == sorted(pct for pct, _ in first)  # the bar never goes back
+    assert f"at most {TUNING_BUDGET_S:.0f} s more" in tuning[0][1]
+    kernel_tuning._shared.clear()  # as a new process would start
+    assert not any(text.startswith("Tuning") for _, text in load())  # timings come from the file
