@@ -25,7 +25,8 @@ from typing import Any
 import tiktoken
 
 from desktop.engine.errors import TokenizerError
-from desktop.engine.files.pickle_scan import TOKENIZER_POLICY, PickleRefused, scan_tokenizer_pickle
+from desktop.engine.files.pickle_policy import TOKENIZER_POLICY
+from desktop.engine.files.pickle_scan import PickleRefused, scan_tokenizer_pickle
 from desktop.engine.files.tokenizer_checks import pattern_problem, rust_errors
 
 # A real 2**17-token pickle is a few MB; anything far bigger is not a tokenizer.

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from desktop.engine.files.bounded import open_regular
+from desktop.engine.files.pickle_policy import TORCH_POLICY, Policy
 from desktop.engine.files.pickle_scan import (
-    TORCH_POLICY,
     PickleRefused,
-    Policy,
     TensorInfo,
     scan_at,
     scan_torch_pickle,

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from desktop.engine.errors import CheckpointError
-from desktop.engine.files.pickle_scan import DCP_POLICY, DTYPE_SIZES, PickleRefused, read_limited, scan_bytes
+from desktop.engine.files.pickle_policy import DCP_POLICY, DTYPE_SIZES
+from desktop.engine.files.pickle_scan import PickleRefused, read_limited, scan_bytes
 
 METADATA_NAME = ".metadata"
 # The metadata of a 70B run with its optimizer state is a few MB; far more is not DCP metadata.

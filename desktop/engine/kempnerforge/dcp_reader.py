@@ -29,7 +29,8 @@ import torch
 
 from desktop.engine.errors import CheckpointError, UnsupportedFormatError
 from desktop.engine.files import bounded
-from desktop.engine.files.pickle_scan import TORCH_POLICY, PickleRefused, scan_bytes
+from desktop.engine.files.pickle_policy import TORCH_POLICY
+from desktop.engine.files.pickle_scan import PickleRefused, scan_bytes
 from desktop.engine.kempnerforge.dcp_metadata import DTYPE_BYTES, Chunk, DcpMetadata, StorageItem, TensorEntry
 
 logger = logging.getLogger(__name__)

@@ -754,9 +754,9 @@ _VALUES = st.recursive(_LEAVES, _containers, max_leaves=40)
 
 
 def _scan(data: bytes):
-    from desktop.engine.files import pickle_scan
+    from desktop.engine.files import pickle_policy, pickle_scan
 
-    return pickle_scan.scan_bytes(data, pickle_scan.Policy(callables=frozenset()))
+    return pickle_scan.scan_bytes(data, pickle_policy.Policy(callables=frozenset()))
 
 
 @settings(max_examples=300, deadline=None)
@@ -822,7 +822,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from desktop.engine.files import pickle_scan, safe_json
+    from desktop.engine.files import pickle_policy, pickle_scan, safe_json
     from desktop.engine.nanochat import classify
     from desktop.engine.errors import CheckpointError
 
@@ -835,12 +835,12 @@ def one_input(data):
     rest = fdp.ConsumeBytes(fdp.remaining_bytes())
     if which == 0:
         try:
-            pickle_scan.scan_bytes(rest, pickle_scan.TORCH_POLICY, RECORDS)
+            pickle_scan.scan_bytes(rest, pickle_policy.TORCH_POLICY, RECORDS)
         except pickle_scan.PickleRefused:
             pass
     elif which == 1:
         try:
-            pickle_scan.scan_bytes(rest, pickle_scan.TOKENIZER_POLICY)
+            pickle_scan.scan_bytes(rest, pickle_policy.TOKENIZER_POLICY)
         except pickle_scan.PickleRefused:
             pass
     else:

@@ -598,9 +598,9 @@ def test_the_finite_check_never_raises_a_traceback(tmp_path, value):
 
 
 def test_the_scan_bounds_memo_stack_and_opcodes():
-    from desktop.engine.files import pickle_scan
+    from desktop.engine.files import pickle_policy, pickle_scan
 
-    tiny = pickle_scan.Policy(callables=frozenset(), max_memo=10, max_stack=10, max_ops=50)
+    tiny = pickle_policy.Policy(callables=frozenset(), max_memo=10, max_stack=10, max_ops=50)
     with pytest.raises(pickle_scan.PickleRefused, match="more than 10 items at once"):
         pickle_scan.scan_bytes(pickle.dumps(tuple(range(20))), tiny)
     remembered = b"".join(hostile.short_unicode(str(i)) + b"q" + bytes([i]) + b"a" for i in range(11))
