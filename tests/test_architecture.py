@@ -154,6 +154,9 @@ def test_the_file_read_rule_catches_a_violation(tmp_path):
 
 FAMILIES = ("nanochat", "hf", "kempnerforge", "remote")
 SHARED = ("decode", "kernels", "files")  # what every family may use, and which uses no family
+# Packages built on the families (a run's timeline and evals open any family's checkpoints):
+# no family and no shared package may import them.
+ABOVE_FAMILIES = ("runs", "export")
 
 
 def package_of(name: str) -> str | None:
@@ -164,13 +167,15 @@ def package_of(name: str) -> str | None:
 
 def layering_violations(paths: list[Path]) -> list[tuple[str, str]]:
     """(module, import) pairs that break the engine's layering: a family importing another
-    family, or shared code (decode, kernels, files) importing any family."""
+    family, or shared code (decode, kernels, files) importing any family, or either importing
+    what is built on the families (runs, export)."""
     found = []
     for path in paths:
         mine = package_of(module_name(path))
         for name in sorted(imports_of(path)):
             theirs = package_of(name)
-            if theirs in FAMILIES and theirs != mine and (mine in FAMILIES or mine in SHARED):
+            below = mine in FAMILIES or mine in SHARED
+            if below and ((theirs in FAMILIES and theirs != mine) or theirs in ABOVE_FAMILIES):
                 found.append((module_name(path), name))
     return found
 
@@ -187,6 +192,10 @@ def test_the_layering_rule_catches_a_violation(tmp_path):
             ("desktop.engine.hf._probe_violation", "desktop.engine.nanochat.model"),
             ("desktop.engine.hf._probe_violation", "desktop.engine.nanochat.model.GPT"),
         ]
+        bad.write_text("from desktop.engine.runs import timeline\n", encoding="utf-8")
+        assert layering_violations([bad]) == [
+            ("desktop.engine.hf._probe_violation", "desktop.engine.runs.timeline"),
+        ]
     finally:
         bad.unlink()
 
@@ -200,12 +209,29 @@ UI_MAY_IMPORT = frozenset(
 )
 
 
-def test_the_widgets_know_the_engine_only_through_its_protocol():
+def widget_violations(paths: list[Path]) -> list[tuple[str, str]]:
+    """(module, import) pairs where a widget reaches past the engine's protocol types."""
     offenders = []
-    for path in sorted((DESKTOP / "ui").rglob("*.py")):
-        for name in imports_of(path):
+    for path in paths:
+        for name in sorted(imports_of(path)):
             if name.startswith("desktop.engine") and not any(
                 name == m or name.startswith(m + ".") for m in UI_MAY_IMPORT
             ):
                 offenders.append((module_name(path), name))
-    assert offenders == []
+    return offenders
+
+
+def test_the_widgets_know_the_engine_only_through_its_protocol():
+    assert widget_violations(sorted((DESKTOP / "ui").rglob("*.py"))) == []
+
+
+def test_the_widget_rule_catches_a_violation():
+    bad = DESKTOP / "ui" / "_probe_violation.py"  # parsed, never imported
+    try:
+        bad.write_text("from desktop.engine.runs.evals import sample_sweep\n", encoding="utf-8")
+        assert widget_violations([bad]) == [
+            ("desktop.ui._probe_violation", "desktop.engine.runs.evals"),
+            ("desktop.ui._probe_violation", "desktop.engine.runs.evals.sample_sweep"),
+        ]
+    finally:
+        bad.unlink()
