@@ -209,4 +209,9 @@ class Backend(Protocol):
         """How one token reads on its own (special tokens by name)."""
         ...
 
+    def encode(self, text: str) -> list[int]:
+        """``text`` as the model's token ids, no special tokens added (what an eval needs to
+        find an answer letter's id or count a text's tokens); an error where ids are unknown."""
+        ...
+
     def close(self) -> None: ...

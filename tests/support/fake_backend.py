@@ -121,6 +121,9 @@ class FakeBackend:
             "token_logprobs": [-0.5] * len(reply_ids),
         }
 
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 256 for c in text]
+
     def token_label(self, token_id: int) -> str:
         return chr(token_id) if token_id >= 32 else f"<{token_id}>"
 

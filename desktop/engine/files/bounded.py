@@ -47,6 +47,7 @@ LIMITS: dict[str, int] = {
     "toml": 4 * MB,  # a KempnerForge training TOML: a few KB
     "state": 16 * MB,  # the app's own settings, caches and config memories
     "safetensors_header": 100 * MB,  # safetensors' own cap on its JSON header
+    "eval_data": 32 * MB,  # a user's eval JSONL: only its head is read (MMLU's test set is 8 MB)
 }
 TOML_MAX_KEY_PARTS = 32  # a.b.c = 1: KempnerForge's deepest key has 3 parts
 TOML_MAX_TABLES = 10_000  # [section] and [[array]] headers
@@ -115,6 +116,25 @@ def _check_regular(path: Path | str, mode: int) -> None:
     if not stat.S_ISREG(mode):
         what = next((name for test, name in _KINDS if test(mode)), "a special file")
         raise FileRefused(path, f"not a regular file ({what})")
+
+
+def read_head_lines(path: Path | str, kind: str, max_lines: int) -> tuple[list[str], bool]:
+    """The first lines of a regular text file of ``kind``, at most its limit in bytes and
+    ``max_lines`` lines (a line cut by the limit is left out); True when there was more. Bytes
+    that are not UTF-8 read as U+FFFD, so one bad line does not lose the file."""
+    limit = LIMITS[kind]
+    with open_regular(path) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
+    more = len(data) > limit
+    if more:
+        data = data[: data.rfind(b"\n", 0, limit) + 1]
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if len(lines) > max_lines:
+        return lines[:max_lines], True
+    return lines, more
 
 
 def read_text(path: Path | str, kind: str, limit: int | None = None) -> str:

@@ -253,6 +253,9 @@ class HFBackend:
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""
 
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
     def close(self) -> None:
         self._cache = None
         self.model = None  # type: ignore[assignment]

@@ -351,6 +351,9 @@ class KempnerForgeBackend:
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""  # type: ignore[arg-type]
 
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
     def close(self) -> None:
         self._cache = None
         self.model = None  # type: ignore[assignment]

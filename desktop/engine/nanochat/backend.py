@@ -218,6 +218,9 @@ class NanochatBackend:
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""
 
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
     def reset_cache(self) -> None:
         self._cache = None
 

@@ -388,6 +388,9 @@ class RemoteBackend:
     def token_label(self, token_id: int) -> str:
         return f"[{token_id}]" if token_id >= 0 else ""
 
+    def encode(self, text: str) -> list[int]:
+        raise RemoteError(f"{self._info.name}: {IDS_REASON}")
+
     def close(self) -> None:
         """Close the connection pool and the private loop (on the thread that opened them)."""
         if self._runner.loop.is_closed():
