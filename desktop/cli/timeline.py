@@ -1,5 +1,7 @@
 """``nanoscope timeline RUN [--json]``: a training run's saved steps and the numbers their files state;
-``nanoscope eval RUN --task samples [--steps A,B] [--prompt TEXT]... [--json]``: what each step says.
+``nanoscope eval RUN --task samples [--steps A,B] [--prompt TEXT]... [--json]``: what each step says;
+``nanoscope eval RUN --task mc --data FILE.jsonl [--steps A,B] [--json]``: multiple choice by
+nanochat's categorical method, each step's accuracy and what flipped from the first to the last.
 
 RUN is a nanochat checkpoint folder (``<phase>_checkpoints/<tag>``, whose other stages join it),
 ``SOURCE[/TAG]`` under ``$NANOCHAT_BASE_DIR``, or a KempnerForge run. The timeline reads metas
@@ -11,8 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from desktop.config import paths
+
+if TYPE_CHECKING:
+    from desktop.engine.backend import LoadOptions
 
 
 def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,14 +34,16 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="as for timeline")
     p.add_argument(
         "--task",
-        choices=["samples"],
+        choices=["samples", "mc"],
         required=True,
-        help="samples: nanochat's seven base_train prompts (or --prompt), greedy, 16 tokens",
+        help="samples: nanochat's seven base_train prompts (or --prompt), greedy, 16 tokens; "
+        "mc: multiple choice from --data (JSONL: question, choices, answer), nanochat's scoring",
     )
+    p.add_argument("--data", default=None, help="the questions, for --task mc (docs/EVALS.md)")
     p.add_argument("--steps", default=None, help="comma-separated steps (default: every saved step)")
     p.add_argument("--prompt", action="append", default=None, help="your own prompt (repeatable)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--json", action="store_true", help="one JSON line per sample")
+    p.add_argument("--json", action="store_true", help="one JSON line per sample or answer")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -58,6 +66,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise NanoscopeError(f"{directory}: no saved step {', '.join(map(str, sorted(missing)))}")
         points = [p for p in points if p.step in wanted]
     options = LoadOptions(device=args.device, base_dir=base, kernel_cache=paths.kernel_timings_file())
+    if args.task == "mc":
+        return _multiple_choice(args, points, options)
     prompts = args.prompt or list(SAMPLE_PROMPTS)
     shown = None
     for sample in sample_sweep(points, prompts, options=options):
@@ -68,6 +78,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
             shown = (sample.stage, sample.step)
             print(f"{sample.stage} step {sample.step}:", flush=True)
         print(f"  {sample.prompt}{sample.text!r}", flush=True)
+    return 0
+
+
+def _multiple_choice(args: argparse.Namespace, points: list, options: LoadOptions) -> int:
+    from pathlib import Path
+
+    from desktop.engine.errors import NanoscopeError
+    from desktop.engine.files.bounded import FileRefused
+    from desktop.engine.runs.multiple_choice import accuracy, mc_sweep, read_questions, what_flipped
+
+    if not args.data:
+        raise NanoscopeError("--task mc needs --data FILE.jsonl (question, choices, answer per line)")
+    try:
+        questions, problems = read_questions(Path(args.data).expanduser())
+    except FileRefused as exc:
+        raise NanoscopeError(str(exc)) from None
+    for problem in problems:
+        print(f"nanoscope: warning: {problem}", file=sys.stderr)
+    answers = []
+    for answer in mc_sweep(points, questions, options=options):
+        answers.append(answer)
+        if args.json:
+            print(json.dumps(answer.to_dict()), flush=True)
+    scores = accuracy(answers)
+    if not args.json:
+        for (stage, step), share in scores.items():
+            right = round(share * len(questions))
+            print(f"{stage} step {step}: {right}/{len(questions)} right ({share:.1%})", flush=True)
+    if len(scores) >= 2:
+        first, *_, last = scores
+        flips = what_flipped(answers, first, last)
+        if args.json:
+            shown = {"from": list(first), "to": list(last), "lost": flips.lost, "gained": flips.gained}
+            print(json.dumps(shown))
+        else:
+            lost, gained = list(flips.lost), list(flips.gained)
+            print(f"from step {first[1]} to {last[1]}: lost lines {lost}, gained lines {gained}")
     return 0
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from support import REPO
 
+from desktop.cli import main as cli
 from desktop.engine.backend import LoadOptions
 from desktop.engine.files.bounded import FileRefused
 from desktop.engine.nanochat.backend import NanochatBackend
@@ -139,3 +140,25 @@ def test_a_question_reads_as_nanochat_renders_it():
         "Multiple Choice question: What is 2 + 3?\n- 4=A\n- 5=B\n\n"
         "Respond only with the letter of the correct answer."
     )
+
+
+def test_nanoscope_eval_mc_prints_each_answer_then_what_flipped(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "q.jsonl", [*QUESTIONS, "broken"])
+    steps = [p.step for p in timeline_of(DEMO).points]
+    argv = ["eval", str(DEMO), "--task", "mc", "--data", str(data), "--steps", f"{steps[0]},{steps[-1]}"]
+    assert cli.main([*argv, "--device", "cpu", "--json"]) == 0
+    out, err = capsys.readouterr()
+    *answers, flips = [json.loads(line) for line in out.splitlines()]
+    asked = [(s, n) for s in (steps[0], steps[-1]) for n in (1, 2, 3, 4)]
+    assert [(a["step"], a["line"]) for a in answers] == asked
+    assert all(a["correct"] == (a["chosen"] == a["answer"]) for a in answers)
+    right = {(a["step"], a["line"]): a["correct"] for a in answers}
+    assert flips["lost"] == [n for n in (1, 2, 3, 4) if right[(steps[0], n)] and not right[(steps[-1], n)]]
+    assert err.count("\n") == 1 and f"{data}:5: not a JSON object" in err
+
+
+@pytest.mark.parametrize("data", [None, "/dev/zero", "missing.jsonl"])
+def test_nanoscope_eval_mc_without_usable_data_is_one_line(capsys, data):
+    argv = ["eval", str(DEMO), "--task", "mc"] + (["--data", data] if data else [])
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.count("\n") == 1
