@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFrame,
-    QHBoxLayout,
     QLabel,
     QMenu,
     QPushButton,
@@ -47,17 +46,6 @@ from desktop.ui.sampling_panel import SEED_MAX
 from desktop.ui.token_view import ProbabilityLegend
 
 PANE_MIN_WIDTH = 270  # two panes fit an 800 px window; more scroll sideways there
-
-
-def _group(*members: QWidget) -> QWidget:
-    """Widgets that stay together on one row (a toolbar wraps between groups, never inside)."""
-    group = QWidget()
-    lay = QHBoxLayout(group)
-    lay.setContentsMargins(0, 0, 0, 0)
-    lay.setSpacing(6)
-    for member in members:
-        lay.addWidget(member)
-    return group
 
 
 def diff_marks(spans: list[DiffSpan]) -> tuple[dict[int, str], dict[int, str]]:
@@ -193,7 +181,7 @@ class CompareView(QWidget):
             (self.score_btn, self.same_btn),
             (self.save_btn, self.export_btn),
         ):
-            lay.addWidget(_group(*group))
+            lay.addWidget(widgets.group(*group))
         return bar
 
     def _build_sampling_row(self) -> QFrame:
@@ -230,7 +218,7 @@ class CompareView(QWidget):
             label.setObjectName("Muted")
             label.setBuddy(box)
             box.setAccessibleName(f"Shared {text.lower()}")
-            lay.addWidget(_group(label, box, *((self.dice,) if box is self.seed else ())))
+            lay.addWidget(widgets.group(label, box, *((self.dice,) if box is self.seed else ())))
         self.set_sampling(CHAT_DEFAULTS.with_values(max_tokens=256).to_dict())
         return row
 

@@ -34,7 +34,7 @@ from desktop.gui.chat_controller import ChatController
 from desktop.gui.compare.controller import CompareController
 from desktop.gui.hf_export_task import HFExportTask
 from desktop.gui.run_report_task import RunReportTask
-from desktop.gui.sample_sweep_task import SampleSweepTask
+from desktop.gui.sweep_task import ChoiceSweepTask, SampleSweepTask
 from desktop.ui.chat_view import ChatView
 from desktop.ui.checkpoint_picker import CheckpointPicker
 from desktop.ui.compare_view import CompareView
@@ -124,6 +124,7 @@ class MainWindow(QMainWindow):
             self.tabs.addTab(self.compare_view, "Compare")
         self.run_view = RunView()
         self.sample_sweep = SampleSweepTask(self)
+        self.choice_sweep = ChoiceSweepTask(self)
         self.run_report = RunReportTask(self.run_view.save_plots, self)
         self.tabs.addTab(self.run_view, "Run")
         self.setCentralWidget(self.tabs)
@@ -244,6 +245,15 @@ class MainWindow(QMainWindow):
         sweep.progress.connect(self.run_view.show_sweep_progress)
         sweep.finished.connect(self.run_view.sweep_done)
         self.run_view.report_wanted.connect(self._write_run_report)
+        choices, view = self.choice_sweep, self.run_view
+        view.choices_wanted.connect(choices.start)
+        view.choices_stopped.connect(choices.stop)
+        choices.questions.connect(view.choices_read)
+        choices.progress.connect(view.show_choice_progress)
+        choices.scored.connect(view.choices_scored)
+        choices.flipped.connect(view.choices_flipped)
+        choices.finished.connect(view.choices_done)
+        view.compare_question.connect(self._compare_question)
         self.run_report.finished.connect(self.run_view.report_done)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
@@ -437,8 +447,17 @@ class MainWindow(QMainWindow):
 
     def _write_run_report(self, folder: Path) -> None:
         view = self.run_view
-        if view.timeline is None or not self.run_report.start(folder, view.timeline, view.said):
+        started = view.timeline is not None and self.run_report.start(
+            folder, view.timeline, view.said, view.evals.scores
+        )
+        if not started:
             view.report_done("A report card is being written; wait for it to finish.")
+
+    def _compare_question(self, steps: list, question: str) -> None:
+        """A flipped question: both steps side by side in Compare, the question ready to send."""
+        self._compare_from_run(steps)
+        if self.compare_view is not None:
+            self.compare_view.input.set_text(question)
 
     def _compare_from_run(self, steps: list) -> None:
         """Steps marked on the Run tab: one Compare pane each, loaded."""
@@ -599,6 +618,7 @@ class MainWindow(QMainWindow):
             if self.compare is not None:
                 self.compare.shutdown()
             self.sample_sweep.stop(wait=30.0)  # it ends after the prompt being written
+            self.choice_sweep.stop(wait=30.0)  # it ends after the question in hand
             self.run_report.stop(wait=30.0)  # it ends between two chunks of a file
             self.controller.shutdown()
         super().closeEvent(event)

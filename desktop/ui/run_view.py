@@ -7,14 +7,19 @@ stage starts. Hovering a marker shows what the step's files state (its numbers, 
 its config since the step before, its size); a click opens it in Chat; Shift+click marks steps,
 and "Compare" sends the marked ones (two to four) to the Compare tab. "Sample prompts" asks
 the marked steps (all, when none is marked) nanochat's base_train sample prompts and fills a
-table, prompts by steps, as the sweep goes. "Report…" writes the run's report card (Markdown
-and a PNG per curve) into a folder the user picks.
+table, prompts by steps, as the sweep goes. "Multiple choice…" asks
+them the questions of a JSONL the user picks (nanochat's categorical scoring): each step's share
+right joins the timeline as a curve, the table of steps by tasks, and "what flipped" between the
+first and last step lists the questions that changed, each a click from Compare. "Report…"
+writes the run's report card (Markdown and a PNG per curve) into a folder the user picks.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyqtgraph as pg
@@ -24,20 +29,21 @@ from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
     QFileDialog,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from desktop.engine.discovery import CheckpointEntry
-from desktop.engine.runs.timeline import Point, Timeline
-from desktop.ui import theme
+from desktop.engine.runs.timeline import Curve, Point, Timeline
+from desktop.ui import theme, widgets
+from desktop.ui.run_evals import EvalResults
 
 
 class PlainLogAxis(pg.AxisItem):
@@ -98,6 +104,9 @@ class RunView(QWidget):
     samples_wanted = Signal(list)  # the points to sample
     samples_stopped = Signal()
     report_wanted = Signal(object)  # the folder to write the report card into
+    choices_wanted = Signal(list, object)  # the points to ask, the JSONL of questions
+    choices_stopped = Signal()
+    compare_question = Signal(list, str)  # [(folder, step)] x 2 and the question they were asked
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -107,6 +116,8 @@ class RunView(QWidget):
         self.runs.setMinimumContentsLength(18)
         self.runs.currentIndexChanged.connect(self._on_run)
         self.curve = QComboBox()
+        self.curve.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.curve.setMinimumContentsLength(16)
         self.curve.currentIndexChanged.connect(self._draw)
         self.axis = QComboBox()
         self.axis.addItems(["step", "tokens"])
@@ -126,26 +137,38 @@ class RunView(QWidget):
             "step's numbers and weights hash, the sampled prompts, the config"
         )
         self.report_btn.clicked.connect(self._on_report_btn)
+        self.choice_btn = QPushButton("Multiple choice…")
+        self.choice_btn.setToolTip(
+            "Ask each marked step (every step when none is marked) the questions of a JSONL file "
+            "(question, choices, answer), scored as nanochat scores MMLU: see docs/EVALS.md"
+        )
+        self.choice_btn.clicked.connect(self._on_choice_btn)
+        self.choosing = False
+        self._started = 0.0  # when the running multiple-choice sweep started (for its estimate)
+        self.evals = EvalResults()
+        self.evals.compare_question.connect(self.compare_question)
         self.sweeping = False
         self.said: list[tuple[str, int, str, str]] = []  # (stage, step, prompt, text) of the last sweep
         self.table = QTableWidget(0, 0)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.setWordWrap(True)
-        self.table.hide()
+        self.results = QTabWidget()
+        self.results.setDocumentMode(True)
+        self.results.addTab(self.table, "Sample prompts")
+        self.results.addTab(self.evals, "Multiple choice")
+        self.results.hide()
         self._rows: list[str] = []  # the table's prompts and step columns, in order
         self._columns: list[str] = []
         self.status = QLabel("Pick a run: its saved steps and the numbers their metas state.")
         self.status.setTextFormat(Qt.TextFormat.PlainText)
         self.status.setWordWrap(True)
-        bar = QHBoxLayout()
+        bar = QWidget()  # groups that wrap as a whole onto a second row on a narrow window
+        flow = widgets.FlowLayout(bar, spacing=14)
+        flow.setContentsMargins(0, 0, 0, 0)
         for label, widget in (("Run", self.runs), ("Curve", self.curve), ("Against", self.axis)):
-            bar.addWidget(QLabel(label))
-            bar.addWidget(widget)
-        bar.addStretch(1)
-        bar.addWidget(self.report_btn)
-        bar.addWidget(self.sample_btn)
-        bar.addWidget(self.compare_btn)
+            flow.addWidget(widgets.group(QLabel(label), widget))
+        flow.addWidget(widgets.group(self.sample_btn, self.choice_btn, self.report_btn, self.compare_btn))
         self.plot = pg.PlotWidget(axisItems={"left": PlainLogAxis("left")})
         self.plot.showGrid(x=True, y=True, alpha=0.15)
         self.plot.setMenuEnabled(False)
@@ -153,10 +176,10 @@ class RunView(QWidget):
         self.scatter.sigClicked.connect(self._on_click)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
-        layout.addLayout(bar)
+        layout.addWidget(bar)
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(self.plot)
-        split.addWidget(self.table)
+        split.addWidget(self.results)
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         layout.addWidget(split, 1)
@@ -188,6 +211,9 @@ class RunView(QWidget):
     def show_timeline(self, timeline: Timeline) -> None:
         self.timeline = timeline
         self.marked = []
+        self._list_curves(timeline)
+
+    def _list_curves(self, timeline: Timeline) -> None:
         chosen = self.curve.currentText()
         self.curve.blockSignals(True)
         self.curve.clear()
@@ -239,6 +265,71 @@ class RunView(QWidget):
             self.axis.setCurrentIndex(axis)
             self._draw()
         return written
+
+    # ----- multiple choice -----------------------------------------------------------------
+
+    def _on_choice_btn(self) -> None:
+        if self.choosing:
+            self.choices_stopped.emit()
+            return
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Questions to ask each step", "", "JSON Lines (*.jsonl *.json);;All files (*)"
+        )
+        if path:
+            self.ask_choices(Path(path))
+
+    def ask_choices(self, data: Path) -> None:
+        """Ask the marked steps (every step when none is marked) the questions in ``data``."""
+        if self.timeline is None or not self.timeline.points or self.choosing:
+            return
+        self.choosing = True
+        self._started = time.monotonic()
+        self.choice_btn.setText("Stop asking")
+        self.status.setText(f"Reading {data.name}…")
+        self.choices_wanted.emit(list(self.marked) or list(self.timeline.points), Path(data))
+
+    def choices_read(self, questions: list, problems: list) -> None:
+        timeline = self.timeline
+        folders = {(p.stage, p.step): p.path for p in timeline.points} if timeline else {}
+        self.evals.set_questions(questions, folders)
+        self.results.show()
+        self.results.setCurrentWidget(self.evals)
+        if problems:
+            self.status.setText(f"{len(questions)} questions; {len(problems)} problems: {problems[0]}")
+
+    def show_choice_progress(self, done: int, total: int) -> None:
+        spent = time.monotonic() - self._started
+        left = spent / done * (total - done) if done else 0.0
+        self.status.setText(f"Multiple choice: {done} of {total} answered, about {left:.0f} s left")
+
+    def choices_scored(self, task: str, scores: dict) -> None:
+        """Each step's share right: a column of the table and a curve on the timeline."""
+        self.evals.set_scores(task, scores)
+        if self.timeline is None:
+            return
+        curves = [c for c in self.timeline.curves if c.name != task]
+        for stage in dict.fromkeys(p.stage for p in self.timeline.points):
+            placed = sorted(
+                (float(p.x), scores[(p.stage, p.step)])
+                for p in self.timeline.points
+                if p.stage == stage and (p.stage, p.step) in scores
+            )
+            if placed:
+                xs, ys = zip(*placed, strict=True)
+                curves.append(Curve(task, stage, xs, ys, "sweep"))
+        self.timeline = replace(self.timeline, curves=tuple(curves))
+        self._list_curves(self.timeline)
+
+    def choices_flipped(self, earlier: tuple, later: tuple, lost: list, gained: list) -> None:
+        self.evals.set_flips(earlier, later, lost, gained)
+
+    def choices_done(self, error: str) -> None:
+        self.choosing = False
+        self.choice_btn.setText("Multiple choice…")
+        if error:
+            self.status.setText(f"Multiple choice stopped: {error}")
+        elif self.timeline is not None:
+            self._say(self.timeline, 0)
 
     def report_done(self, message: str) -> None:
         self.report_btn.setEnabled(True)
@@ -397,7 +488,8 @@ class RunView(QWidget):
         self.table.setColumnCount(0)
         self._rows, self._columns = [], []
         self.said = []
-        self.table.show()
+        self.results.show()
+        self.results.setCurrentWidget(self.table)
         self.sweeping = True
         self.sample_btn.setText("Stop sampling")
         self.samples_wanted.emit(points)

@@ -7,6 +7,7 @@ from PySide6.QtCore import QRect, QSize, Qt
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
+    QHBoxLayout,
     QLayout,
     QLayoutItem,
     QSpinBox,
@@ -105,6 +106,17 @@ class ElidedCombo(QComboBox):
         option.currentText = self.shown_text()
         painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, option)
         painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, option)
+
+
+def group(*members: QWidget) -> QWidget:
+    """Widgets that stay together on one row (a toolbar wraps between groups, never inside)."""
+    box = QWidget()
+    lay = QHBoxLayout(box)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.setSpacing(6)
+    for member in members:
+        lay.addWidget(member)
+    return box
 
 
 class FlowLayout(QLayout):

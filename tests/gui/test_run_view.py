@@ -4,6 +4,7 @@ clicks one to chat with it, and Shift-clicks three to race them in Compare."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from support import REPO
 from support.golden import GOLDEN
 from test_window_sequences import loop, start_with_base, windows  # noqa: F401
 
+from desktop.engine.runs.multiple_choice import accuracy, mc_sweep, read_questions, what_flipped
 from desktop.engine.runs.report import cell
 from desktop.engine.runs.timeline import timeline_of
 
@@ -161,3 +163,57 @@ def test_a_report_card_holds_the_curves_every_step_and_what_the_sweep_said(
     for stage, step, prompt, text in view.said:  # the sweep's answers: prompts down, the marked step across
         assert (stage, step) == (last.stage, last.step)
         assert f"| {cell(prompt)} | {cell(text)} |" in card
+
+
+QUESTIONS = [
+    {"question": "What is 12 times 7?", "choices": ["74", "84", "94"], "answer": 1},
+    {"question": "How many e are in elephant?", "choices": ["1", "2", "3", "4"], "answer": "C"},
+    {"question": "Is the sky blue?", "choices": ["yes", "no"], "answer": 0},
+]
+
+
+def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+):
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS) + "not json\n", encoding="utf-8")
+    win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
+    view = show_run(qtbot, win, DEMO)
+    points = view.timeline.points[:2]
+    for point in points:
+        view.click_point(point, Qt.KeyboardModifier.ShiftModifier)
+    # what the engine says the same steps answer, asked directly
+    questions, _ = read_questions(data)
+    answers = list(mc_sweep(points, questions))
+    scores = accuracy(answers)
+    keys = [(p.stage, p.step) for p in points]
+    want = what_flipped(answers, *keys)
+    assert want.lost or want.gained  # the demo's steps 300 and 1000 part on this set
+
+    with qtbot.waitSignal(win.choice_sweep.finished, timeout=WAIT) as ended:
+        view.ask_choices(data)
+    assert ended.args == [""] and view.choice_btn.text() == "Multiple choice…"
+    task = f"multiple choice: {data.name}"
+    table = view.evals.table
+    assert [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())] == [task]
+    assert [table.item(r, 0).text() for r in range(table.rowCount())] == [f"{scores[k]:.1%}" for k in keys]
+    view.curve.setCurrentText(task)  # the scores are a curve on the timeline, markers on them
+    assert view.timeline.line(task) == [(float(p.x), scores[(p.stage, p.step)]) for p in points]
+    flips = view.evals.flips
+    assert flips.count() == len(want.lost) + len(want.gained)
+    first = flips.item(0)
+    line = first.data(Qt.ItemDataRole.UserRole)[0]
+    assert line == (list(want.lost) + list(want.gained))[0]
+
+    flips.itemClicked.emit(first)
+    assert win.tabs.currentWidget() is win.compare_view
+    asked = next(q for q in questions if q.line == line)
+    assert win.compare_view.input.editor.toPlainText() == asked.text()
+    compare = win.compare_view.controller
+    qtbot.waitUntil(
+        lambda: [p.loaded_key for p in compare.panes[:2]] == [(DEMO, p.step) for p in points], timeout=WAIT
+    )

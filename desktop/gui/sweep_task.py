@@ -1,0 +1,122 @@
+"""The Run tab's sweeps off the GUI thread: one step after another, one checkpoint open at a
+time, each result, the progress and the end reported as signals (Qt delivers them to the
+window's thread as queued calls). Stop ends a sweep after the item in hand; one sweep of a kind
+runs at a time.
+
+* :class:`SampleSweepTask`: nanochat's base_train prompts (or the user's), greedy, 16 tokens.
+* :class:`ChoiceSweepTask`: multiple choice from the user's JSONL, nanochat's categorical method.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from desktop.config import paths
+from desktop.engine.backend import LoadOptions
+from desktop.engine.errors import NanoscopeError, is_out_of_memory
+from desktop.engine.files.bounded import FileRefused
+from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
+from desktop.engine.runs.multiple_choice import accuracy, mc_sweep, read_questions, what_flipped
+from desktop.engine.runs.timeline import Point
+
+logger = logging.getLogger(__name__)
+
+
+class SweepTask(QObject):
+    """Signals: progress(done, total), finished(error: "" when it completed or was stopped)."""
+
+    progress = Signal(int, int)
+    finished = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, wait: float = 0.0) -> None:
+        self._cancel.set()
+        if wait and self._thread is not None:
+            self._thread.join(wait)
+
+    def _launch(self, name: str, work: Callable[[threading.Event, LoadOptions], None]) -> bool:
+        if self.running():
+            return False
+        self._cancel = threading.Event()
+        options = LoadOptions(base_dir=paths.nanochat_base_dir(), kernel_cache=paths.kernel_timings_file())
+        self._thread = threading.Thread(target=self._run, args=(work, options), name=name, daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self, work: Callable[[threading.Event, LoadOptions], None], options: LoadOptions) -> None:
+        try:
+            work(self._cancel, options)
+        except (NanoscopeError, FileRefused) as exc:
+            self.finished.emit(str(exc))
+        except (MemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                logger.exception("sweep failed")
+                self.finished.emit(f"the sweep failed: {exc}")
+            else:
+                self.finished.emit("out of memory while loading a step; close other models first")
+        else:
+            self.finished.emit("")
+
+
+class SampleSweepTask(SweepTask):
+    """Signals: sample(stage, step, prompt, text), and the sweep's progress and end."""
+
+    sample = Signal(str, int, str, str)
+
+    def start(self, points: Sequence[Point], prompts: Sequence[str] = SAMPLE_PROMPTS) -> bool:
+        if not points:
+            return False
+        points, prompts = list(points), list(prompts)
+
+        def work(cancel: threading.Event, options: LoadOptions) -> None:
+            said = sample_sweep(points, prompts, options=options, cancel=cancel, progress=self.progress.emit)
+            for s in said:
+                self.sample.emit(s.stage, s.step, s.prompt, s.text)
+
+        return self._launch("sample-sweep", work)
+
+
+class ChoiceSweepTask(SweepTask):
+    """Signals: questions([(line, question, text asked)], problems) once the file is read; answered(stage,
+    step, line, correct) for each step and question; scored(task, {(stage, step): share right})
+    and flipped(earlier, later, lost lines, gained lines) between the first and last step
+    answered, by the engine's rules; then the sweep's end."""
+
+    questions = Signal(list, list)
+    answered = Signal(str, int, int, bool)
+    scored = Signal(str, object)
+    flipped = Signal(object, object, list, list)
+
+    def start(self, points: Sequence[Point], data: Path) -> bool:
+        if not points:
+            return False
+        points = list(points)
+        task = f"multiple choice: {Path(data).name}"
+
+        def work(cancel: threading.Event, options: LoadOptions) -> None:
+            asked, problems = read_questions(Path(data))
+            self.questions.emit([(q.line, q.question, q.text()) for q in asked], problems)
+            answers = []
+            for a in mc_sweep(points, asked, options=options, cancel=cancel, progress=self.progress.emit):
+                answers.append(a)
+                self.answered.emit(a.stage, a.step, a.line, a.correct)
+            scores = accuracy(answers)
+            self.scored.emit(task, scores)
+            if len(scores) >= 2:
+                earlier, *_, later = scores
+                flips = what_flipped(answers, earlier, later)
+                self.flipped.emit(earlier, later, list(flips.lost), list(flips.gained))
+
+        return self._launch("choice-sweep", work)
