@@ -1,7 +1,8 @@
 """``nanoscope timeline RUN [--json]``: a training run's saved steps and the numbers their files state;
 ``nanoscope eval RUN --task samples [--steps A,B] [--prompt TEXT]... [--json]``: what each step says;
 ``nanoscope eval RUN --task mc --data FILE.jsonl [--steps A,B] [--json]``: multiple choice by
-nanochat's categorical method, each step's accuracy and what flipped from the first to the last.
+nanochat's categorical method, each step's accuracy and what flipped from the first to the last;
+``nanoscope eval RUN --task bpb --data FILE.txt [--steps A,B] [--json]``: bits per byte per step.
 
 RUN is a nanochat checkpoint folder (``<phase>_checkpoints/<tag>``, whose other stages join it),
 ``SOURCE[/TAG]`` under ``$NANOCHAT_BASE_DIR``, or a KempnerForge run. The timeline reads metas
@@ -34,12 +35,13 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="as for timeline")
     p.add_argument(
         "--task",
-        choices=["samples", "mc"],
+        choices=["samples", "mc", "bpb"],
         required=True,
         help="samples: nanochat's seven base_train prompts (or --prompt), greedy, 16 tokens; "
-        "mc: multiple choice from --data (JSONL: question, choices, answer), nanochat's scoring",
+        "mc: multiple choice from --data (JSONL: question, choices, answer), nanochat's scoring; "
+        "bpb: bits per byte of the text in --data",
     )
-    p.add_argument("--data", default=None, help="the questions, for --task mc (docs/EVALS.md)")
+    p.add_argument("--data", default=None, help="the questions (mc) or the text (bpb); docs/EVALS.md")
     p.add_argument("--steps", default=None, help="comma-separated steps (default: every saved step)")
     p.add_argument("--prompt", action="append", default=None, help="your own prompt (repeatable)")
     p.add_argument("--device", default="auto")
@@ -68,6 +70,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     options = LoadOptions(device=args.device, base_dir=base, kernel_cache=paths.kernel_timings_file())
     if args.task == "mc":
         return _multiple_choice(args, points, options)
+    if args.task == "bpb":
+        return _bits_per_byte(args, points, options)
     prompts = args.prompt or list(SAMPLE_PROMPTS)
     shown = None
     for sample in sample_sweep(points, prompts, options=options):
@@ -78,6 +82,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
             shown = (sample.stage, sample.step)
             print(f"{sample.stage} step {sample.step}:", flush=True)
         print(f"  {sample.prompt}{sample.text!r}", flush=True)
+    return 0
+
+
+def _bits_per_byte(args: argparse.Namespace, points: list, options: LoadOptions) -> int:
+    from pathlib import Path
+
+    from desktop.engine.errors import NanoscopeError
+    from desktop.engine.files.bounded import FileRefused
+    from desktop.engine.runs.bits_per_byte import bpb_sweep, read_text
+
+    if not args.data:
+        raise NanoscopeError("--task bpb needs --data FILE (the text to measure)")
+    try:
+        text, more = read_text(Path(args.data).expanduser())
+    except FileRefused as exc:
+        raise NanoscopeError(str(exc)) from None
+    for result in bpb_sweep(points, text, more, options=options):
+        if args.json:
+            print(json.dumps(result.to_dict()), flush=True)
+        else:
+            short = " (the text's start only)" if result.cut else ""
+            print(
+                f"{result.stage} step {result.step}: {result.bits_per_byte:.4f} bits per byte over "
+                f"{result.tokens:,} tokens, {result.bytes:,} bytes{short}",
+                flush=True,
+            )
     return 0
 
 

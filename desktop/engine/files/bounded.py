@@ -48,6 +48,7 @@ LIMITS: dict[str, int] = {
     "state": 16 * MB,  # the app's own settings, caches and config memories
     "safetensors_header": 100 * MB,  # safetensors' own cap on its JSON header
     "eval_data": 32 * MB,  # a user's eval JSONL: only its head is read (MMLU's test set is 8 MB)
+    "eval_text": 4 * MB,  # a text to measure bits per byte on: ~1M tokens, minutes per step at d12
 }
 TOML_MAX_KEY_PARTS = 32  # a.b.c = 1: KempnerForge's deepest key has 3 parts
 TOML_MAX_TABLES = 10_000  # [section] and [[array]] headers
@@ -116,6 +117,22 @@ def _check_regular(path: Path | str, mode: int) -> None:
     if not stat.S_ISREG(mode):
         what = next((name for test, name in _KINDS if test(mode)), "a special file")
         raise FileRefused(path, f"not a regular file ({what})")
+
+
+def read_head_text(path: Path | str, kind: str) -> tuple[str, bool]:
+    """The start of a regular text file of ``kind``, at most its limit in bytes, cut at the
+    last whole character; True when there was more. Bytes that are not UTF-8 read as U+FFFD."""
+    limit = LIMITS[kind]
+    with open_regular(path) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
+    more = len(data) > limit
+    text = data[:limit].decode("utf-8", errors="replace")
+    if more and text.endswith("\ufffd"):
+        text = text.rstrip("\ufffd")  # a character cut by the limit, not a bad byte
+    return text, more
 
 
 def read_head_lines(path: Path | str, kind: str, max_lines: int) -> tuple[list[str], bool]:
