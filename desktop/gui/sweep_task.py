@@ -5,6 +5,7 @@ runs at a time.
 
 * :class:`SampleSweepTask`: nanochat's base_train prompts (or the user's), greedy, 16 tokens.
 * :class:`ChoiceSweepTask`: multiple choice from the user's JSONL, nanochat's categorical method.
+* :class:`BitsSweepTask`: bits per byte of the user's text.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from desktop.config import paths
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.bounded import FileRefused
+from desktop.engine.runs.bits_per_byte import bpb_sweep, read_text
 from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
 from desktop.engine.runs.multiple_choice import accuracy, mc_sweep, read_questions, what_flipped
 from desktop.engine.runs.timeline import Point
@@ -120,3 +122,27 @@ class ChoiceSweepTask(SweepTask):
                 self.flipped.emit(earlier, later, list(flips.lost), list(flips.gained))
 
         return self._launch("choice-sweep", work)
+
+
+class BitsSweepTask(SweepTask):
+    """Signals: scored(task, {(stage, step): bits per byte}) after each step (the curve grows as
+    the sweep goes), and the sweep's progress and end."""
+
+    scored = Signal(str, object)
+
+    def start(self, points: Sequence[Point], data: Path) -> bool:
+        if not points:
+            return False
+        points = list(points)
+
+        def work(cancel: threading.Event, options: LoadOptions) -> None:
+            text, more = read_text(Path(data))
+            task = f"bits per byte: {Path(data).name}" + (" (start)" if more else "")
+            scores: dict[tuple[str, int], float] = {}
+            for r in bpb_sweep(
+                points, text, more, options=options, cancel=cancel, progress=self.progress.emit
+            ):
+                scores[(r.stage, r.step)] = r.bits_per_byte
+                self.scored.emit(task, dict(scores))
+
+        return self._launch("bits-sweep", work)

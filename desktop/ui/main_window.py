@@ -34,7 +34,7 @@ from desktop.gui.chat_controller import ChatController
 from desktop.gui.compare.controller import CompareController
 from desktop.gui.hf_export_task import HFExportTask
 from desktop.gui.run_report_task import RunReportTask
-from desktop.gui.sweep_task import ChoiceSweepTask, SampleSweepTask
+from desktop.gui.sweep_task import BitsSweepTask, ChoiceSweepTask, SampleSweepTask
 from desktop.ui.chat_view import ChatView
 from desktop.ui.checkpoint_picker import CheckpointPicker
 from desktop.ui.compare_view import CompareView
@@ -125,6 +125,7 @@ class MainWindow(QMainWindow):
         self.run_view = RunView()
         self.sample_sweep = SampleSweepTask(self)
         self.choice_sweep = ChoiceSweepTask(self)
+        self.bits_sweep = BitsSweepTask(self)
         self.run_report = RunReportTask(self.run_view.save_plots, self)
         self.tabs.addTab(self.run_view, "Run")
         self.setCentralWidget(self.tabs)
@@ -245,14 +246,15 @@ class MainWindow(QMainWindow):
         sweep.progress.connect(self.run_view.show_sweep_progress)
         sweep.finished.connect(self.run_view.sweep_done)
         self.run_view.report_wanted.connect(self._write_run_report)
-        choices, view = self.choice_sweep, self.run_view
-        view.choices_wanted.connect(choices.start)
-        view.choices_stopped.connect(choices.stop)
-        choices.questions.connect(view.choices_read)
-        choices.progress.connect(view.show_choice_progress)
-        choices.scored.connect(view.choices_scored)
-        choices.flipped.connect(view.choices_flipped)
-        choices.finished.connect(view.choices_done)
+        view = self.run_view
+        view.eval_wanted.connect(self._evaluate)
+        for task in (self.choice_sweep, self.bits_sweep):
+            view.eval_stopped.connect(task.stop)
+            task.progress.connect(view.show_eval_progress)
+            task.scored.connect(view.show_scores)
+            task.finished.connect(view.eval_done)
+        self.choice_sweep.questions.connect(view.choices_read)
+        self.choice_sweep.flipped.connect(view.choices_flipped)
         view.compare_question.connect(self._compare_question)
         self.run_report.finished.connect(self.run_view.report_done)
         bg.summary_ready.connect(self._on_summary)
@@ -453,6 +455,11 @@ class MainWindow(QMainWindow):
         if not started:
             view.report_done("A report card is being written; wait for it to finish.")
 
+    def _evaluate(self, kind: str, points: list, data: Path) -> None:
+        task = self.choice_sweep if kind == "mc" else self.bits_sweep
+        if not task.start(points, data):
+            self.run_view.eval_done("another evaluation is running")
+
     def _compare_question(self, steps: list, question: str) -> None:
         """A flipped question: both steps side by side in Compare, the question ready to send."""
         self._compare_from_run(steps)
@@ -619,6 +626,7 @@ class MainWindow(QMainWindow):
                 self.compare.shutdown()
             self.sample_sweep.stop(wait=30.0)  # it ends after the prompt being written
             self.choice_sweep.stop(wait=30.0)  # it ends after the question in hand
+            self.bits_sweep.stop(wait=30.0)  # it ends after the window in hand
             self.run_report.stop(wait=30.0)  # it ends between two chunks of a file
             self.controller.shutdown()
         super().closeEvent(event)

@@ -31,11 +31,13 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHeaderView,
     QLabel,
+    QMenu,
     QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -60,6 +62,11 @@ def _leading_digit(value: float) -> int:
     return int(round(value / 10 ** math.floor(math.log10(value)), 6)) if value > 0 else 0
 
 
+# What each evaluation reads: the file dialog's title and name filter.
+EVAL_FILES = {
+    "mc": ("Questions to ask each step", "JSON Lines (*.jsonl *.json);;All files (*)"),
+    "bpb": ("A text to measure bits per byte on", "Text (*.txt *.md *.jsonl);;All files (*)"),
+}
 PLOT_WIDTH = 1200  # pixels of a report's curve image
 STEPS = "saved steps"  # the "metric" of a run whose metas state no numbers: markers on one line
 MAX_COMPARED = 4
@@ -104,8 +111,8 @@ class RunView(QWidget):
     samples_wanted = Signal(list)  # the points to sample
     samples_stopped = Signal()
     report_wanted = Signal(object)  # the folder to write the report card into
-    choices_wanted = Signal(list, object)  # the points to ask, the JSONL of questions
-    choices_stopped = Signal()
+    eval_wanted = Signal(str, list, object)  # "mc" | "bpb", the points to ask, the data file
+    eval_stopped = Signal()
     compare_question = Signal(list, str)  # [(folder, step)] x 2 and the question they were asked
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -137,14 +144,18 @@ class RunView(QWidget):
             "step's numbers and weights hash, the sampled prompts, the config"
         )
         self.report_btn.clicked.connect(self._on_report_btn)
-        self.choice_btn = QPushButton("Multiple choice…")
-        self.choice_btn.setToolTip(
-            "Ask each marked step (every step when none is marked) the questions of a JSONL file "
-            "(question, choices, answer), scored as nanochat scores MMLU: see docs/EVALS.md"
+        self.eval_btn = QToolButton()
+        self.eval_btn.setToolTip(
+            "Evaluate each marked step (every step when none is marked), one checkpoint in memory "
+            "at a time: multiple choice from a JSONL, or bits per byte of a text (docs/EVALS.md)"
         )
-        self.choice_btn.clicked.connect(self._on_choice_btn)
-        self.choosing = False
-        self._started = 0.0  # when the running multiple-choice sweep started (for its estimate)
+        self.eval_menu = QMenu(self.eval_btn)
+        self.eval_menu.addAction("Multiple choice…", lambda: self._pick_eval_file("mc"))
+        self.eval_menu.addAction("Bits per byte…", lambda: self._pick_eval_file("bpb"))
+        self.eval_btn.clicked.connect(self._on_eval_btn)
+        self.evaluating = ""  # the running evaluation's kind, "" when none runs
+        self._started = 0.0  # when it started (for its estimate)
+        self._idle_eval_btn()
         self.evals = EvalResults()
         self.evals.compare_question.connect(self.compare_question)
         self.sweeping = False
@@ -168,7 +179,7 @@ class RunView(QWidget):
         flow.setContentsMargins(0, 0, 0, 0)
         for label, widget in (("Run", self.runs), ("Curve", self.curve), ("Against", self.axis)):
             flow.addWidget(widgets.group(QLabel(label), widget))
-        flow.addWidget(widgets.group(self.sample_btn, self.choice_btn, self.report_btn, self.compare_btn))
+        flow.addWidget(widgets.group(self.sample_btn, self.eval_btn, self.report_btn, self.compare_btn))
         self.plot = pg.PlotWidget(axisItems={"left": PlainLogAxis("left")})
         self.plot.showGrid(x=True, y=True, alpha=0.15)
         self.plot.setMenuEnabled(False)
@@ -266,27 +277,34 @@ class RunView(QWidget):
             self._draw()
         return written
 
-    # ----- multiple choice -----------------------------------------------------------------
+    # ----- evaluations -----------------------------------------------------------------------
 
-    def _on_choice_btn(self) -> None:
-        if self.choosing:
-            self.choices_stopped.emit()
-            return
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Questions to ask each step", "", "JSON Lines (*.jsonl *.json);;All files (*)"
-        )
+    def _idle_eval_btn(self) -> None:
+        self.eval_btn.setText("Evaluate")
+        self.eval_btn.setMenu(self.eval_menu)
+        self.eval_btn.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+
+    def _on_eval_btn(self) -> None:
+        if self.evaluating:  # while one runs the button is its Stop
+            self.eval_stopped.emit()
+
+    def _pick_eval_file(self, kind: str) -> None:
+        title, pattern = EVAL_FILES[kind]
+        path, _ = QFileDialog.getOpenFileName(self, title, "", pattern)
         if path:
-            self.ask_choices(Path(path))
+            self.evaluate(kind, Path(path))
 
-    def ask_choices(self, data: Path) -> None:
-        """Ask the marked steps (every step when none is marked) the questions in ``data``."""
-        if self.timeline is None or not self.timeline.points or self.choosing:
+    def evaluate(self, kind: str, data: Path) -> None:
+        """Evaluate the marked steps (every step when none is marked): ``kind`` "mc" asks the
+        questions in ``data``, "bpb" measures the text in it."""
+        if self.timeline is None or not self.timeline.points or self.evaluating:
             return
-        self.choosing = True
+        self.evaluating = kind
         self._started = time.monotonic()
-        self.choice_btn.setText("Stop asking")
+        self.eval_btn.setMenu(None)  # type: ignore[arg-type]  # Qt takes None: no menu
+        self.eval_btn.setText("Stop evaluating")
         self.status.setText(f"Reading {data.name}…")
-        self.choices_wanted.emit(list(self.marked) or list(self.timeline.points), Path(data))
+        self.eval_wanted.emit(kind, list(self.marked) or list(self.timeline.points), Path(data))
 
     def choices_read(self, questions: list, problems: list) -> None:
         timeline = self.timeline
@@ -297,14 +315,16 @@ class RunView(QWidget):
         if problems:
             self.status.setText(f"{len(questions)} questions; {len(problems)} problems: {problems[0]}")
 
-    def show_choice_progress(self, done: int, total: int) -> None:
+    def show_eval_progress(self, done: int, total: int) -> None:
         spent = time.monotonic() - self._started
         left = spent / done * (total - done) if done else 0.0
-        self.status.setText(f"Multiple choice: {done} of {total} answered, about {left:.0f} s left")
+        self.status.setText(f"Evaluating: {done} of {total} done, about {left:.0f} s left")
 
-    def choices_scored(self, task: str, scores: dict) -> None:
-        """Each step's share right: a column of the table and a curve on the timeline."""
+    def show_scores(self, task: str, scores: dict) -> None:
+        """Each step's score on ``task``: a column of the table and a curve on the timeline."""
         self.evals.set_scores(task, scores)
+        self.results.show()
+        self.results.setCurrentWidget(self.evals)
         if self.timeline is None:
             return
         curves = [c for c in self.timeline.curves if c.name != task]
@@ -323,11 +343,11 @@ class RunView(QWidget):
     def choices_flipped(self, earlier: tuple, later: tuple, lost: list, gained: list) -> None:
         self.evals.set_flips(earlier, later, lost, gained)
 
-    def choices_done(self, error: str) -> None:
-        self.choosing = False
-        self.choice_btn.setText("Multiple choice…")
+    def eval_done(self, error: str) -> None:
+        self.evaluating = ""
+        self._idle_eval_btn()
         if error:
-            self.status.setText(f"Multiple choice stopped: {error}")
+            self.status.setText(f"Evaluation stopped: {error}")
         elif self.timeline is not None:
             self._say(self.timeline, 0)
 

@@ -13,6 +13,7 @@ from support import REPO
 from support.golden import GOLDEN
 from test_window_sequences import loop, start_with_base, windows  # noqa: F401
 
+from desktop.engine.runs.bits_per_byte import bpb_sweep
 from desktop.engine.runs.multiple_choice import accuracy, mc_sweep, read_questions, what_flipped
 from desktop.engine.runs.report import cell
 from desktop.engine.runs.timeline import timeline_of
@@ -195,8 +196,8 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     assert want.lost or want.gained  # the demo's steps 300 and 1000 part on this set
 
     with qtbot.waitSignal(win.choice_sweep.finished, timeout=WAIT) as ended:
-        view.ask_choices(data)
-    assert ended.args == [""] and view.choice_btn.text() == "Multiple choice…"
+        view.evaluate("mc", data)
+    assert ended.args == [""] and view.eval_btn.text() == "Evaluate" and view.eval_btn.menu() is not None
     task = f"multiple choice: {data.name}"
     table = view.evals.table
     assert [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())] == [task]
@@ -217,3 +218,20 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     qtbot.waitUntil(
         lambda: [p.loaded_key for p in compare.panes[:2]] == [(DEMO, p.step) for p in points], timeout=WAIT
     )
+
+    # Bits per byte of a text joins the same table as a second task, and the timeline as a curve.
+    win.tabs.setCurrentWidget(view)
+    text = tmp_path / "text.txt"
+    text.write_text((REPO / "README.md").read_text(encoding="utf-8")[:1500], encoding="utf-8")
+    with qtbot.waitSignal(win.bits_sweep.finished, timeout=WAIT) as ended:
+        view.evaluate("bpb", text)
+    assert ended.args == [""]
+    measured = {
+        (r.stage, r.step): r.bits_per_byte for r in bpb_sweep(points, text.read_text(encoding="utf-8"))
+    }
+    bits = f"bits per byte: {text.name}"
+    assert view.evals.scores[bits] == pytest.approx(measured)
+    assert [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())] == [task, bits]
+    xs, ys = zip(*view.timeline.line(bits), strict=True)
+    assert list(xs) == [float(p.x) for p in points]
+    assert list(ys) == pytest.approx([measured[(p.stage, p.step)] for p in points])

@@ -51,8 +51,9 @@ def read_text(path: Path) -> tuple[str, bool]:
 
 def measure(
     backend: Backend, text: str, cancel: threading.Event | None = None
-) -> tuple[float, int, int, bool]:
-    """(bits per byte, tokens scored, bytes, cut short) of ``text`` under one loaded model."""
+) -> tuple[float, int, int, bool] | None:
+    """(bits per byte, tokens scored, bytes, cut short) of ``text`` under one loaded model;
+    None when ``cancel`` was set before the end."""
     ids = backend.encode(text)
     cut = len(ids) > MAX_TOKENS
     ids = ids[:MAX_TOKENS]
@@ -63,7 +64,7 @@ def measure(
     nats, n_bytes, scored = 0.0, 0, 0
     for start in range(0, len(ids), window):
         if cancel is not None and cancel.is_set():
-            raise NanoscopeError("stopped")
+            return None
         part = ids[start : start + window]
         result = backend.score(lead, part)
         nats -= sum(result["token_logprobs"])
@@ -90,9 +91,12 @@ def bpb_sweep(
             return
         backend = open_backend(Path(point.path), replace(options or LoadOptions(), step=point.step))
         try:
-            bpb, tokens, n_bytes, short = measure(backend, text, cancel)
+            measured = measure(backend, text, cancel)
         finally:
             backend.close()
+        if measured is None:
+            return
+        bpb, tokens, n_bytes, short = measured
         yield BitsPerByte(point.stage, point.step, bpb, tokens, n_bytes, cut or short)
         if progress is not None:
             progress(done, len(points))

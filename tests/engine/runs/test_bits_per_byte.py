@@ -33,7 +33,9 @@ def test_one_window_equals_the_model_s_own_logits():
             logprobs = torch.log_softmax(backend.loaded.model(torch.tensor([full]))[0, :-1].float(), -1)
         nats = -logprobs.gather(1, torch.tensor(ids).unsqueeze(1)).sum().item()
         want = nats / math.log(2) / len(text.encode("utf-8"))
-        got, tokens, n_bytes, cut = bpb.measure(backend, text)
+        measured = bpb.measure(backend, text)
+        assert measured is not None
+        got, tokens, n_bytes, cut = measured
     finally:
         backend.close()
     assert (tokens, n_bytes, cut) == (len(ids), len(text.encode("utf-8")), False)
@@ -46,7 +48,9 @@ def test_a_long_text_is_scored_in_windows_each_token_once():
     try:
         ids = backend.tok.encode(text)
         assert len(ids) > 2 * backend.info().context_length
-        _, tokens, n_bytes, cut = bpb.measure(backend, text)
+        measured = bpb.measure(backend, text)
+        assert measured is not None
+        _, tokens, n_bytes, cut = measured
     finally:
         backend.close()
     assert (tokens, cut) == (len(ids), False)
