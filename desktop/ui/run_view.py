@@ -37,7 +37,6 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -144,7 +143,7 @@ class RunView(QWidget):
             "step's numbers and weights hash, the sampled prompts, the config"
         )
         self.report_btn.clicked.connect(self._on_report_btn)
-        self.eval_btn = QToolButton()
+        self.eval_btn = QPushButton()
         self.eval_btn.setToolTip(
             "Evaluate each marked step (every step when none is marked), one checkpoint in memory "
             "at a time: multiple choice from a JSONL, or bits per byte of a text (docs/EVALS.md)"
@@ -167,7 +166,7 @@ class RunView(QWidget):
         self.results = QTabWidget()
         self.results.setDocumentMode(True)
         self.results.addTab(self.table, "Sample prompts")
-        self.results.addTab(self.evals, "Multiple choice")
+        self.results.addTab(self.evals, "Evaluations")
         self.results.hide()
         self._rows: list[str] = []  # the table's prompts and step columns, in order
         self._columns: list[str] = []
@@ -282,7 +281,6 @@ class RunView(QWidget):
     def _idle_eval_btn(self) -> None:
         self.eval_btn.setText("Evaluate")
         self.eval_btn.setMenu(self.eval_menu)
-        self.eval_btn.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
 
     def _on_eval_btn(self) -> None:
         if self.evaluating:  # while one runs the button is its Stop
