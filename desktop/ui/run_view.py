@@ -16,7 +16,6 @@ writes the run's report card (Markdown and a PNG per curve) into a folder the us
 
 from __future__ import annotations
 
-import html
 import math
 import time
 from dataclasses import replace
@@ -45,21 +44,7 @@ from desktop.engine.discovery import CheckpointEntry
 from desktop.engine.runs.timeline import Curve, Point, Timeline
 from desktop.ui import theme, widgets
 from desktop.ui.run_evals import EvalResults
-
-
-class PlainLogAxis(pg.AxisItem):
-    """Log-scale ticks as plain numbers (0.003, 0.02, 0.5): pyqtgraph writes them as 5·10⁻¹, whose
-    superscript minus many fonts lack, so 0.5 read as 500."""
-
-    def logTickStrings(self, values: list[float], scale: float, spacing: float) -> list[str]:
-        # The value itself, whatever SI scale is set; between decades only 2 and 5 are written,
-        # as 0.09, 0.08, 0.07 … overlap where a decade is a few pixels tall.
-        return [f"{10**v:.3g}" if _leading_digit(10**v) in (1, 2, 5) else "" for v in values]
-
-
-def _leading_digit(value: float) -> int:
-    return int(round(value / 10 ** math.floor(math.log10(value)), 6)) if value > 0 else 0
-
+from desktop.ui.run_parts import PlainLogAxis, point_tip, run_targets
 
 # What each evaluation reads: the file dialog's title and name filter.
 EVAL_FILES = {
@@ -69,35 +54,6 @@ EVAL_FILES = {
 PLOT_WIDTH = 1200  # pixels of a report's curve image
 STEPS = "saved steps"  # the "metric" of a run whose metas state no numbers: markers on one line
 MAX_COMPARED = 4
-
-
-def run_targets(entries: list[CheckpointEntry]) -> list[tuple[str, Path]]:
-    """One (label, folder) per run among the listed checkpoints: a nanochat tag once (its
-    stages are chained on one timeline), each KempnerForge run."""
-    runs: dict[tuple[Path, str], tuple[str, Path]] = {}
-    for e in entries:
-        if e.source in ("base", "mid", "sft", "rl", "folder"):
-            key = (Path(e.path).parent.parent, e.tag) if e.source != "folder" else (Path(e.path), "")
-            runs.setdefault(key, (e.tag if e.source != "folder" else f"{e.tag} (folder)", Path(e.path)))
-        elif e.source == "demo":
-            runs.setdefault((Path(e.path), ""), ("demo (bundled)", Path(e.path)))
-        elif e.source == "kempnerforge":
-            runs.setdefault((Path(e.path), ""), (f"{e.tag} (KempnerForge)", Path(e.path)))
-    return list(runs.values())
-
-
-def point_tip(point: Point) -> str:
-    """A marker's hover text: the step, its numbers, its config changes, its size."""
-    lines = [f"<b>{html.escape(point.stage)} · step {point.step:,}</b>"]
-    if point.tokens is not None:
-        lines.append(f"{point.tokens:,} tokens")
-    lines += [f"{html.escape(k)} = {v:.6g}" for k, v in point.metrics.items()]
-    for key, (before, after) in list(point.changes.items())[:8]:
-        lines.append(f"<i>{html.escape(key)}: {html.escape(str(before))} → {html.escape(str(after))}</i>")
-    if point.file_bytes:
-        lines.append(f"{point.file_bytes / 1e6:.1f} MB")
-    lines.append("click: open in Chat · Shift+click: mark for Compare")
-    return "<br/>".join(lines)
 
 
 class RunView(QWidget):

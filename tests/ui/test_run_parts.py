@@ -10,7 +10,7 @@ import shutil
 from support import REPO
 
 from desktop.engine.runs.timeline import timeline_of
-from desktop.ui.run_view import PlainLogAxis, point_tip
+from desktop.ui.run_parts import PlainLogAxis, point_tip
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 
