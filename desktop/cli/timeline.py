@@ -116,7 +116,8 @@ def _multiple_choice(args: argparse.Namespace, points: list, options: LoadOption
 
     from desktop.engine.errors import NanoscopeError
     from desktop.engine.files.bounded import FileRefused
-    from desktop.engine.runs.multiple_choice import accuracy, mc_sweep, read_questions, what_flipped
+    from desktop.engine.runs.grading import accuracy, what_flipped
+    from desktop.engine.runs.multiple_choice import mc_sweep, read_questions
 
     if not args.data:
         raise NanoscopeError("--task mc needs --data FILE.jsonl (question, choices, answer per line)")

@@ -23,7 +23,8 @@ from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.bounded import FileRefused
 from desktop.engine.runs.bits_per_byte import bpb_sweep, read_text
 from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
-from desktop.engine.runs.multiple_choice import accuracy, mc_sweep, read_questions, what_flipped
+from desktop.engine.runs.grading import accuracy, what_flipped
+from desktop.engine.runs.multiple_choice import mc_sweep, read_questions
 from desktop.engine.runs.timeline import Point
 
 logger = logging.getLogger(__name__)

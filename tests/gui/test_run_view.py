@@ -14,7 +14,8 @@ from support.golden import GOLDEN
 from test_window_sequences import loop, start_with_base, windows  # noqa: F401
 
 from desktop.engine.runs.bits_per_byte import bpb_sweep
-from desktop.engine.runs.multiple_choice import accuracy, mc_sweep, read_questions, what_flipped
+from desktop.engine.runs.grading import accuracy, what_flipped
+from desktop.engine.runs.multiple_choice import mc_sweep, read_questions
 from desktop.engine.runs.report import cell
 from desktop.engine.runs.timeline import timeline_of
 

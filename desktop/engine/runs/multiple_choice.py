@@ -190,30 +190,3 @@ def mc_sweep(
                     return
         finally:
             backend.close()
-
-
-def accuracy(answers: Sequence[Answer]) -> dict[tuple[str, int], float]:
-    """The share of right answers per (stage, step)."""
-    asked: dict[tuple[str, int], list[bool]] = {}
-    for a in answers:
-        asked.setdefault((a.stage, a.step), []).append(a.correct)
-    return {key: sum(right) / len(right) for key, right in asked.items()}
-
-
-@dataclass(frozen=True)
-class Flips:
-    """Between an earlier and a later step: the questions (by line) the later one got wrong
-    that the earlier one got right, and those it newly got right."""
-
-    lost: tuple[int, ...]
-    gained: tuple[int, ...]
-
-
-def what_flipped(answers: Sequence[Answer], earlier: tuple[str, int], later: tuple[str, int]) -> Flips:
-    before = {a.line: a.correct for a in answers if (a.stage, a.step) == earlier}
-    after = {a.line: a.correct for a in answers if (a.stage, a.step) == later}
-    both = sorted(set(before) & set(after))
-    return Flips(
-        lost=tuple(line for line in both if before[line] and not after[line]),
-        gained=tuple(line for line in both if after[line] and not before[line]),
-    )

@@ -15,16 +15,15 @@ from desktop.cli import main as cli
 from desktop.engine.backend import LoadOptions
 from desktop.engine.files.bounded import FileRefused
 from desktop.engine.nanochat.backend import NanochatBackend
+from desktop.engine.runs.grading import accuracy, what_flipped
 from desktop.engine.runs.multiple_choice import (
     LETTERS,
     MAX_QUESTIONS,
     Question,
-    accuracy,
     ask,
     letter_ids,
     mc_sweep,
     read_questions,
-    what_flipped,
 )
 from desktop.engine.runs.timeline import timeline_of
 
