@@ -2,7 +2,9 @@
 ``nanoscope eval RUN --task samples [--steps A,B] [--prompt TEXT]... [--json]``: what each step says;
 ``nanoscope eval RUN --task mc --data FILE.jsonl [--steps A,B] [--json]``: multiple choice by
 nanochat's categorical method, each step's accuracy and what flipped from the first to the last;
-``nanoscope eval RUN --task bpb --data FILE.txt [--steps A,B] [--json]``: bits per byte per step.
+``nanoscope eval RUN --task bpb --data FILE.txt [--steps A,B] [--json]``: bits per byte per step;
+``nanoscope eval RUN --task answers [--steps A,B] [--json]``: the bundled arithmetic and letter
+counting problems, each reply checked, calculator calls counted.
 
 RUN is a nanochat checkpoint folder (``<phase>_checkpoints/<tag>``, whose other stages join it),
 ``SOURCE[/TAG]`` under ``$NANOCHAT_BASE_DIR``, or a KempnerForge run. The timeline reads metas
@@ -35,11 +37,12 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="as for timeline")
     p.add_argument(
         "--task",
-        choices=["samples", "mc", "bpb"],
+        choices=["samples", "mc", "bpb", "answers"],
         required=True,
         help="samples: nanochat's seven base_train prompts (or --prompt), greedy, 16 tokens; "
         "mc: multiple choice from --data (JSONL: question, choices, answer), nanochat's scoring; "
-        "bpb: bits per byte of the text in --data",
+        "bpb: bits per byte of the text in --data; "
+        "answers: bundled arithmetic and letter counting, replies checked",
     )
     p.add_argument("--data", default=None, help="the questions (mc) or the text (bpb); docs/EVALS.md")
     p.add_argument("--steps", default=None, help="comma-separated steps (default: every saved step)")
@@ -72,6 +75,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return _multiple_choice(args, points, options)
     if args.task == "bpb":
         return _bits_per_byte(args, points, options)
+    if args.task == "answers":
+        return _checked_answers(args, points, options)
     prompts = args.prompt or list(SAMPLE_PROMPTS)
     shown = None
     for sample in sample_sweep(points, prompts, options=options):
@@ -82,6 +87,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
             shown = (sample.stage, sample.step)
             print(f"{sample.stage} step {sample.step}:", flush=True)
         print(f"  {sample.prompt}{sample.text!r}", flush=True)
+    return 0
+
+
+def _checked_answers(args: argparse.Namespace, points: list, options: LoadOptions) -> int:
+    from desktop.engine.runs.checked_answers import answer_sweep, bundled_problems
+    from desktop.engine.runs.grading import accuracy
+
+    problems = bundled_problems()
+    checked = []
+    for result in answer_sweep(points, problems, options=options):
+        checked.append(result)
+        if args.json:
+            print(json.dumps(result.to_dict()), flush=True)
+    if not args.json:
+        for (stage, step), share in accuracy(checked).items():
+            mine = [c for c in checked if (c.stage, c.step) == (stage, step)]
+            calls = sum(c.calculator_calls for c in mine)
+            marked = sum(c.marked for c in mine)
+            print(
+                f"{stage} step {step}: {share:.1%} right of {len(mine)}, {calls} calculator calls, "
+                f"{marked} answers after ####",
+                flush=True,
+            )
     return 0
 
 
