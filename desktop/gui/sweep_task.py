@@ -4,7 +4,8 @@ window's thread as queued calls). Stop ends a sweep after the item in hand; one 
 runs at a time.
 
 * :class:`SampleSweepTask`: nanochat's base_train prompts (or the user's), greedy, 16 tokens.
-* :class:`ChoiceSweepTask`: multiple choice from the user's JSONL, nanochat's categorical method.
+* :class:`GradedSweepTask`: multiple choice from the user's JSONL (nanochat's categorical method),
+  or the bundled problems whose replies are checked.
 * :class:`BitsSweepTask`: bits per byte of the user's text.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
@@ -22,8 +23,9 @@ from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.bounded import FileRefused
 from desktop.engine.runs.bits_per_byte import bpb_sweep, read_text
+from desktop.engine.runs.checked_answers import answer_sweep, bundled_problems
 from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
-from desktop.engine.runs.grading import accuracy, what_flipped
+from desktop.engine.runs.grading import Graded, accuracy, what_flipped
 from desktop.engine.runs.multiple_choice import mc_sweep, read_questions
 from desktop.engine.runs.timeline import Point
 
@@ -91,28 +93,40 @@ class SampleSweepTask(SweepTask):
         return self._launch("sample-sweep", work)
 
 
-class ChoiceSweepTask(SweepTask):
-    """Signals: questions([(line, question, text asked)], problems) once the file is read; answered(stage,
-    step, line, correct) for each step and question; scored(task, {(stage, step): share right})
-    and flipped(earlier, later, lost lines, gained lines) between the first and last step
-    answered, by the engine's rules; then the sweep's end."""
+class GradedSweepTask(SweepTask):
+    """Questions with a right answer: multiple choice from the user's JSONL ("mc") or the
+    bundled checked-answer problems ("answers"). Signals: questions([(line, question, text
+    asked)], problems) once they are read; answered(stage, step, line, correct) for each step
+    and question; scored(task, {(stage, step): share right}) and flipped(earlier, later, lost
+    lines, gained lines) between the first and last step answered, by the engine's rules; then
+    the sweep's end."""
 
     questions = Signal(list, list)
     answered = Signal(str, int, int, bool)
     scored = Signal(str, object)
     flipped = Signal(object, object, list, list)
 
-    def start(self, points: Sequence[Point], data: Path) -> bool:
+    def start(self, points: Sequence[Point], data: Path | None, kind: str = "mc") -> bool:
         if not points:
             return False
         points = list(points)
-        task = f"multiple choice: {Path(data).name}"
 
         def work(cancel: threading.Event, options: LoadOptions) -> None:
-            asked, problems = read_questions(Path(data))
-            self.questions.emit([(q.line, q.question, q.text()) for q in asked], problems)
+            graded: Iterator[Graded]
+            if kind == "mc" and data is not None:
+                asked, problems = read_questions(Path(data))
+                self.questions.emit([(q.line, q.question, q.text()) for q in asked], problems)
+                task = f"multiple choice: {Path(data).name}"
+                graded = mc_sweep(points, asked, options=options, cancel=cancel, progress=self.progress.emit)
+            else:
+                bundled = bundled_problems()
+                self.questions.emit([(p.line, p.question, p.question) for p in bundled], [])
+                task = "arithmetic and spelling"
+                graded = answer_sweep(
+                    points, bundled, options=options, cancel=cancel, progress=self.progress.emit
+                )
             answers = []
-            for a in mc_sweep(points, asked, options=options, cancel=cancel, progress=self.progress.emit):
+            for a in graded:
                 answers.append(a)
                 self.answered.emit(a.stage, a.step, a.line, a.correct)
             scores = accuracy(answers)
@@ -122,7 +136,7 @@ class ChoiceSweepTask(SweepTask):
                 flips = what_flipped(answers, earlier, later)
                 self.flipped.emit(earlier, later, list(flips.lost), list(flips.gained))
 
-        return self._launch("choice-sweep", work)
+        return self._launch("graded-sweep", work)
 
 
 class BitsSweepTask(SweepTask):

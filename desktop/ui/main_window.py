@@ -34,7 +34,7 @@ from desktop.gui.chat_controller import ChatController
 from desktop.gui.compare.controller import CompareController
 from desktop.gui.hf_export_task import HFExportTask
 from desktop.gui.run_report_task import RunReportTask
-from desktop.gui.sweep_task import BitsSweepTask, ChoiceSweepTask, SampleSweepTask
+from desktop.gui.sweep_task import BitsSweepTask, GradedSweepTask, SampleSweepTask
 from desktop.ui.chat_view import ChatView
 from desktop.ui.checkpoint_picker import CheckpointPicker
 from desktop.ui.compare_view import CompareView
@@ -124,7 +124,7 @@ class MainWindow(QMainWindow):
             self.tabs.addTab(self.compare_view, "Compare")
         self.run_view = RunView()
         self.sample_sweep = SampleSweepTask(self)
-        self.choice_sweep = ChoiceSweepTask(self)
+        self.graded_sweep = GradedSweepTask(self)
         self.bits_sweep = BitsSweepTask(self)
         self.run_report = RunReportTask(self.run_view.save_plots, self)
         self.tabs.addTab(self.run_view, "Run")
@@ -248,13 +248,13 @@ class MainWindow(QMainWindow):
         self.run_view.report_wanted.connect(self._write_run_report)
         view = self.run_view
         view.eval_wanted.connect(self._evaluate)
-        for task in (self.choice_sweep, self.bits_sweep):
+        for task in (self.graded_sweep, self.bits_sweep):
             view.eval_stopped.connect(task.stop)
             task.progress.connect(view.show_eval_progress)
             task.scored.connect(view.show_scores)
             task.finished.connect(view.eval_done)
-        self.choice_sweep.questions.connect(view.choices_read)
-        self.choice_sweep.flipped.connect(view.choices_flipped)
+        self.graded_sweep.questions.connect(view.choices_read)
+        self.graded_sweep.flipped.connect(view.choices_flipped)
         view.compare_question.connect(self._compare_question)
         self.run_report.finished.connect(self.run_view.report_done)
         bg.summary_ready.connect(self._on_summary)
@@ -455,9 +455,13 @@ class MainWindow(QMainWindow):
         if not started:
             view.report_done("A report card is being written; wait for it to finish.")
 
-    def _evaluate(self, kind: str, points: list, data: Path) -> None:
-        task = self.choice_sweep if kind == "mc" else self.bits_sweep
-        if not task.start(points, data):
+    def _evaluate(self, kind: str, points: list, data: Path | None) -> None:
+        started = (
+            self.bits_sweep.start(points, data)
+            if kind == "bpb" and data is not None
+            else self.graded_sweep.start(points, data, kind)
+        )
+        if not started:
             self.run_view.eval_done("another evaluation is running")
 
     def _compare_question(self, steps: list, question: str) -> None:
@@ -625,7 +629,7 @@ class MainWindow(QMainWindow):
             if self.compare is not None:
                 self.compare.shutdown()
             self.sample_sweep.stop(wait=30.0)  # it ends after the prompt being written
-            self.choice_sweep.stop(wait=30.0)  # it ends after the question in hand
+            self.graded_sweep.stop(wait=30.0)  # it ends after the question in hand
             self.bits_sweep.stop(wait=30.0)  # it ends after the window in hand
             self.run_report.stop(wait=30.0)  # it ends between two chunks of a file
             self.controller.shutdown()

@@ -107,6 +107,7 @@ class RunView(QWidget):
         self.eval_menu = QMenu(self.eval_btn)
         self.eval_menu.addAction("Multiple choice…", lambda: self._pick_eval_file("mc"))
         self.eval_menu.addAction("Bits per byte…", lambda: self._pick_eval_file("bpb"))
+        self.eval_menu.addAction("Arithmetic and spelling", lambda: self.evaluate("answers", None))
         self.eval_btn.clicked.connect(self._on_eval_btn)
         self.evaluating = ""  # the running evaluation's kind, "" when none runs
         self._started = 0.0  # when it started (for its estimate)
@@ -248,17 +249,18 @@ class RunView(QWidget):
         if path:
             self.evaluate(kind, Path(path))
 
-    def evaluate(self, kind: str, data: Path) -> None:
+    def evaluate(self, kind: str, data: Path | None) -> None:
         """Evaluate the marked steps (every step when none is marked): ``kind`` "mc" asks the
-        questions in ``data``, "bpb" measures the text in it."""
+        questions in ``data``, "bpb" measures the text in it, "answers" checks the replies to
+        the bundled arithmetic and spelling problems (no file)."""
         if self.timeline is None or not self.timeline.points or self.evaluating:
             return
         self.evaluating = kind
         self._started = time.monotonic()
         self.eval_btn.setMenu(None)  # type: ignore[arg-type]  # Qt takes None: no menu
         self.eval_btn.setText("Stop evaluating")
-        self.status.setText(f"Reading {data.name}…")
-        self.eval_wanted.emit(kind, list(self.marked) or list(self.timeline.points), Path(data))
+        self.status.setText(f"Reading {data.name}…" if data else "Asking the bundled problems…")
+        self.eval_wanted.emit(kind, list(self.marked) or list(self.timeline.points), data)
 
     def choices_read(self, questions: list, problems: list) -> None:
         timeline = self.timeline

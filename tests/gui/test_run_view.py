@@ -14,6 +14,7 @@ from support.golden import GOLDEN
 from test_window_sequences import loop, start_with_base, windows  # noqa: F401
 
 from desktop.engine.runs.bits_per_byte import bpb_sweep
+from desktop.engine.runs.checked_answers import answer_sweep, bundled_problems
 from desktop.engine.runs.grading import accuracy, what_flipped
 from desktop.engine.runs.multiple_choice import mc_sweep, read_questions
 from desktop.engine.runs.report import cell
@@ -196,7 +197,7 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     want = what_flipped(answers, *keys)
     assert want.lost or want.gained  # the demo's steps 300 and 1000 part on this set
 
-    with qtbot.waitSignal(win.choice_sweep.finished, timeout=WAIT) as ended:
+    with qtbot.waitSignal(win.graded_sweep.finished, timeout=WAIT) as ended:
         view.evaluate("mc", data)
     assert ended.args == [""] and view.eval_btn.text() == "Evaluate" and view.eval_btn.menu() is not None
     task = f"multiple choice: {data.name}"
@@ -236,3 +237,12 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     xs, ys = zip(*view.timeline.line(bits), strict=True)
     assert list(xs) == [float(p.x) for p in points]
     assert list(ys) == pytest.approx([measured[(p.stage, p.step)] for p in points])
+
+    # The bundled problems, each reply checked: a third column, and what flipped between the steps.
+    with qtbot.waitSignal(win.graded_sweep.finished, timeout=WAIT) as ended:
+        view.evaluate("answers", None)
+    assert ended.args == [""]
+    checked = list(answer_sweep(points, bundled_problems()))
+    assert view.evals.scores["arithmetic and spelling"] == accuracy(checked)
+    flipped = what_flipped(checked, *keys)
+    assert view.evals.flips.count() == len(flipped.lost) + len(flipped.gained)
