@@ -16,12 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from desktop.config import paths
+from desktop.store.eval_results import kept_answers, kept_bits, kept_choices, shared_results
 
 if TYPE_CHECKING:
     from desktop.engine.backend import LoadOptions
+
+T = TypeVar("T")
 
 
 def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
@@ -90,13 +95,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _said_kept(results: Iterator[tuple[T, bool]]) -> Iterator[T]:
+    """The results, with one line on stderr for each step whose results were kept from before."""
+    said: set[tuple[str, int]] = set()
+    for result, kept in results:
+        step = (getattr(result, "stage", ""), getattr(result, "step", 0))
+        if kept and step not in said:
+            said.add(step)
+            print(
+                f"nanoscope: {step[0]} step {step[1]}: kept results (same weights, same task)",
+                file=sys.stderr,
+            )
+        yield result
+
+
 def _checked_answers(args: argparse.Namespace, points: list, options: LoadOptions) -> int:
-    from desktop.engine.runs.checked_answers import answer_sweep, bundled_problems
+    from desktop.engine.runs.checked_answers import bundled_problems
     from desktop.engine.runs.grading import accuracy
 
     problems = bundled_problems()
     checked = []
-    for result in answer_sweep(points, problems, options=options):
+    for result in _said_kept(kept_answers(shared_results(), points, problems, options, threading.Event())):
         checked.append(result)
         if args.json:
             print(json.dumps(result.to_dict()), flush=True)
@@ -118,7 +137,7 @@ def _bits_per_byte(args: argparse.Namespace, points: list, options: LoadOptions)
 
     from desktop.engine.errors import NanoscopeError
     from desktop.engine.files.bounded import FileRefused
-    from desktop.engine.runs.bits_per_byte import bpb_sweep, read_text
+    from desktop.engine.runs.bits_per_byte import read_text
 
     if not args.data:
         raise NanoscopeError("--task bpb needs --data FILE (the text to measure)")
@@ -126,7 +145,7 @@ def _bits_per_byte(args: argparse.Namespace, points: list, options: LoadOptions)
         text, more = read_text(Path(args.data).expanduser())
     except FileRefused as exc:
         raise NanoscopeError(str(exc)) from None
-    for result in bpb_sweep(points, text, more, options=options):
+    for result in _said_kept(kept_bits(shared_results(), points, text, more, options, threading.Event())):
         if args.json:
             print(json.dumps(result.to_dict()), flush=True)
         else:
@@ -145,7 +164,7 @@ def _multiple_choice(args: argparse.Namespace, points: list, options: LoadOption
     from desktop.engine.errors import NanoscopeError
     from desktop.engine.files.bounded import FileRefused
     from desktop.engine.runs.grading import accuracy, what_flipped
-    from desktop.engine.runs.multiple_choice import mc_sweep, read_questions
+    from desktop.engine.runs.multiple_choice import read_questions
 
     if not args.data:
         raise NanoscopeError("--task mc needs --data FILE.jsonl (question, choices, answer per line)")
@@ -156,7 +175,7 @@ def _multiple_choice(args: argparse.Namespace, points: list, options: LoadOption
     for problem in problems:
         print(f"nanoscope: warning: {problem}", file=sys.stderr)
     answers = []
-    for answer in mc_sweep(points, questions, options=options):
+    for answer in _said_kept(kept_choices(shared_results(), points, questions, options, threading.Event())):
         answers.append(answer)
         if args.json:
             print(json.dumps(answer.to_dict()), flush=True)

@@ -104,6 +104,11 @@ def history_db_path() -> Path:
     return data_dir() / "history.sqlite3"
 
 
+def eval_results_path() -> Path:
+    """Eval answers kept by the weights' content hash (store/eval_results.py): a cache, not history."""
+    return cache_dir() / "eval_results.sqlite3"
+
+
 def settings_path() -> Path:
     return config_dir() / "settings.json"
 

@@ -22,12 +22,13 @@ from desktop.config import paths
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.bounded import FileRefused
-from desktop.engine.runs.bits_per_byte import bpb_sweep, read_text
-from desktop.engine.runs.checked_answers import answer_sweep, bundled_problems
+from desktop.engine.runs.bits_per_byte import read_text
+from desktop.engine.runs.checked_answers import bundled_problems
 from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
 from desktop.engine.runs.grading import Graded, accuracy, what_flipped
-from desktop.engine.runs.multiple_choice import mc_sweep, read_questions
+from desktop.engine.runs.multiple_choice import read_questions
 from desktop.engine.runs.timeline import Point
+from desktop.store.eval_results import kept_answers, kept_bits, kept_choices, shared_results
 
 logger = logging.getLogger(__name__)
 
@@ -112,23 +113,23 @@ class GradedSweepTask(SweepTask):
         points = list(points)
 
         def work(cancel: threading.Event, options: LoadOptions) -> None:
-            graded: Iterator[Graded]
+            graded: Iterator[tuple[Graded, bool]]
+            store = shared_results()
             if kind == "mc" and data is not None:
                 asked, problems = read_questions(Path(data))
                 self.questions.emit([(q.line, q.question, q.text()) for q in asked], problems)
-                task = f"multiple choice: {Path(data).name}"
-                graded = mc_sweep(points, asked, options=options, cancel=cancel, progress=self.progress.emit)
+                task, count = f"multiple choice: {Path(data).name}", len(asked)
+                graded = kept_choices(store, points, asked, options, cancel)
             else:
                 bundled = bundled_problems()
                 self.questions.emit([(p.line, p.question, p.question) for p in bundled], [])
-                task = "arithmetic and spelling"
-                graded = answer_sweep(
-                    points, bundled, options=options, cancel=cancel, progress=self.progress.emit
-                )
+                task, count = "arithmetic and spelling", len(bundled)
+                graded = kept_answers(store, points, bundled, options, cancel)
             answers = []
-            for a in graded:
+            for a, _kept in graded:
                 answers.append(a)
                 self.answered.emit(a.stage, a.step, a.line, a.correct)
+                self.progress.emit(len(answers), count * len(points))
             scores = accuracy(answers)
             self.scored.emit(task, scores)
             if len(scores) >= 2:
@@ -154,10 +155,9 @@ class BitsSweepTask(SweepTask):
             text, more = read_text(Path(data))
             task = f"bits per byte: {Path(data).name}" + (" (start)" if more else "")
             scores: dict[tuple[str, int], float] = {}
-            for r in bpb_sweep(
-                points, text, more, options=options, cancel=cancel, progress=self.progress.emit
-            ):
+            for r, _kept in kept_bits(shared_results(), points, text, more, options, cancel):
                 scores[(r.stage, r.step)] = r.bits_per_byte
+                self.progress.emit(len(scores), len(points))
                 self.scored.emit(task, dict(scores))
 
         return self._launch("bits-sweep", work)

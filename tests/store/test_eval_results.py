@@ -1,0 +1,73 @@
+"""Eval results are kept by the weights' content: asking a step again reads its answers back
+(the same ones), a copied checkpoint is known by its bytes, a changed one is asked again, and a
+damaged store never stops a sweep."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from support import REPO
+
+from desktop.cli import main as cli
+from desktop.config import paths
+from desktop.engine.backend import LoadOptions
+from desktop.engine.runs.checked_answers import bundled_problems
+from desktop.engine.runs.timeline import timeline_of
+from desktop.store import eval_results
+from desktop.store.eval_results import EvalResults, kept_answers
+
+DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
+PROBLEMS = bundled_problems(4)
+
+
+def run(store: EvalResults | None, folder: Path = DEMO, step_index: int = -1) -> list[tuple[object, bool]]:
+    point = timeline_of(folder).points[step_index]
+    return list(kept_answers(store, [point], PROBLEMS, LoadOptions(device="cpu"), threading.Event()))
+
+
+def test_a_step_asked_again_is_read_back_with_the_same_answers(tmp_path):
+    store = EvalResults(tmp_path / "results.sqlite3")
+    first = run(store)
+    assert [kept for _, kept in first] == [False] * len(PROBLEMS)
+    again = run(store)
+    assert [kept for _, kept in again] == [True] * len(PROBLEMS)
+    assert [r for r, _ in again] == [r for r, _ in first]
+    assert [r for r, _ in run(None)] == [r for r, _ in first]  # and it is what the model says
+
+
+def test_a_copy_is_known_by_its_bytes_and_a_changed_file_is_asked_again(tmp_path):
+    store = EvalResults(tmp_path / "results.sqlite3")
+    run(store)
+    copy = tmp_path / "chatsft_checkpoints" / "copy"
+    shutil.copytree(DEMO, copy)
+    shutil.copytree(DEMO.parent.parent / "tokenizer", tmp_path / "tokenizer")
+    assert all(kept for _, kept in run(store, copy))
+    last = timeline_of(copy).points[-1]
+    weights = copy / f"model_{last.step:06d}.pt"
+    shutil.copyfile(DEMO / f"model_{timeline_of(DEMO).points[0].step:06d}.pt", weights)  # other weights
+    assert not any(kept for _, kept in run(store, copy))
+
+
+@pytest.mark.parametrize("content", [b"not a database at all" * 100, b""])
+def test_a_damaged_store_costs_a_log_line_not_the_sweep(tmp_path, caplog, content):
+    path = tmp_path / "results.sqlite3"
+    path.write_bytes(content)
+    with caplog.at_level(logging.INFO, logger="desktop.store.eval_results"):
+        results = run(EvalResults(path))
+    assert len(results) == len(PROBLEMS) and not any(kept for _, kept in results)
+
+
+def test_nanoscope_eval_says_which_steps_were_kept(capsys):
+    step = timeline_of(DEMO).points[-1].step
+    argv = ["eval", str(DEMO), "--task", "answers", "--steps", str(step), "--json"]
+    assert cli.main(argv) == 0
+    first = capsys.readouterr()
+    assert cli.main(argv) == 0
+    second = capsys.readouterr()
+    assert eval_results.shared_results().path == paths.eval_results_path()  # this test's own home
+    assert "kept results" not in first.err and "kept results" in second.err
+    assert second.out == first.out
