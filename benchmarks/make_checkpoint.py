@@ -17,8 +17,10 @@ def nanochat_e7(depth: int, vocab: int = 32768, seq: int = 2048) -> ModelConfig:
     return e7_config(seq, vocab, depth, C // 128, C)
 
 
-def write_e7(base: Path, depth: int, step: int = 1000, seed: int = 0) -> Path:
-    cfg = nanochat_e7(depth)
+def write_e7(
+    base: Path, depth: int, step: int = 1000, seed: int = 0, vocab: int = 32768, seq: int = 2048
+) -> Path:
+    cfg = nanochat_e7(depth, vocab, seq)
     out = base / "base_checkpoints" / f"d{depth}"
     if (out / f"model_{step:06d}.pt").exists():
         return out
