@@ -77,7 +77,20 @@ def test_stop_keeps_the_partial_reply(qtbot, window, sft_dir):
             qtbot.keyClick(window.input.editor, Qt.Key.Key_Escape)
 
     window.controller.reply_event.connect(on_event)
+    # The tiny model's reply ends by itself within its 64-token context; on a busy machine the
+    # worker could get there before the window sees the fifth token. So the worker waits at its
+    # fifth token until the Escape sets its cancel (a direct slot runs on the worker's thread).
+    worker = window.controller.slot.host.worker
+    emitted = []
+
+    def hold_at_the_fifth(_request_id: int, _ev: object) -> None:
+        emitted.append(1)
+        if len(emitted) == 5:
+            worker.cancel.wait(60)
+
+    worker.token.connect(hold_at_the_fifth, Qt.ConnectionType.DirectConnection)
     stats = send(qtbot, window, "tell me a long story")
+    worker.token.disconnect(hold_at_the_fifth)
     assert stats["stopped"] == "cancelled"
     reply_id, reply = window.controller.path[-1]
     assert reply.role == "assistant" and 5 <= stats["new_tokens"] < 400
