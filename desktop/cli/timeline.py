@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from desktop.config import paths
-from desktop.store.eval_results import kept_answers, kept_bits, kept_choices, shared_results
 
 if TYPE_CHECKING:
     from desktop.engine.backend import LoadOptions
@@ -112,6 +111,7 @@ def _said_kept(results: Iterator[tuple[T, bool]]) -> Iterator[T]:
 def _checked_answers(args: argparse.Namespace, points: list, options: LoadOptions) -> int:
     from desktop.engine.runs.checked_answers import bundled_problems
     from desktop.engine.runs.grading import accuracy
+    from desktop.store.eval_results import kept_answers, shared_results
 
     problems = bundled_problems()
     checked = []
@@ -138,6 +138,7 @@ def _bits_per_byte(args: argparse.Namespace, points: list, options: LoadOptions)
     from desktop.engine.errors import NanoscopeError
     from desktop.engine.files.bounded import FileRefused
     from desktop.engine.runs.bits_per_byte import read_text
+    from desktop.store.eval_results import kept_bits, shared_results
 
     if not args.data:
         raise NanoscopeError("--task bpb needs --data FILE (the text to measure)")
@@ -165,6 +166,7 @@ def _multiple_choice(args: argparse.Namespace, points: list, options: LoadOption
     from desktop.engine.files.bounded import FileRefused
     from desktop.engine.runs.grading import accuracy, what_flipped
     from desktop.engine.runs.multiple_choice import read_questions
+    from desktop.store.eval_results import kept_choices, shared_results
 
     if not args.data:
         raise NanoscopeError("--task mc needs --data FILE.jsonl (question, choices, answer per line)")
