@@ -17,7 +17,8 @@ import argparse
 import json
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from desktop.config import paths
@@ -132,20 +133,24 @@ def _checked_answers(args: argparse.Namespace, points: list, options: LoadOption
     return 0
 
 
-def _bits_per_byte(args: argparse.Namespace, points: list, options: LoadOptions) -> int:
-    from pathlib import Path
-
+def _read_data(args: argparse.Namespace, read: Callable[[Path], T], needs: str) -> T:
+    """What ``--data`` names, read by ``read``; one line when it is missing or cannot be read."""
     from desktop.engine.errors import NanoscopeError
     from desktop.engine.files.bounded import FileRefused
+
+    if not args.data:
+        raise NanoscopeError(f"--task {args.task} needs --data {needs}")
+    try:
+        return read(Path(args.data).expanduser())
+    except FileRefused as exc:
+        raise NanoscopeError(str(exc)) from None
+
+
+def _bits_per_byte(args: argparse.Namespace, points: list, options: LoadOptions) -> int:
     from desktop.engine.runs.bits_per_byte import read_text
     from desktop.store.eval_results import kept_bits, shared_results
 
-    if not args.data:
-        raise NanoscopeError("--task bpb needs --data FILE (the text to measure)")
-    try:
-        text, more = read_text(Path(args.data).expanduser())
-    except FileRefused as exc:
-        raise NanoscopeError(str(exc)) from None
+    text, more = _read_data(args, read_text, "FILE (the text to measure)")
     for result in _said_kept(kept_bits(shared_results(), points, text, more, options, threading.Event())):
         if args.json:
             print(json.dumps(result.to_dict()), flush=True)
@@ -160,20 +165,11 @@ def _bits_per_byte(args: argparse.Namespace, points: list, options: LoadOptions)
 
 
 def _multiple_choice(args: argparse.Namespace, points: list, options: LoadOptions) -> int:
-    from pathlib import Path
-
-    from desktop.engine.errors import NanoscopeError
-    from desktop.engine.files.bounded import FileRefused
     from desktop.engine.runs.grading import accuracy, what_flipped
     from desktop.engine.runs.multiple_choice import read_questions
     from desktop.store.eval_results import kept_choices, shared_results
 
-    if not args.data:
-        raise NanoscopeError("--task mc needs --data FILE.jsonl (question, choices, answer per line)")
-    try:
-        questions, problems = read_questions(Path(args.data).expanduser())
-    except FileRefused as exc:
-        raise NanoscopeError(str(exc)) from None
+    questions, problems = _read_data(args, read_questions, "FILE.jsonl (question, choices, answer per line)")
     for problem in problems:
         print(f"nanoscope: warning: {problem}", file=sys.stderr)
     answers = []

@@ -119,17 +119,22 @@ def _check_regular(path: Path | str, mode: int) -> None:
         raise FileRefused(path, f"not a regular file ({what})")
 
 
-def read_head_text(path: Path | str, kind: str) -> tuple[str, bool]:
-    """The start of a regular text file of ``kind``, at most its limit in bytes, cut at the
-    last whole character; True when there was more. Bytes that are not UTF-8 read as U+FFFD."""
-    limit = LIMITS[kind]
+def _read_head(path: Path | str, limit: int) -> tuple[bytes, bool]:
+    """At most ``limit`` bytes from the start of a regular file, and whether there was more."""
     with open_regular(path) as f:
         try:
             data = f.read(limit + 1)
         except OSError as exc:
             raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
-    more = len(data) > limit
-    text = data[:limit].decode("utf-8", errors="replace")
+    return data[:limit], len(data) > limit
+
+
+def read_head_text(path: Path | str, kind: str) -> tuple[str, bool]:
+    """The start of a regular text file of ``kind``, at most its limit in bytes, cut at the
+    last whole character; True when there was more. Bytes that are not UTF-8 read as U+FFFD."""
+    limit = LIMITS[kind]
+    data, more = _read_head(path, limit)
+    text = data.decode("utf-8", errors="replace")
     if more and text.endswith("\ufffd"):
         text = text.rstrip("\ufffd")  # a character cut by the limit, not a bad byte
     return text, more
@@ -139,15 +144,9 @@ def read_head_lines(path: Path | str, kind: str, max_lines: int) -> tuple[list[s
     """The first lines of a regular text file of ``kind``, at most its limit in bytes and
     ``max_lines`` lines (a line cut by the limit is left out); True when there was more. Bytes
     that are not UTF-8 read as U+FFFD, so one bad line does not lose the file."""
-    limit = LIMITS[kind]
-    with open_regular(path) as f:
-        try:
-            data = f.read(limit + 1)
-        except OSError as exc:
-            raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
-    more = len(data) > limit
+    data, more = _read_head(path, LIMITS[kind])
     if more:
-        data = data[: data.rfind(b"\n", 0, limit) + 1]
+        data = data[: data.rfind(b"\n") + 1]
     lines = data.decode("utf-8", errors="replace").splitlines()
     if len(lines) > max_lines:
         return lines[:max_lines], True

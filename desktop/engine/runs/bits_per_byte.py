@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from desktop.engine.backend import Backend, LoadOptions, Prompt
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import read_head_text
-from desktop.engine.registry import open_backend
+from desktop.engine.runs.sweep import step_sweep
 from desktop.engine.runs.timeline import Point
 
 MAX_TOKENS = 65_536  # scored per step: a few seconds at d4, about a minute at d12 on a laptop CPU
@@ -86,17 +86,12 @@ def bpb_sweep(
 ) -> Iterator[BitsPerByte]:
     """Each step's bits per byte on ``text``, one checkpoint open at a time."""
     cancel = cancel or threading.Event()
-    for done, point in enumerate(points, 1):
-        if cancel.is_set():
-            return
-        backend = open_backend(Path(point.path), replace(options or LoadOptions(), step=point.step))
-        try:
-            measured = measure(backend, text, cancel)
-        finally:
-            backend.close()
+
+    def ask(backend: Backend, point: Point, whole: str) -> BitsPerByte | None:
+        measured = measure(backend, whole, cancel)
         if measured is None:
-            return
+            return None
         bpb, tokens, n_bytes, short = measured
-        yield BitsPerByte(point.stage, point.step, bpb, tokens, n_bytes, cut or short)
-        if progress is not None:
-            progress(done, len(points))
+        return BitsPerByte(point.stage, point.step, bpb, tokens, n_bytes, cut or short)
+
+    return step_sweep(points, [text], ask, options=options, cancel=cancel, progress=progress)

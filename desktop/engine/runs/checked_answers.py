@@ -17,13 +17,12 @@ import random
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 from desktop.engine.backend import Backend, LoadOptions
 from desktop.engine.messages import Message
 from desktop.engine.params import SamplingParams
-from desktop.engine.registry import open_backend
+from desktop.engine.runs.sweep import step_sweep
 from desktop.engine.runs.timeline import Point
 
 REPLY_TOKENS = 64
@@ -119,22 +118,10 @@ def answer_sweep(
     """Each step's checked reply to each problem, one checkpoint open at a time; ``cancel``
     stops after the reply being written."""
     cancel = cancel or threading.Event()
-    total, done = len(points) * len(problems), 0
-    for point in points:
-        if cancel.is_set():
-            return
-        backend = open_backend(Path(point.path), replace(options or LoadOptions(), step=point.step))
-        try:
-            for problem in problems:
-                reply, calls = check(backend, problem, cancel)
-                given, marked = read_answer(reply)
-                yield Checked(
-                    point.stage, point.step, problem.line, reply, given, marked, calls, problem.answer
-                )
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-                if cancel.is_set():
-                    return
-        finally:
-            backend.close()
+
+    def answer(backend: Backend, point: Point, problem: Problem) -> Checked:
+        reply, calls = check(backend, problem, cancel)
+        given, marked = read_answer(reply)
+        return Checked(point.stage, point.step, problem.line, reply, given, marked, calls, problem.answer)
+
+    return step_sweep(points, problems, answer, options=options, cancel=cancel, progress=progress)

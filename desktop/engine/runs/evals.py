@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
-from desktop.engine.backend import LoadOptions
+from desktop.engine.backend import Backend, LoadOptions
 from desktop.engine.params import SamplingParams
-from desktop.engine.registry import open_backend
+from desktop.engine.runs.sweep import step_sweep
 from desktop.engine.runs.timeline import Point
 
 # scripts/base_train.py's sampled prompts, in its order.
@@ -65,20 +64,10 @@ def sample_sweep(
         raise ValueError(f"between 1 and {MAX_PROMPTS} prompts, got {len(prompts)}")
     cancel = cancel or threading.Event()
     greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    total, done = len(points) * len(prompts), 0
-    for point in points:
-        if cancel.is_set():
-            return
-        backend = open_backend(Path(point.path), replace(options or LoadOptions(), step=point.step))
-        try:
-            for prompt in prompts:
-                events = list(backend.stream(backend.render(prompt, max_tokens), greedy, cancel))
-                ids = tuple(ev.id for ev in events if not ev.continues)
-                yield Sample(point.stage, point.step, prompt, ids, "".join(ev.text for ev in events))
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-                if cancel.is_set():
-                    return
-        finally:
-            backend.close()
+
+    def ask(backend: Backend, point: Point, prompt: str) -> Sample:
+        events = list(backend.stream(backend.render(prompt, max_tokens), greedy, cancel))
+        ids = tuple(ev.id for ev in events if not ev.continues)
+        return Sample(point.stage, point.step, prompt, ids, "".join(ev.text for ev in events))
+
+    return step_sweep(points, prompts, ask, options=options, cancel=cancel, progress=progress)

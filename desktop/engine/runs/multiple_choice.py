@@ -24,14 +24,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from desktop.engine.backend import Backend, LoadOptions
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused, parse_json, read_head_lines
 from desktop.engine.messages import Message
-from desktop.engine.registry import open_backend
+from desktop.engine.runs.sweep import step_sweep
 from desktop.engine.runs.timeline import Point
 
 LETTERS = "ABCDEFGHIJ"
@@ -172,21 +172,9 @@ def mc_sweep(
 ) -> Iterator[Answer]:
     """Each step's answer to each question, step after step, one checkpoint open at a time;
     ``progress(done, total)`` after each answer; ``cancel`` stops after the question in hand."""
-    cancel = cancel or threading.Event()
-    total, done = len(points) * len(questions), 0
-    for point in points:
-        if cancel.is_set():
-            return
-        backend = open_backend(Path(point.path), replace(options or LoadOptions(), step=point.step))
-        try:
-            letters = letter_ids(backend)
-            for question in questions:
-                chosen, logprobs = ask(backend, question, letters)
-                yield Answer(point.stage, point.step, question.line, chosen, question.answer, logprobs)
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-                if cancel.is_set():
-                    return
-        finally:
-            backend.close()
+
+    def answer(backend: Backend, point: Point, question: Question) -> Answer:
+        chosen, logprobs = ask(backend, question, letter_ids(backend))
+        return Answer(point.stage, point.step, question.line, chosen, question.answer, logprobs)
+
+    return step_sweep(points, questions, answer, options=options, cancel=cancel, progress=progress)

@@ -15,7 +15,7 @@ from desktop.cli import main as cli
 from desktop.engine.backend import LoadOptions
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
-from desktop.engine.runs import evals
+from desktop.engine.runs import evals, sweep
 from desktop.engine.runs.timeline import timeline_of
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
@@ -44,7 +44,7 @@ def test_each_step_says_what_it_alone_says_and_only_one_is_open_at_a_time(monkey
         backend.close = closing  # type: ignore[method-assign]
         return backend
 
-    monkeypatch.setattr(evals, "open_backend", counted)
+    monkeypatch.setattr(sweep, "open_backend", counted)
     samples = list(evals.sample_sweep(points, PROMPTS, options=CPU))
     assert [(s.step, s.prompt) for s in samples] == [(p.step, q) for p in points for q in PROMPTS]
     assert most[0] == 1 and live[0] == 0
