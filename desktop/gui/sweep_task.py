@@ -34,9 +34,11 @@ logger = logging.getLogger(__name__)
 
 
 class SweepTask(QObject):
-    """Signals: progress(done, total), finished(error: "" when it completed or was stopped)."""
+    """Signals: progress(done, total), kept(steps read back from the eval results store, of all
+    steps), finished(error: "" when it completed or was stopped)."""
 
     progress = Signal(int, int)
+    kept = Signal(int, int)
     finished = Signal(str)
 
     def __init__(self, parent: QObject | None = None) -> None:
@@ -126,11 +128,15 @@ class GradedSweepTask(SweepTask):
                 task, count = "arithmetic and spelling", len(bundled)
                 graded = kept_answers(store, points, bundled, options, cancel)
             answers = []
-            for a, _kept in graded:
+            read_back: set[tuple[str, int]] = set()
+            for a, kept in graded:
                 answers.append(a)
+                if kept:
+                    read_back.add((a.stage, a.step))
                 self.answered.emit(a.stage, a.step, a.line, a.correct)
                 self.progress.emit(len(answers), count * len(points))
             scores = accuracy(answers)
+            self.kept.emit(len(read_back), len(scores))
             self.scored.emit(task, scores)
             if len(scores) >= 2:
                 earlier, *_, later = scores
@@ -155,9 +161,12 @@ class BitsSweepTask(SweepTask):
             text, more = read_text(Path(data))
             task = f"bits per byte: {Path(data).name}" + (" (start)" if more else "")
             scores: dict[tuple[str, int], float] = {}
-            for r, _kept in kept_bits(shared_results(), points, text, more, options, cancel):
+            read_back = 0
+            for r, kept in kept_bits(shared_results(), points, text, more, options, cancel):
+                read_back += kept
                 scores[(r.stage, r.step)] = r.bits_per_byte
                 self.progress.emit(len(scores), len(points))
                 self.scored.emit(task, dict(scores))
+            self.kept.emit(read_back, len(scores))
 
         return self._launch("bits-sweep", work)

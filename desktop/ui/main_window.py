@@ -252,6 +252,7 @@ class MainWindow(QMainWindow):
             view.eval_stopped.connect(task.stop)
             task.progress.connect(view.show_eval_progress)
             task.scored.connect(view.show_scores)
+            task.kept.connect(view.note_kept)
             task.finished.connect(view.eval_done)
         self.graded_sweep.questions.connect(view.choices_read)
         self.graded_sweep.flipped.connect(view.choices_flipped)

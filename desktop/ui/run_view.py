@@ -110,6 +110,7 @@ class RunView(QWidget):
         self.eval_menu.addAction("Arithmetic and spelling", lambda: self.evaluate("answers", None))
         self.eval_btn.clicked.connect(self._on_eval_btn)
         self.evaluating = ""  # the running evaluation's kind, "" when none runs
+        self._kept_note = ""  # what the running evaluation read back from kept results
         self._started = 0.0  # when it started (for its estimate)
         self._idle_eval_btn()
         self.evals = EvalResults()
@@ -299,6 +300,10 @@ class RunView(QWidget):
     def choices_flipped(self, earlier: tuple, later: tuple, lost: list, gained: list) -> None:
         self.evals.set_flips(earlier, later, lost, gained)
 
+    def note_kept(self, read_back: int, steps: int) -> None:
+        """How many of the evaluated steps were read back from the kept results."""
+        self._kept_note = f"{read_back} of {steps} steps read from kept results" if read_back else ""
+
     def eval_done(self, error: str) -> None:
         self.evaluating = ""
         self._idle_eval_btn()
@@ -306,6 +311,9 @@ class RunView(QWidget):
             self.status.setText(f"Evaluation stopped: {error}")
         elif self.timeline is not None:
             self._say(self.timeline, 0)
+            if self._kept_note:
+                self.status.setText(f"{self.status.text()} · {self._kept_note}")
+        self._kept_note = ""
 
     def report_done(self, message: str) -> None:
         self.report_btn.setEnabled(True)

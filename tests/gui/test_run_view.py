@@ -246,3 +246,10 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     assert view.evals.scores["arithmetic and spelling"] == accuracy(checked)
     flipped = what_flipped(checked, *keys)
     assert view.evals.flips.count() == len(flipped.lost) + len(flipped.gained)
+
+    # Asked again, the same steps are read back from the kept results, with the same scores.
+    assert "kept results" not in view.status.text()
+    with qtbot.waitSignal(win.graded_sweep.finished, timeout=WAIT):
+        view.evaluate("mc", data)
+    assert f"{len(points)} of {len(points)} steps read from kept results" in view.status.text()
+    assert view.evals.scores[task] == scores
