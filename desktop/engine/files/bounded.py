@@ -49,6 +49,7 @@ LIMITS: dict[str, int] = {
     "safetensors_header": 100 * MB,  # safetensors' own cap on its JSON header
     "eval_data": 32 * MB,  # a user's eval JSONL: only its head is read (MMLU's test set is 8 MB)
     "eval_text": 4 * MB,  # a text to measure bits per byte on: ~1M tokens, minutes per step at d12
+    "eval_config": 1 * MB,  # nanochat's eval_bundle core.yaml and eval_meta_data.csv: a few KB
 }
 TOML_MAX_KEY_PARTS = 32  # a.b.c = 1: KempnerForge's deepest key has 3 parts
 TOML_MAX_TABLES = 10_000  # [section] and [[array]] headers
@@ -173,6 +174,23 @@ def parse_json(text: str, path: Path | str, max_depth: int = MAX_DEPTH) -> Any:
         return loads_bounded(text, max_depth)
     except JsonRefused as exc:
         raise FileRefused(path, f"not valid JSON ({exc})") from None
+
+
+def read_yaml(path: Path | str, kind: str) -> Any:
+    """A YAML file of ``kind``, by PyYAML's safe loader (plain data, no Python objects). Aliases
+    share one object rather than copying it, so a small file stays small in memory; a caller
+    checks the types it reads."""
+    import yaml
+
+    text = read_text(path, kind)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f"line {where.line + 1}: " if where is not None else ""
+        raise FileRefused(path, f"{line}not valid YAML") from None
+    except (RecursionError, ValueError) as exc:
+        raise FileRefused(path, f"not valid YAML ({type(exc).__name__})") from None
 
 
 _TOML_HEADER = re.compile(r"^[ \t]*\[", re.MULTILINE)

@@ -22,7 +22,7 @@ from pathlib import Path
 from desktop.engine.backend import Backend, LoadOptions, Prompt
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import read_head_text
-from desktop.engine.runs.sweep import step_sweep
+from desktop.engine.runs.sweep import EvalTask, step_sweep
 from desktop.engine.runs.timeline import Point
 
 MAX_TOKENS = 65_536  # scored per step: a few seconds at d4, about a minute at d12 on a laptop CPU
@@ -75,6 +75,21 @@ def measure(
     return nats / math.log(2) / n_bytes, scored, n_bytes, cut
 
 
+def bpb_task(text: str, cut: bool = False, cancel: threading.Event | None = None) -> EvalTask:
+    """Bits per byte of ``text`` as one task of a :func:`~desktop.engine.runs.sweep.tasks_sweep`
+    (named "bpb", one item: the text; each result a :class:`BitsPerByte`). ``cut``: the file
+    held more than ``text``."""
+
+    def ask(backend: Backend, point: Point, whole: str) -> BitsPerByte | None:
+        measured = measure(backend, whole, cancel)
+        if measured is None:
+            return None
+        bpb, tokens, n_bytes, short = measured
+        return BitsPerByte(point.stage, point.step, bpb, tokens, n_bytes, cut or short)
+
+    return EvalTask("bpb", [text], ask)
+
+
 def bpb_sweep(
     points: Sequence[Point],
     text: str,
@@ -86,12 +101,5 @@ def bpb_sweep(
 ) -> Iterator[BitsPerByte]:
     """Each step's bits per byte on ``text``, one checkpoint open at a time."""
     cancel = cancel or threading.Event()
-
-    def ask(backend: Backend, point: Point, whole: str) -> BitsPerByte | None:
-        measured = measure(backend, whole, cancel)
-        if measured is None:
-            return None
-        bpb, tokens, n_bytes, short = measured
-        return BitsPerByte(point.stage, point.step, bpb, tokens, n_bytes, cut or short)
-
-    return step_sweep(points, [text], ask, options=options, cancel=cancel, progress=progress)
+    task = bpb_task(text, cut, cancel)
+    return step_sweep(points, task.items, task.ask, options=options, cancel=cancel, progress=progress)

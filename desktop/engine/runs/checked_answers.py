@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from desktop.engine.backend import Backend, LoadOptions
 from desktop.engine.messages import Message
 from desktop.engine.params import SamplingParams
-from desktop.engine.runs.sweep import step_sweep
+from desktop.engine.runs.sweep import EvalTask, step_sweep
 from desktop.engine.runs.timeline import Point
 
 REPLY_TOKENS = 64
@@ -107,6 +107,19 @@ def check(backend: Backend, problem: Problem, cancel: threading.Event) -> tuple[
     return "".join(ev.text for ev in events), calls
 
 
+def answers_task(problems: Sequence[Problem], cancel: threading.Event | None = None) -> EvalTask:
+    """Checked answers as one task of a :func:`~desktop.engine.runs.sweep.tasks_sweep` (named
+    "answers"; each result a :class:`Checked`); ``cancel`` stops the reply being written."""
+    cancel = cancel or threading.Event()
+
+    def answer(backend: Backend, point: Point, problem: Problem) -> Checked:
+        reply, calls = check(backend, problem, cancel)
+        given, marked = read_answer(reply)
+        return Checked(point.stage, point.step, problem.line, reply, given, marked, calls, problem.answer)
+
+    return EvalTask("answers", problems, answer)
+
+
 def answer_sweep(
     points: Sequence[Point],
     problems: Sequence[Problem],
@@ -118,10 +131,5 @@ def answer_sweep(
     """Each step's checked reply to each problem, one checkpoint open at a time; ``cancel``
     stops after the reply being written."""
     cancel = cancel or threading.Event()
-
-    def answer(backend: Backend, point: Point, problem: Problem) -> Checked:
-        reply, calls = check(backend, problem, cancel)
-        given, marked = read_answer(reply)
-        return Checked(point.stage, point.step, problem.line, reply, given, marked, calls, problem.answer)
-
-    return step_sweep(points, problems, answer, options=options, cancel=cancel, progress=progress)
+    task = answers_task(problems, cancel)
+    return step_sweep(points, task.items, task.ask, options=options, cancel=cancel, progress=progress)

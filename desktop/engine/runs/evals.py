@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from desktop.engine.backend import Backend, LoadOptions
 from desktop.engine.params import SamplingParams
-from desktop.engine.runs.sweep import step_sweep
+from desktop.engine.runs.sweep import EvalTask, step_sweep
 from desktop.engine.runs.timeline import Point
 
 # scripts/base_train.py's sampled prompts, in its order.
@@ -48,18 +48,14 @@ class Sample:
         }
 
 
-def sample_sweep(
-    points: Sequence[Point],
+def samples_task(
     prompts: Sequence[str] = SAMPLE_PROMPTS,
-    *,
-    options: LoadOptions | None = None,
     cancel: threading.Event | None = None,
-    progress: Callable[[int, int], None] | None = None,
     max_tokens: int = SAMPLE_TOKENS,
-) -> Iterator[Sample]:
-    """Each step's greedy continuation of each prompt (the prompt as a completion: BOS + text),
-    step after step; the previous step is closed before the next opens. ``progress(done,
-    total)`` after each prompt; ``cancel`` stops after the prompt being written."""
+) -> EvalTask:
+    """Sample prompts as one task of a :func:`~desktop.engine.runs.sweep.tasks_sweep` (named
+    "samples"; each result a :class:`Sample`): each prompt as a completion (BOS + text),
+    continued greedily."""
     if not 0 < len(prompts) <= MAX_PROMPTS:
         raise ValueError(f"between 1 and {MAX_PROMPTS} prompts, got {len(prompts)}")
     cancel = cancel or threading.Event()
@@ -70,4 +66,21 @@ def sample_sweep(
         ids = tuple(ev.id for ev in events if not ev.continues)
         return Sample(point.stage, point.step, prompt, ids, "".join(ev.text for ev in events))
 
-    return step_sweep(points, prompts, ask, options=options, cancel=cancel, progress=progress)
+    return EvalTask("samples", list(prompts), ask)
+
+
+def sample_sweep(
+    points: Sequence[Point],
+    prompts: Sequence[str] = SAMPLE_PROMPTS,
+    *,
+    options: LoadOptions | None = None,
+    cancel: threading.Event | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    max_tokens: int = SAMPLE_TOKENS,
+) -> Iterator[Sample]:
+    """Each step's greedy continuation of each prompt, step after step; the previous step is
+    closed before the next opens. ``progress(done, total)`` after each prompt; ``cancel`` stops
+    after the prompt being written."""
+    cancel = cancel or threading.Event()
+    task = samples_task(prompts, cancel, max_tokens)
+    return step_sweep(points, task.items, task.ask, options=options, cancel=cancel, progress=progress)

@@ -31,7 +31,7 @@ from desktop.engine.backend import Backend, LoadOptions
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused, parse_json, read_head_lines
 from desktop.engine.messages import Message
-from desktop.engine.runs.sweep import step_sweep
+from desktop.engine.runs.sweep import EvalTask, step_sweep
 from desktop.engine.runs.timeline import Point
 
 LETTERS = "ABCDEFGHIJ"
@@ -162,6 +162,17 @@ def ask(backend: Backend, question: Question, letters: Sequence[int]) -> tuple[i
     return chosen, logprobs
 
 
+def mc_task(questions: Sequence[Question]) -> EvalTask:
+    """Multiple choice as one task of a :func:`~desktop.engine.runs.sweep.tasks_sweep` (named
+    "mc"; each result an :class:`Answer`)."""
+
+    def answer(backend: Backend, point: Point, question: Question) -> Answer:
+        chosen, logprobs = ask(backend, question, letter_ids(backend))
+        return Answer(point.stage, point.step, question.line, chosen, question.answer, logprobs)
+
+    return EvalTask("mc", questions, answer)
+
+
 def mc_sweep(
     points: Sequence[Point],
     questions: Sequence[Question],
@@ -172,9 +183,5 @@ def mc_sweep(
 ) -> Iterator[Answer]:
     """Each step's answer to each question, step after step, one checkpoint open at a time;
     ``progress(done, total)`` after each answer; ``cancel`` stops after the question in hand."""
-
-    def answer(backend: Backend, point: Point, question: Question) -> Answer:
-        chosen, logprobs = ask(backend, question, letter_ids(backend))
-        return Answer(point.stage, point.step, question.line, chosen, question.answer, logprobs)
-
-    return step_sweep(points, questions, answer, options=options, cancel=cancel, progress=progress)
+    task = mc_task(questions)
+    return step_sweep(points, task.items, task.ask, options=options, cancel=cancel, progress=progress)
