@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from desktop import __version__
+from desktop.cli.evals import add_eval_parser, cmd_eval
 from desktop.cli.export import add_export_parser, cmd_export
 from desktop.cli.remote import add_server_args, list_served, open_served
-from desktop.cli.timeline import add_eval_parser, add_timeline_parser, cmd_eval, cmd_timeline
+from desktop.cli.timeline import add_timeline_parser, cmd_timeline
 from desktop.config import paths
 from desktop.config.logfile import SHOWN, cli_logging
 from desktop.engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions

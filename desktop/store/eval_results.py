@@ -8,6 +8,15 @@ modification time) and computed once.
 
 It is a cache: a damaged, locked or unwritable file gives one log line and the sweep simply
 runs (nothing here raises into a sweep).
+
+The engine's sweep (``engine/runs/sweep.py`` ``tasks_sweep``) asks a Keeper for a step's kept
+answers before it opens the step; :class:`StoreKeeper` is that Keeper over this store, given a
+:class:`TaskKey` per task (``choices_key``, ``answers_key``, ``bits_key``, ``samples_key``,
+``core_key``)::
+
+    keeper = StoreKeeper(shared_results(), {"mc": choices_key(questions)}, cancel)
+    for r in tasks_sweep(points, [mc_task(questions)], cancel=cancel, keeper=keeper): ...
+    keeper.read_back  # {(stage, step, task)} served from the store
 """
 
 from __future__ import annotations
@@ -18,11 +27,11 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from desktop.config import paths
 from desktop.engine.backend import LoadOptions
@@ -30,14 +39,16 @@ from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused
 from desktop.engine.files.content_hash import sha256_of_files
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
-from desktop.engine.runs.bits_per_byte import MAX_TOKENS, BitsPerByte, bpb_sweep
-from desktop.engine.runs.checked_answers import REPLY_TOKENS, Checked, Problem, answer_sweep
-from desktop.engine.runs.multiple_choice import Answer, Question, mc_sweep
+from desktop.engine.runs.bits_per_byte import MAX_TOKENS, BitsPerByte, bpb_task
+from desktop.engine.runs.checked_answers import REPLY_TOKENS, Checked, Problem, answers_task
+from desktop.engine.runs.core_bundle import CoreAnswer, CoreExample, CoreTask
+from desktop.engine.runs.evals import SAMPLE_TOKENS, Sample
+from desktop.engine.runs.multiple_choice import Answer, Question, mc_task
 from desktop.engine.runs.report import weights_files
+from desktop.engine.runs.sweep import EvalTask, tasks_sweep
 from desktop.engine.runs.timeline import Point
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
     weights TEXT NOT NULL, task TEXT NOT NULL, data TEXT NOT NULL, settings TEXT NOT NULL,
@@ -130,44 +141,63 @@ class EvalResults:
                 logger.warning("eval results not kept: %s: %s", self.path, exc)
 
 
-def kept_sweep(
-    store: EvalResults | None,
-    points: Sequence[Point],
-    task: str,
-    data_hash: str,
-    settings: str,
-    run: Callable[[list[Point]], Iterator[T]],
-    to_dict: Callable[[T], dict[str, Any]],
-    from_dict: Callable[[dict[str, Any]], T],
-    cancel: threading.Event | None = None,
-) -> Iterator[tuple[T, bool]]:
-    """``run`` 's results step by step, each step's taken from ``store`` when it was kept
-    (``(result, True)``) and kept after it ran to its end (``(result, False)``)."""
-    for point in points:
-        if cancel is not None and cancel.is_set():
-            return
-        weights = None
-        if store is not None:
-            try:
-                weights = store.weights_hash(weights_files(point), cancel)
-            except (OSError, ValueError, NanoscopeError) as exc:
-                logger.info("step %s not hashed: %s", point.step, exc)
-        key = (weights or "", task, data_hash, settings)
-        kept = store.get(key) if store is not None and weights else None
-        if kept is not None:
-            try:
-                results = [from_dict(d) for d in kept]
-            except (TypeError, KeyError, ValueError):
-                results = []
-            if results:
-                yield from ((r, True) for r in results)
-                continue
-        fresh: list[T] = []
-        for result in run([point]):
-            fresh.append(result)
-            yield result, False
-        if store is not None and weights and fresh and not (cancel is not None and cancel.is_set()):
-            store.put(key, [to_dict(r) for r in fresh])
+@dataclass(frozen=True)
+class TaskKey:
+    """How one task's answers are kept: the sha256 of what it asks, the settings that change its
+    answers, and its results to and from JSON."""
+
+    data: str
+    settings: str
+    to_dict: Callable[[Any], dict[str, Any]]
+    from_dict: Callable[[dict[str, Any]], Any]
+
+
+class StoreKeeper:
+    """The engine's :class:`~desktop.engine.runs.sweep.Keeper` over an :class:`EvalResults`
+    (None: nothing is kept): a step's answers to a task by the sha256 of its weights, computed
+    once per step (and once per file, ever). ``read_back`` names the (stage, step, task) served
+    from the store."""
+
+    def __init__(
+        self, store: EvalResults | None, keys: Mapping[str, TaskKey], cancel: threading.Event | None = None
+    ) -> None:
+        self.store, self.keys, self.cancel = store, dict(keys), cancel
+        self.read_back: set[tuple[str, int, str]] = set()
+        self._weights: dict[tuple[str, str, int], str | None] = {}
+
+    def weights(self, point: Point) -> str | None:
+        """The sha256 of the step's weights (None: not hashed, so nothing is kept for it)."""
+        at = (str(point.path), point.stage, point.step)
+        if at not in self._weights:
+            digest = None
+            if self.store is not None:
+                try:
+                    digest = self.store.weights_hash(weights_files(point), self.cancel)
+                except (OSError, ValueError, NanoscopeError) as exc:
+                    logger.info("step %s not hashed: %s", point.step, exc)
+            self._weights[at] = digest
+        return self._weights[at]
+
+    def _key(self, point: Point, task: str) -> tuple[str, str, str, str] | None:
+        key, weights = self.keys.get(task), self.weights(point)
+        return (weights, task, key.data, key.settings) if key is not None and weights else None
+
+    def kept(self, point: Point, task: str) -> list[Any] | None:
+        key = self._key(point, task)
+        kept = self.store.get(key) if self.store is not None and key is not None else None
+        if not kept:
+            return None
+        try:
+            results = [self.keys[task].from_dict(d) for d in kept]
+        except (TypeError, KeyError, ValueError):
+            return None
+        self.read_back.add((point.stage, point.step, task))
+        return results
+
+    def keep(self, point: Point, task: str, results: list[Any]) -> None:
+        key = self._key(point, task)
+        if self.store is not None and key is not None and results:
+            self.store.put(key, [self.keys[task].to_dict(r) for r in results])
 
 
 _shared: EvalResults | None = None
@@ -192,7 +222,50 @@ def data_hash(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
-# ----- the sweeps, each with its key ---------------------------------------------------------
+# ----- each task's key, and one task kept ---------------------------------------------------
+
+
+def choices_key(questions: Sequence[Question]) -> TaskKey:
+    asked = data_hash([(q.question, q.choices, q.answer) for q in questions])
+    return TaskKey(asked, "categorical", asdict, lambda d: Answer(**{**d, "logprobs": tuple(d["logprobs"])}))
+
+
+def answers_key(problems: Sequence[Problem]) -> TaskKey:
+    asked = data_hash([(p.question, p.answer) for p in problems])
+    return TaskKey(asked, f"greedy {REPLY_TOKENS}", asdict, lambda d: Checked(**d))
+
+
+def bits_key(text: str) -> TaskKey:
+    return TaskKey(data_hash(text), f"max {MAX_TOKENS} tokens", asdict, lambda d: BitsPerByte(**d))
+
+
+def samples_key(prompts: Sequence[str], max_tokens: int = SAMPLE_TOKENS) -> TaskKey:
+    return TaskKey(
+        data_hash(list(prompts)),
+        f"greedy {max_tokens}",
+        asdict,
+        lambda d: Sample(**{**d, "ids": tuple(d["ids"])}),
+    )
+
+
+def core_key(task: CoreTask, examples: Sequence[CoreExample], lite: int | None) -> TaskKey:
+    """A CORE task's answers, by what it asks (its kind, shots, delimiter and examples in order)."""
+    asked = data_hash([task.kind, task.fewshot, task.delimiter, [dict(e.item) for e in examples]])
+    settings = f"lite {lite}" if lite is not None else "all"
+    return TaskKey(asked, settings, CoreAnswer.to_dict, CoreAnswer.from_dict)
+
+
+def _kept_one(
+    store: EvalResults | None,
+    points: Sequence[Point],
+    task: EvalTask,
+    key: TaskKey,
+    options: LoadOptions,
+    cancel: threading.Event,
+) -> Iterator[tuple[Any, bool]]:
+    keeper = StoreKeeper(store, {task.name: key}, cancel)
+    for r in tasks_sweep(points, [task], options=options, cancel=cancel, keeper=keeper):
+        yield r.result, r.kept
 
 
 def kept_choices(
@@ -202,18 +275,8 @@ def kept_choices(
     options: LoadOptions,
     cancel: threading.Event,
 ) -> Iterator[tuple[Answer, bool]]:
-    asked = data_hash([(q.question, q.choices, q.answer) for q in questions])
-    return kept_sweep(
-        store,
-        points,
-        "mc",
-        asked,
-        "categorical",
-        lambda some: mc_sweep(some, questions, options=options, cancel=cancel),
-        asdict,
-        lambda d: Answer(**{**d, "logprobs": tuple(d["logprobs"])}),
-        cancel,
-    )
+    """Multiple choice at each step, (answer, read back from the store)."""
+    return _kept_one(store, points, mc_task(questions), choices_key(questions), options, cancel)
 
 
 def kept_answers(
@@ -223,18 +286,8 @@ def kept_answers(
     options: LoadOptions,
     cancel: threading.Event,
 ) -> Iterator[tuple[Checked, bool]]:
-    asked = data_hash([(p.question, p.answer) for p in problems])
-    return kept_sweep(
-        store,
-        points,
-        "answers",
-        asked,
-        f"greedy {REPLY_TOKENS}",
-        lambda some: answer_sweep(some, problems, options=options, cancel=cancel),
-        asdict,
-        lambda d: Checked(**d),
-        cancel,
-    )
+    """Checked answers at each step, (answer, read back from the store)."""
+    return _kept_one(store, points, answers_task(problems, cancel), answers_key(problems), options, cancel)
 
 
 def kept_bits(
@@ -245,14 +298,5 @@ def kept_bits(
     options: LoadOptions,
     cancel: threading.Event,
 ) -> Iterator[tuple[BitsPerByte, bool]]:
-    return kept_sweep(
-        store,
-        points,
-        "bpb",
-        data_hash(text),
-        f"max {MAX_TOKENS} tokens",
-        lambda some: bpb_sweep(some, text, cut, options=options, cancel=cancel),
-        asdict,
-        lambda d: BitsPerByte(**d),
-        cancel,
-    )
+    """Bits per byte at each step, (result, read back from the store)."""
+    return _kept_one(store, points, bpb_task(text, cut, cancel), bits_key(text), options, cancel)

@@ -97,7 +97,14 @@ class CoreAnswer:
     correct: bool
 
     def to_dict(self) -> dict[str, object]:
-        return {**self.__dict__, "losses": list(self.losses)}
+        """As JSON holds it: a loss that is not finite (an option with nothing to score) is None."""
+        losses = [loss if math.isfinite(loss) else None for loss in self.losses]
+        return {**self.__dict__, "losses": losses}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CoreAnswer:
+        losses = tuple(math.inf if loss is None else float(loss) for loss in d["losses"])
+        return cls(**{**d, "losses": losses})
 
 
 def bundle_of(base_dir: Path | None) -> Path | None:

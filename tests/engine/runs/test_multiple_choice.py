@@ -152,7 +152,8 @@ def test_nanoscope_eval_mc_prints_each_answer_then_what_flipped(tmp_path, capsys
     assert [(a["step"], a["line"]) for a in answers] == asked
     assert all(a["correct"] == (a["chosen"] == a["answer"]) for a in answers)
     right = {(a["step"], a["line"]): a["correct"] for a in answers}
-    assert flips["lost"] == [n for n in (1, 2, 3, 4) if right[(steps[0], n)] and not right[(steps[-1], n)]]
+    lost = [n for n in (1, 2, 3, 4) if right[(steps[0], n)] and not right[(steps[-1], n)]]
+    assert [f["line"] for f in flips["lost"]] == lost and flips["task"] == "mc"
     assert err.count("\n") == 1 and f"{data}:5: not a JSON object" in err
 
 
