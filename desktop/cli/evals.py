@@ -95,7 +95,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"nanoscope: {step[0]} step {step[1]}: {r.task}: kept results (same weights, same task)",
                   file=sys.stderr)  # fmt: skip
         if args.json:
-            print(json.dumps({"task": r.task, **r.result.to_dict()}), flush=True)
+            print(json.dumps({**r.result.to_dict(), "task": r.task}), flush=True)
         elif r.task == "samples":
             _show_sample(r.result, results["samples"])
     if not args.json:

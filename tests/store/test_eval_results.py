@@ -71,3 +71,29 @@ def test_nanoscope_eval_says_which_steps_were_kept(capsys):
     assert eval_results.shared_results().path == paths.eval_results_path()  # this test's own home
     assert "kept results" not in first.err and "kept results" in second.err
     assert second.out == first.out
+
+
+def test_core_answers_are_kept_with_every_loss_and_read_back_alike(tmp_path):
+    from support.eval_bundle import make_bundle
+
+    from desktop.engine.runs import core_bundle
+    from desktop.engine.runs.sweep import tasks_sweep
+    from desktop.store.eval_results import StoreKeeper, core_key
+
+    task = core_bundle.read_tasks(make_bundle(tmp_path))[0][0]
+    examples, _ = core_bundle.read_examples(task, lite=2)
+    points = timeline_of(DEMO).points[-1:]
+    store = EvalResults(tmp_path / "results.sqlite3")
+
+    def sweep() -> tuple[list, StoreKeeper]:
+        keeper = StoreKeeper(store, {f"core:{task.label}": core_key(task, examples, 2)})
+        one = core_bundle.core_task(task, examples)
+        return [(r.result, r.kept) for r in tasks_sweep(points, [one], keeper=keeper)], keeper
+
+    first, _ = sweep()
+    again, keeper = sweep()
+    assert [kept for _, kept in first] == [False, False] and [kept for _, kept in again] == [True, True]
+    assert [r for r, _ in again] == [r for r, _ in first]
+    assert keeper.read_back == {(points[0].stage, points[0].step, f"core:{task.label}")}
+    other = core_key(task, examples[:1], 1)  # another sample is another key
+    assert other.data != core_key(task, examples, 2).data
