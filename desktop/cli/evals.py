@@ -27,10 +27,13 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from desktop.config import paths
 from desktop.engine.errors import NanoscopeError
+
+if TYPE_CHECKING:
+    from desktop.engine.runs.sweep import SweepProgress
 
 TASKS = ("samples", "mc", "answers", "bpb", "core")
 NEEDS_FILE = ("mc", "bpb")
@@ -86,7 +89,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     options = LoadOptions(device=args.device, base_dir=base, kernel_cache=paths.kernel_timings_file())
     results: dict[str, list[Any]] = defaultdict(list)
     said: set[tuple[str, int, str]] = set()
-    sweep = tasks_sweep(points, [p.task for p in planned], options=options, cancel=cancel, keeper=keeper)
+    shown = _show_progress if sys.stderr.isatty() else None
+    sweep = tasks_sweep(
+        points, [p.task for p in planned], options=options, cancel=cancel, progress=shown, keeper=keeper
+    )
     for r in sweep:
         results[r.task].append(r.result)
         step = (r.result.stage, r.result.step, r.task)
@@ -98,6 +104,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(json.dumps({**r.result.to_dict(), "task": r.task}), flush=True)
         elif r.task == "samples":
             _show_sample(r.result, results["samples"])
+    if shown is not None:
+        print(file=sys.stderr)
     if not args.json:
         for p in planned:
             _show_summary(p, results[p.task.name])
@@ -230,6 +238,13 @@ def _read(args: argparse.Namespace, read: Any, needs: str) -> Any:
 def _warn(problems: list[str]) -> None:
     for problem in problems:
         print(f"nanoscope: warning: {problem}", file=sys.stderr)
+
+
+def _show_progress(p: SweepProgress) -> None:
+    """One line on a terminal's stderr, rewritten in place: items asked and the time left."""
+    left = f", about {p.seconds_left:.0f} s left" if p.seconds_left is not None else ""
+    line = f"\r{p.done}/{p.total} asked, {p.stage} step {p.step}{left}   "
+    print(line, end="", file=sys.stderr, flush=True)
 
 
 def _show_sample(sample: Any, shown: list[Any]) -> None:
