@@ -3,6 +3,8 @@
 Families and their writers (each a module here with ``main(argv) -> int``):
 
 * ``nanochat``: upstream karpathy/nanochat, one revision per era (:mod:`tools.golden.nanochat`);
+* ``experiment``: a nanochat experiment of the experiment_refactor branch, PR #800
+  (:mod:`tools.golden.experiment`);
 * ``fork``: the C++ fork's variants (:mod:`tools.golden.fork`);
 * ``kempnerforge``: a DCP run saved by KempnerForge's own checkpoint code (:mod:`tools.golden.kempnerforge`);
 * ``transformers``: ``save_pretrained`` folders (:mod:`tools.golden.transformers_models`).
@@ -18,6 +20,7 @@ import sys
 
 FAMILIES = {
     "nanochat": "tools.golden.nanochat",
+    "experiment": "tools.golden.experiment",
     "fork": "tools.golden.fork",
     "kempnerforge": "tools.golden.kempnerforge",
     "transformers": "tools.golden.transformers_models",
