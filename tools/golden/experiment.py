@@ -365,8 +365,9 @@ def make_case(case: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[st
     engine = Engine(model, tok)
     prompts = {text: tok.render_for_completion(asking(text)) for text in QUESTIONS}
     cases = [{"text": t, "prompt_ids": ids, **expected(engine, model, ids)} for t, ids in prompts.items()]
+    scripts = ["scripts/tok_train.py", "scripts/curve.py"]  # run as __main__: not in sys.modules
     used = sorted(
-        f"{m.replace('.', '/')}.py" for m in list(sys.modules) if m.startswith(("nanochat.", "scripts."))
+        [f"{m.replace('.', '/')}.py" for m in list(sys.modules) if m.startswith("nanochat.")] + scripts
     )
     return model_config, cases, used
 
