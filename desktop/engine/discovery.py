@@ -16,6 +16,12 @@ from desktop.engine.kempnerforge.layout import STEP_RE, find_runs, is_kf_target
 from desktop.engine.kempnerforge.summary import summary_fields as kf_summary_fields
 from desktop.engine.nanochat import checkpoint as ckpt
 from desktop.engine.nanochat.classify import classify
+from desktop.engine.nanochat.experiment_layout import (
+    EXPERIMENTS,
+    find_stage_folders,
+    is_stage_folder,
+    tag_name,
+)
 
 # Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
 PHASES = {
@@ -70,8 +76,25 @@ class CheckpointSummary:
         return d
 
 
+def source_of(directory: Path) -> str | None:
+    """The stage (base|mid|sft|rl) of a nanochat checkpoint folder in either layout, None for a
+    folder outside them."""
+    directory = Path(directory)
+    if directory.parent.name in PHASES:
+        return PHASES[directory.parent.name]
+    return directory.name if is_stage_folder(directory) else None
+
+
+def run_tag(directory: Path) -> str:
+    """A nanochat checkpoint folder's tag: ``d20`` (``<phase>_checkpoints/d20``), or
+    ``<experiment>/<tag>`` in the experiment layout."""
+    directory = Path(directory)
+    return tag_name(directory) if is_stage_folder(directory) else directory.name
+
+
 def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[CheckpointEntry]:
-    """Every ``<phase>_checkpoints/<tag>/`` under ``base``, plus any extra checkpoint folders."""
+    """Every ``<phase>_checkpoints/<tag>/`` and every experiment's ``<name>/<tag>/<stage>/`` under
+    ``base``, plus any extra checkpoint folders."""
     entries: list[CheckpointEntry] = []
     for phase, source in PHASES.items():
         root = base / phase
@@ -81,6 +104,8 @@ def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[Checkpoin
             steps = ckpt.model_steps(tag_dir)
             if steps:
                 entries.append(CheckpointEntry(source, tag_dir.name, tag_dir, steps))
+    for stage, tag, folder in find_stage_folders(base):
+        entries.append(CheckpointEntry(stage, tag, folder, ckpt.model_steps(folder)))
     for d in extra_dirs or []:
         steps = ckpt.model_steps(d)
         if steps and all(e.path != d for e in entries):
@@ -113,11 +138,15 @@ def latest_step(directory: Path) -> int:
 
 
 def resolve_spec(spec: str, base_dir: Path) -> tuple[Path, int | None]:
-    """``SOURCE[/TAG[/STEP]]`` or a directory -> (checkpoint dir, step or None)."""
+    """``SOURCE[/TAG[/STEP]]`` (TAG may be an experiment's ``NAME/TAG``) or a directory ->
+    (checkpoint dir, step or None)."""
     p = Path(spec).expanduser()
     if p.exists():
         return p, None
     parts = spec.strip("/").split("/")
+    if len(parts) > 2 and not parts[2].isdigit() and (base_dir / EXPERIMENTS / parts[1]).is_dir():
+        # SOURCE/NAME/TAG[/STEP]: a tag of the experiment NAME
+        parts = [parts[0], f"{parts[1]}/{parts[2]}", *parts[3:]]
     source = parts[0]
     if source not in SOURCE_ORDER[:-1]:
         raise NanoscopeError(
@@ -140,7 +169,7 @@ def resolve_spec(spec: str, base_dir: Path) -> tuple[Path, int | None]:
 
 def _tag_rank(entry: CheckpointEntry) -> tuple[int, float]:
     """nanochat's find_largest_model: the largest d<N> tag, else the newest folder."""
-    tag = entry.tag
+    tag = entry.tag.rsplit("/", 1)[-1]  # an experiment's NAME/TAG ranks by its TAG
     depth = int(tag[1:]) if tag.startswith("d") and tag[1:].isdigit() else -1
     try:
         mtime = entry.path.stat().st_mtime

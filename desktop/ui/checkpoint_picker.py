@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.engine.discovery import PHASES
+from desktop.engine.discovery import source_of
 from desktop.ui import icons, theme, widgets
 
 PRECISIONS = (
@@ -75,7 +75,7 @@ def entry_name(entry) -> str:
     folder, then the tag), an opened folder by its own name, a served model by its label."""
     if entry.source == "remote":
         return str(entry.tag)
-    phase = PHASES.get(Path(entry.path).parent.name)
+    phase = source_of(Path(entry.path))
     return f"{phase}/{entry.tag}" if phase else str(entry.tag)
 
 

@@ -17,6 +17,8 @@ CASES = [
     *sorted(p.parent for p in (GOLDEN / "nanochat").glob("*/golden.json")),
     *sorted(p.parent for p in (GOLDEN / "fork").glob("*/golden.json")),
 ]
+# nanochat's experiment layout (the experiment_refactor branch, PR #800): <case>/experiments/...
+EXPERIMENT_CASES = sorted(p.parent for p in (GOLDEN / "nanochat-experiment").glob("*/golden.json"))
 MAX_NEW = 40
 # <|python_end|> in every case's 300-token vocabulary (the 7th of the last nine); <|assistant_end|>
 # is two before it and <|bos|> six before.

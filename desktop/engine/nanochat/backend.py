@@ -29,11 +29,12 @@ from desktop.engine.backend import (
 from desktop.engine.decode.generation import stream_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
-from desktop.engine.discovery import PHASES
+from desktop.engine.discovery import PHASES, run_tag, source_of
 from desktop.engine.errors import NanoscopeError, TokenizerError
 from desktop.engine.kernels.tuning import shown_precision
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.nanochat.chat_format import render_completion_prompt, render_for_completion
+from desktop.engine.nanochat.experiment_layout import is_stage_folder
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.nanochat.tokenizer import Tokenizer, select_tokenizer
 from desktop.engine.params import SamplingParams
@@ -47,7 +48,9 @@ def tokenizer_dirs(directory: Path, base_dir: Path | None) -> list[Path]:
     """Where to look for a tokenizer: the checkpoint dir, ``<phase dir>/../tokenizer``, then
     ``<base_dir>/tokenizer``."""
     dirs = [directory]
-    if directory.parent.name in PHASES:
+    if directory.parent.name in PHASES or is_stage_folder(directory):
+        # <base>/<phase>_checkpoints/<tag>, or an experiment's <name>/<tag>/<stage>: the
+        # tokenizer is two levels up in both layouts
         dirs.append(directory.parent.parent / "tokenizer")
     if base_dir is not None:
         dirs.append(base_dir / "tokenizer")
@@ -59,9 +62,10 @@ def tokenizer_dirs(directory: Path, base_dir: Path | None) -> list[Path]:
 
 
 def display_name(directory: Path, step: int | None) -> str:
-    """ "sft/d20 · step 1,500" (a folder outside the phase layout goes by its own name)."""
-    source = PHASES.get(directory.parent.name)
-    where = f"{source}/{directory.name}" if source else directory.name
+    """ "sft/d20 · step 1,500", "sft/exp/d20 · step 1,500" in the experiment layout (a folder
+    outside both layouts goes by its own name)."""
+    source = source_of(directory)
+    where = f"{source}/{run_tag(directory)}" if source else directory.name
     return f"{where} · step {step:,}" if step is not None else where
 
 
@@ -73,7 +77,7 @@ class NanochatBackend:
         self.tok = tok
         self.model = loaded.model
         # Base checkpoints and tokenizers without chat tokens (the fork's C++ one) complete text.
-        self.chat_mode = tok.has_chat_tokens and loaded.directory.parent.name != "base_checkpoints"
+        self.chat_mode = tok.has_chat_tokens and source_of(loaded.directory) != "base"
         self._cache: KVCache | None = None
         self._info = self._describe()
 
@@ -119,8 +123,8 @@ class NanochatBackend:
             family="nanochat-fork" if cfg.is_fork else "nanochat",
             path=str(loaded.directory),
             name=display_name(loaded.directory, loaded.step),
-            source=PHASES.get(loaded.directory.parent.name, "folder"),
-            tag=loaded.directory.name,
+            source=source_of(loaded.directory) or "folder",
+            tag=run_tag(loaded.directory),
             step=loaded.step,
             parameters=loaded.n_params,
             context_length=cfg.sequence_len,
