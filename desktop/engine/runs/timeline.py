@@ -9,6 +9,11 @@ drawn at once:
   meta's top-level metrics (``val_bpb``, ``val_loss``, the SFT accuracies, …) and base_train's
   ``loop_state`` (``min_val_bpb``, ``smooth_train_loss``, ``total_training_time``); tokens are
   ``step × total_batch_size`` where the meta states the batch.
+* nanochat's experiment layout (upstream PR #800): ``<experiment>/<tag>/<stage>/meta_<step>.json``,
+  stages chained the same way, plus the records of the stage logs beside them (``base_train.log``'s
+  ``eval step= val_bpb=``, ``core``, ``sft.log``'s ``chatcore`` …) as curves and the experiment's
+  ``meta.json`` (name, commit, clean or dirty tree, dataset) as :attr:`Timeline.about`
+  (:mod:`.experiment_logs`).
 * KempnerForge: ``run/step_<N>/metadata.json`` (``step``, ``tokens_seen``), and the scalars its
   TensorBoard logger wrote (one curve per tag: train/loss, grad_norm, lr, …).
 
@@ -39,6 +44,8 @@ from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused, read_json
 from desktop.engine.kempnerforge.layout import is_kf_target, run_dir, run_steps
 from desktop.engine.nanochat import checkpoint as ckpt
+from desktop.engine.nanochat.experiment_layout import is_stage_folder, is_tag_folder, stage_folders
+from desktop.engine.runs.experiment_logs import Series, about_note, read_about, read_series, stage_logs
 from desktop.engine.runs.tensorboard_scalars import kf_curves
 
 # Stages in the order a run goes through them; the fork's extra phase folders map onto them.
@@ -46,7 +53,17 @@ STAGES = ("base", "mid", "sft", "rl")
 # base_train's loop_state numbers worth a curve (the rest are bookkeeping).
 LOOP_STATE = ("min_val_bpb", "smooth_train_loss", "total_training_time")
 # Top-level meta fields that are not metrics.
-NOT_METRICS = frozenset({"step", "total_batch_size", "model_config", "user_config", "loop_state"})
+NOT_METRICS = frozenset(
+    {
+        "step",
+        "total_batch_size",
+        "model_config",
+        "user_config",
+        "loop_state",
+        "device_batch_size",
+        "max_seq_len",
+    }
+)
 MAX_POINTS = 100_000  # a run with more saved steps than this is cut, with a line saying so
 BPB_FIX = datetime(2026, 7, 3, tzinfo=timezone.utc).timestamp()  # nanochat 2ce972a
 BPB_NOTE = (
@@ -118,6 +135,8 @@ class Timeline:
     stages: tuple[tuple[int, str], ...] = ()
     curves: tuple[Curve, ...] = ()
     notes: tuple[str, ...] = ()  # what a reader of the curves should know (the bpb change)
+    # (label, text) about where the run came from: an experiment's name, commit, tree, dataset
+    about: tuple[tuple[str, str], ...] = ()
 
     def metric_names(self) -> list[str]:
         """Every metric some point or curve has, in the order they first appear."""
@@ -163,20 +182,26 @@ class Timeline:
             "curves": [c.to_dict() for c in self.curves],
             "problems": list(self.problems),
             "notes": list(self.notes),
+            "about": dict(self.about),
         }
 
 
 def timeline_of(target: Path) -> Timeline:
     """The timeline of the run ``target`` names: a nanochat ``<phase>_checkpoints/<tag>`` folder
-    (its tag's other stages join it), or a KempnerForge run or step folder. NanoscopeError for
-    a folder that is neither."""
+    (its tag's other stages join it), an experiment's ``<name>/<tag>`` folder or one of its stage
+    folders, or a KempnerForge run or step folder. NanoscopeError for a folder that is none."""
     target = Path(target).expanduser()
+    if is_stage_folder(target) and is_tag_folder(target.parent):
+        return _experiment(target.parent)
+    if is_tag_folder(target):
+        return _experiment(target)
     if is_kf_target(target):
         return _kempnerforge(run_dir(target))
     if ckpt.model_steps(target):
         return _nanochat(target)
     raise NanoscopeError(
-        f"{target}: not a training run (a nanochat <phase>_checkpoints/<tag> folder or a KempnerForge run)"
+        f"{target}: not a training run (a nanochat <phase>_checkpoints/<tag> folder, an "
+        "experiment's <name>/<tag> folder, or a KempnerForge run)"
     )
 
 
@@ -207,35 +232,94 @@ def _nanochat(folder: Path) -> Timeline:
         if not steps:
             continue
         stages.append((offset, stage))
-        for step in steps:
-            meta_path = ckpt.meta_file(directory, step)
-            try:
-                meta = ckpt.read_meta(meta_path)
-            except NanoscopeError as exc:
-                problems.append(str(exc))
-                continue
-            metrics = _metrics(meta, meta_path, problems)
-            batch = meta.get("total_batch_size")
-            tokens = step * batch if _is_count(batch) else None
-            config = _config(meta)
-            changes = _changes(previous, config)
-            previous = config
-            points.append(
-                Point(
-                    stage,
-                    step,
-                    offset + step,
-                    directory,
-                    metrics,
-                    tokens,
-                    _size(directory, step),
-                    changes,
-                    _mtime(meta_path),
-                )
-            )
+        previous = _stage_points(stage, directory, steps, offset, previous, points, problems)
         offset += steps[-1]
     name = folder.name if len(stages) < 2 else f"{folder.name} ({' → '.join(s for _, s in stages)})"
     return Timeline(name, tuple(points), tuple(problems), tuple(stages), notes=bpb_notes(points))
+
+
+def _stage_points(
+    stage: str,
+    directory: Path,
+    steps: list[int],
+    offset: int,
+    previous: dict[str, Any] | None,
+    points: list[Point],
+    problems: list[str],
+) -> dict[str, Any] | None:
+    """The saved steps of one stage appended to ``points`` (x from ``offset``); returns the last
+    step's config, which the next stage's first step is compared with."""
+    for step in steps:
+        meta_path = ckpt.meta_file(directory, step)
+        try:
+            meta = ckpt.read_meta(meta_path)
+        except NanoscopeError as exc:
+            problems.append(str(exc))
+            continue
+        metrics = _metrics(meta, meta_path, problems)
+        batch = meta.get("total_batch_size")
+        tokens = step * batch if _is_count(batch) else None
+        config = _config(meta)
+        changes = _changes(previous, config)
+        previous = config
+        points.append(
+            Point(
+                stage,
+                step,
+                offset + step,
+                directory,
+                metrics,
+                tokens,
+                _size(directory, step),
+                changes,
+                _mtime(meta_path),
+            )
+        )
+    return previous
+
+
+def _experiment(tag_folder: Path) -> Timeline:
+    """An experiment's tag: its stages' saved steps chained as in the phase layout, its stage
+    logs' records as curves on the same x-axis, its meta.json as ``about``."""
+    points: list[Point] = []
+    problems: list[str] = []
+    stages: list[tuple[int, str]] = []
+    curves: list[Curve] = []
+    logged: dict[str, list[Series]] = {}
+    for stage, log in stage_logs(tag_folder):
+        series, lines = read_series(log, stage)
+        problems += lines
+        for one in series:
+            logged.setdefault(one.stage, []).append(one)
+    saved = dict(stage_folders(tag_folder))
+    offset = 0
+    previous: dict[str, Any] | None = None
+    for stage in STAGES:
+        if stage not in saved and stage not in logged:
+            continue
+        stages.append((offset, stage))
+        steps = ckpt.model_steps(saved[stage])[:MAX_POINTS] if stage in saved else []
+        previous = (
+            _stage_points(stage, saved[stage], steps, offset, previous, points, problems)
+            if steps
+            else previous
+        )
+        for one in logged.get(stage, []):
+            xs = tuple(float(offset + step) for step in one.steps)
+            curves.append(Curve(one.name, stage, xs, one.values, one.source))
+        # A stage that crashed before its first save still spans what it logged.
+        offset += (
+            steps[-1]
+            if steps
+            else max((one.steps[-1] for one in logged.get(stage, []) if one.steps), default=0)
+        )
+    about, lines = read_about(tag_folder.parent)
+    problems += lines
+    name = f"{tag_folder.parent.name}/{tag_folder.name}"
+    if len(stages) > 1:
+        name += f" ({' → '.join(s for _, s in stages)})"
+    notes = bpb_notes(points) + ((about_note(about),) if about else ())
+    return Timeline(name, tuple(points), tuple(problems), tuple(stages), tuple(curves), notes, about)
 
 
 def bpb_notes(points: list[Point]) -> tuple[str, ...]:

@@ -1,0 +1,226 @@
+"""What a nanochat experiment's files say about its run (upstream PR #800's layout; Qt-free).
+
+Stage logs: nanochat's stage scripts print to stdout and its runner tees that into one log per
+stage beside the checkpoints (``<tag>/base_train.log``, ``sft.log``, ``chat_eval.log``, …). Most
+of a log is prose; the lines that carry data follow nanochat's record grammar (``nanochat/logfmt.py``
+on that branch): ``<tag> key=value key=value …``, values with spaces shell-quoted, numbers as
+written. A record with a ``step`` (``eval step= val_bpb=``, ``core step= core=``, ``chatcore
+step= chatcore= …``, chat_eval's ``summary source= step= …``) gives each of its numbers a point
+on a series of that name; ``eflops`` is an x of its own, not a series.
+
+A prose line (no ``key=value`` after the tag, as base_train's ``step 00042/…`` progress lines) is
+skipped quietly, as nanochat's own parser skips it. A record that cannot be parsed, a ``step`` that
+is not a count, or a value that is NaN or a word where a metric belongs is one line naming the
+file and line (at most ``MAX_PROBLEMS_PER_FILE`` of them, then a count); the rest is read.
+
+``meta.json`` (the experiment's identity: name, git commit and branch, dirty flag, dataset,
+creation date) is read into a few labelled strings.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from desktop.engine.files.bounded import FileRefused, read_json
+from desktop.engine.files.log_lines import LogLines
+
+# Which stage each of the runner's logs belongs to (runs/run.sh names them after the script).
+LOG_STAGES = {
+    "base_train.log": "base",
+    "base_eval.log": "base",
+    "mid_train.log": "mid",
+    "sft.log": "sft",
+    "chat_sft.log": "sft",
+    "chat_eval.log": "sft",  # its summary's ``source`` names the stage it evaluated
+    "rl.log": "rl",
+    "chat_rl.log": "rl",
+}
+STAGE_NAMES = ("base", "mid", "sft", "rl")
+# Records whose every field but the identity is a metric: a word there is a problem, not a label.
+METRIC_RECORDS = frozenset({"eval", "core", "chatcore"})
+# Records that may carry a step, and the tags a malformed line is recognised by.
+STEP_RECORDS = METRIC_RECORDS | {"step", "summary"}
+NOT_SERIES = frozenset({"step", "eflops", "source", "model_tag", "tag"})
+MAX_POINTS = 100_000  # points kept per series; a log with more is cut, and said
+MAX_PROBLEMS_PER_FILE = 5
+ABOUT_KEYS = (
+    ("name", "experiment"),
+    ("git_commit", "commit"),
+    ("git_branch", "branch"),
+    ("git_dirty", "tree"),
+    ("dataset", "dataset"),
+    ("created", "created"),
+)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One number logged at several steps of one stage, from one file."""
+
+    name: str
+    stage: str
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+    source: str
+
+
+def stage_logs(tag_folder: Path) -> list[tuple[str, Path]]:
+    """(stage, log) for each known stage log of a tag folder, in run order."""
+    logs = [(stage, tag_folder / name) for name, stage in LOG_STAGES.items() if (tag_folder / name).is_file()]
+    return sorted(logs, key=lambda sl: STAGE_NAMES.index(sl[0]))
+
+
+def read_series(log: Path, stage: str) -> tuple[list[Series], list[str]]:
+    """Every series the records of ``log`` state (x: the step within their stage), and the
+    problem lines."""
+    problems = _Problems(log)
+    found: dict[tuple[str, str], dict[int, float]] = {}
+    lines = LogLines(log)
+    try:
+        for number, text in lines:
+            record = _record(text, number, problems)
+            if record is not None:
+                _add(record, stage, number, found, problems)
+    except FileRefused as exc:
+        return [], [str(exc)]
+    notes = problems.lines()
+    if lines.cut:
+        notes.append(lines.cut_line())
+    if lines.long_lines:
+        notes.append(f"{log}: {lines.long_lines} line(s) over {lines.max_line // 1024} KB skipped")
+    series = []
+    for (name, where), points in found.items():
+        steps = sorted(s for s in points if s >= 0)
+        series.append(Series(name, where, tuple(steps), tuple(points[s] for s in steps), str(log)))
+    return series, notes
+
+
+def read_about(experiment_dir: Path) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+    """The experiment's identity from its ``meta.json`` as (label, text) pairs: experiment,
+    commit, branch, tree (clean / uncommitted changes), dataset, created. Absent: nothing."""
+    path = experiment_dir / "meta.json"
+    if not path.is_file():
+        return (), []
+    try:
+        meta = read_json(path, "config")
+    except FileRefused as exc:
+        return (), [str(exc)]
+    if not isinstance(meta, dict):
+        return (), [f"{path}: not a JSON object; left out"]
+    about: list[tuple[str, str]] = []
+    problems: list[str] = []
+    for key, label in ABOUT_KEYS:
+        value = meta.get(key)
+        if key == "git_dirty" and isinstance(value, bool):
+            patch = " (diff in code_diff.patch)" if (experiment_dir / "code_diff.patch").is_file() else ""
+            about.append((label, f"uncommitted changes{patch}" if value else "clean"))
+        elif key != "git_dirty" and isinstance(value, str) and value:
+            about.append((label, _short(value)))
+        elif value is not None:
+            problems.append(
+                f"{path}: {key} is not {'true or false' if key == 'git_dirty' else 'text'}; left out"
+            )
+    return tuple(about), problems
+
+
+def about_note(about: tuple[tuple[str, str], ...]) -> str:
+    """One line for the status: "experiment golden · commit e4286f8 · clean · dataset …"."""
+    shown = dict(about)
+    parts = [f"experiment {shown['experiment']}"] if "experiment" in shown else []
+    if "commit" in shown:
+        parts.append(
+            f"commit {shown['commit'][:7]}" + (f" on {shown['branch']}" if "branch" in shown else "")
+        )
+    if "tree" in shown:
+        parts.append(shown["tree"] if shown["tree"] != "clean" else "clean tree")
+    if "dataset" in shown:
+        parts.append(f"dataset {shown['dataset']}")
+    return " · ".join(parts)
+
+
+class _Problems:
+    """Problem lines of one file: the first few in full, then how many more."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.shown: list[str] = []
+        self.more = 0
+
+    def add(self, number: int, reason: str) -> None:
+        if len(self.shown) < MAX_PROBLEMS_PER_FILE:
+            self.shown.append(f"{self.path}:{number}: {reason}")
+        else:
+            self.more += 1
+
+    def lines(self) -> list[str]:
+        tail = [f"{self.path}: {self.more} more problem lines skipped"] if self.more else []
+        return self.shown + tail
+
+
+def _record(text: str, number: int, problems: _Problems) -> dict[str, Any] | None:
+    """A record line with a step as a dict (the tag under ``tag``); None for prose, other records
+    and malformed lines (those said)."""
+    tag, _, rest = text.strip().partition(" ")
+    if tag not in STEP_RECORDS or "=" not in rest:
+        return None  # prose (base_train's "step 00042/…" lines), or a record without steps
+    try:
+        tokens = shlex.split(rest) if ('"' in rest or "'" in rest or "\\" in rest) else rest.split()
+    except ValueError:
+        problems.add(number, f"{tag} record with unbalanced quotes; skipped")
+        return None
+    record: dict[str, Any] = {"tag": tag}
+    for token in tokens:
+        key, eq, value = token.partition("=")
+        if not eq or not key:
+            problems.add(number, f"{tag} record with {_short(token, 40)!r}, not key=value; skipped")
+            return None
+        record[key] = _value(value)
+    if "step" not in record:
+        return None  # e.g. base_train's summary: the run's totals, not a point
+    step = record["step"]
+    if not isinstance(step, int) or step < 0:
+        problems.add(number, f"{tag} record whose step {_short(str(step), 40)!r} is not a count; skipped")
+        return None
+    return record
+
+
+def _add(record: dict[str, Any], stage: str, number: int, found: dict, problems: _Problems) -> None:
+    source = record.get("source")
+    where = source if isinstance(source, str) and source in STAGE_NAMES else stage
+    for key, value in record.items():
+        if key in NOT_SERIES:
+            continue
+        if isinstance(value, str):
+            if record["tag"] in METRIC_RECORDS:
+                problems.add(number, f"{key} is {_short(value, 40)!r}, not a number; left out")
+            continue
+        if not math.isfinite(value):
+            problems.add(number, f"{key} is {value}; left out")
+            continue
+        points = found.setdefault((key, where), {})
+        if len(points) < MAX_POINTS or record["step"] in points:
+            points[record["step"]] = float(value)
+        elif len(points) == MAX_POINTS:
+            problems.add(number, f"{key}: more than {MAX_POINTS:,} points; later ones left out")
+            points[-1] = math.nan  # one line per series: the marker makes it MAX_POINTS + 1
+
+
+def _value(text: str) -> int | float | str:
+    """As nanochat's parser infers it: an int, else a float, else the text."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
