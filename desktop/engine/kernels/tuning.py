@@ -42,13 +42,21 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-import psutil
 import torch
 import torch.nn.functional as F
 
 from desktop.engine.files.bounded import FileRefused, read_json
 from desktop.engine.kernels import gemv
 from desktop.engine.kernels.gemv import ExactLinear, Kernel, Route
+from desktop.engine.kernels.stopwatch import (
+    FLUSH_BYTES,
+    FLUSH_FROM,
+    Candidate,
+    OtherLoad,
+    best_us,
+    bind,
+    stream_times,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,38 +64,17 @@ CACHE_VERSION = 1
 MAX_CACHE_BYTES = 1 << 20  # a few hundred shapes; a bigger file is not ours, and is started afresh
 # Relative RMS error of one product against fp32 that each lossy mode accepts (see the docstring).
 TOLERANCE = {"fp16": 1e-3, "int8": 2e-2}
-ROUNDS = 9  # samples per candidate; the fastest is kept
-# In a decode step every matrix comes from DRAM (the rest of the model evicts it), so a matrix of
-# a megabyte or more is timed after reading this much other memory, more than the last-level cache
-# of the desktop and laptop CPUs this runs on. Smaller ones are dominated by fixed costs, and timed
-# warm, several calls per sample.
-FLUSH_BYTES = 64 << 20
-FLUSH_FROM = 1 << 20
-WARM_CALLS = 8
 # A matrix bigger than this (fp32) is timed on a slice of its rows (at least MIN_PACKED_ROWS).
 TIMING_BYTES = 32 << 20
-# Lossy candidates are timed streaming through this many bytes of copies in their own form (more
-# than the last-level cache of the desktop CPUs this runs on), in this many passes.
-STREAM_BYTES = 64 << 20
-STREAM_ROUNDS = 5
-# At most this many copies: a matrix under 1 MB is mostly fixed costs (and building hundreds of
-# packed copies would slow the first load more than it sharpens the ranking).
-MAX_COPIES = 64
 MIN_PACKED_ROWS = 256
-ERROR_ROWS = 4
+ERROR_ROWS = 4  # random rows the error of a lossy candidate is measured with
 # Timings taken while other processes used more than this share of all cores are not saved.
-BUSY_SHARE = 0.25  # random rows the error of a lossy candidate is measured with
+BUSY_SHARE = 0.25
 # Seconds of timing one process spends at most (all shapes, all modes): an idle 2-core machine
 # times the demo in about 2 s, a d20 model's every shape in exact and fast mode in about 10 s.
 TUNING_BUDGET_S = 20.0
 # Told (seconds spent timing so far, the budget) before each timing: what a load shows meanwhile.
 TuningListener = Callable[[float, float], None]
-
-
-@dataclass(frozen=True)
-class Candidate:
-    name: str
-    build: Callable[[torch.Tensor], Kernel]
 
 
 def _candidates(kind: str) -> list[Candidate]:
@@ -154,96 +141,6 @@ def relative_error(kernel: Callable[[torch.Tensor], torch.Tensor], weight: torch
         got = torch.cat([kernel(x[:, i : i + 1]) for i in range(ERROR_ROWS)], 1).double()
     scale = reference.norm().item() or 1.0
     return (got - reference).norm().item() / scale
-
-
-def _best_us(calls: dict[str, Callable[[], object]], flush: torch.Tensor | None) -> dict[str, float]:
-    """The fastest of :data:`ROUNDS` samples of each of ``calls``, in microseconds, each sample
-    after evicting the caches when ``flush`` is given, else the mean of :data:`WARM_CALLS` calls.
-
-    The candidates take turns within each round, so a burst of load hits them alike. And the
-    minimum, not the median: on a busy machine (a browser, another model in Compare) a product
-    whose threads lose the CPU takes a scheduler slice longer, often in most samples; that only
-    ever adds time, so the fastest sample is the kernel's own speed."""
-    for call in calls.values():
-        call()
-        call()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(ROUNDS):
-        for name, call in calls.items():
-            if flush is not None:
-                flush.sum()  # reads FLUSH_BYTES: the weight is no longer in any cache
-                t0 = time.perf_counter()
-                call()
-                samples[name].append(time.perf_counter() - t0)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(WARM_CALLS):
-                    call()
-                samples[name].append((time.perf_counter() - t0) / WARM_CALLS)
-    return {name: min(times) * 1e6 for name, times in samples.items()}
-
-
-class OtherLoad:
-    """How much of the machine other processes used from creation to :meth:`share`."""
-
-    def __init__(self) -> None:
-        self._me = psutil.Process()
-        self._start = (time.monotonic(), self._busy(), self._mine())
-
-    def _busy(self) -> float:
-        t = psutil.cpu_times()
-        return t.user + t.system + getattr(t, "nice", 0.0)
-
-    def _mine(self) -> float:
-        t = self._me.cpu_times()
-        return t.user + t.system
-
-    def share(self) -> float:
-        """Other processes' CPU time over the wall time of every core, since creation (0..1)."""
-        wall = (time.monotonic() - self._start[0]) * (psutil.cpu_count() or 1)
-        others = (self._busy() - self._start[1]) - (self._mine() - self._start[2])
-        return max(0.0, others / wall) if wall > 0 else 0.0
-
-
-def _stream_times(
-    candidates: list[Candidate], part: torch.Tensor, refused: dict[str, str]
-) -> dict[str, float]:
-    """µs per product of each candidate, streaming: built on enough copies of ``part`` to fill
-    :data:`STREAM_BYTES` in its own form, each sample runs them one after another, as a decode
-    step runs its layers, so each product reads its matrix from DRAM with the prefetchers at work.
-
-    (Timing one product alone after evicting the caches ranked torch's weight-only int8 10%
-    ahead of fbgemm's int8 on an AMD EPYC, where a whole decode step with it was 45% slower;
-    streamed, fbgemm came out 1.4-1.8x ahead, as in the step.) One candidate's copies exist at a
-    time, so the candidates are timed in turn; the fastest of several passes over the copies
-    counts (a busy machine only adds time)."""
-    x = torch.randn(1, 1, part.shape[1], dtype=part.dtype)
-    timed: dict[str, float] = {}
-    for candidate in candidates:
-        try:
-            first = candidate.build(part.clone())  # a copy of its own, even for fp32
-            first(x)
-        except (RuntimeError, ValueError, NotImplementedError) as exc:  # not in this build
-            refused[candidate.name] = f"unavailable ({str(exc).splitlines()[0][:80]})"
-            continue
-        count = min(MAX_COPIES, max(1, -(-STREAM_BYTES // max(1, first.weight_nbytes))))
-        copies = [first, *(candidate.build(part.clone()) for _ in range(count - 1))]
-        timed[candidate.name] = _stream_us(copies, x)
-        del first, copies
-    return timed
-
-
-def _stream_us(copies: list[Kernel], x: torch.Tensor) -> float:
-    """The fastest of :data:`STREAM_ROUNDS` passes over ``copies``, in µs per product."""
-    for kernel in copies:
-        kernel(x)
-    samples = []
-    for _ in range(STREAM_ROUNDS):
-        t0 = time.perf_counter()
-        for kernel in copies:
-            kernel(x)
-        samples.append((time.perf_counter() - t0) / len(copies))
-    return min(samples) * 1e6
 
 
 @dataclass
@@ -405,12 +302,12 @@ class KernelTuner:
     def rank_routes(self, product: ExactLinear, threads: int, routes: dict[str, Route]) -> list[str]:
         """``routes``' names, fastest first, timed at ``threads`` threads (the caller's count)."""
         x = torch.randn(1, 1, product.in_features, dtype=product.weight.dtype)
-        calls = {name: _bind(route, x) for name, route in routes.items()}
+        calls = {name: bind(route, x) for name, route in routes.items()}
 
         def time_them(missing: list[str]) -> dict[str, float]:
             big = product.weight_nbytes >= FLUSH_FROM
             flush = torch.empty(FLUSH_BYTES // 4).normal_() if big else None
-            return _best_us({name: calls[name] for name in missing}, flush)
+            return best_us({name: calls[name] for name in missing}, flush)
 
         timed = self._measure(_exact_entry(product), threads, list(routes), time_them)
         if not all(name in timed for name in routes):  # past the budget: the safe route first
@@ -486,7 +383,7 @@ class KernelTuner:
         by_name = {candidate.name: candidate for candidate in untimed}
 
         def time_them(missing: list[str]) -> dict[str, float]:
-            return _stream_times([by_name[name] for name in missing], part, refused)
+            return stream_times([by_name[name] for name in missing], part, refused)
 
         return self._measure(entry, threads, list(by_name), time_them, scale=n / rows)
 
@@ -524,10 +421,6 @@ def _is_timing(value: object) -> bool:
     """A time in µs as this cache writes it. Compared before ``float()``: a 400-digit integer in
     a damaged file would overflow it."""
     return type(value) in (int, float) and 0 <= value < 1e12  # type: ignore[operator]
-
-
-def _bind(kernel: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> Callable[[], object]:
-    return lambda: kernel(x)
 
 
 def shown_precision(name: str, choices: Sequence[Choice]) -> str:

@@ -20,6 +20,7 @@ from support.checkpoint_factory import default_config, write_checkpoint
 from desktop.engine.backend import LoadOptions
 from desktop.engine.kernels import gemv
 from desktop.engine.kernels import tuning as kernel_tuning
+from desktop.engine.kernels.stopwatch import OtherLoad
 from desktop.engine.kernels.tuning import TOLERANCE, TUNING_BUDGET_S, KernelTuner, machine_id, relative_error
 from desktop.engine.nanochat.backend import NanochatBackend
 
@@ -128,7 +129,7 @@ def test_other_machines_entries_survive_a_save(tmp_path, quiet_machine):
 
 
 def test_timings_from_a_busy_machine_are_used_but_not_saved(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernel_tuning.OtherLoad, "share", lambda self: 0.9)
+    monkeypatch.setattr(OtherLoad, "share", lambda self: 0.9)
     cache = tmp_path / "kernels.json"
     tuner = KernelTuner(cache)
     kernel = tuner.product(_weight(), "fp16")
@@ -136,7 +137,7 @@ def test_timings_from_a_busy_machine_are_used_but_not_saved(tmp_path, monkeypatc
     assert not cache.exists() or not json.loads(cache.read_text())["machines"][machine_id()].get(
         str(torch.get_num_threads())
     )
-    monkeypatch.setattr(kernel_tuning.OtherLoad, "share", lambda self: 0.0)
+    monkeypatch.setattr(OtherLoad, "share", lambda self: 0.0)
     KernelTuner(cache).product(_weight(), "fp16")  # the next start times again, and keeps it
     assert json.loads(cache.read_text())["machines"][machine_id()]
 
