@@ -70,7 +70,7 @@ class Series:
 
 def stage_logs(tag_folder: Path) -> list[tuple[str, Path]]:
     """(stage, log) for each known stage log of a tag folder, in run order."""
-    logs = [(stage, tag_folder / name) for name, stage in LOG_STAGES.items() if (tag_folder / name).is_file()]
+    logs = [(stage, tag_folder / name) for name, stage in LOG_STAGES.items() if (tag_folder / name).exists()]
     return sorted(logs, key=lambda sl: STAGE_NAMES.index(sl[0]))
 
 
