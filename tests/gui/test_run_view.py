@@ -253,3 +253,46 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
         view.evaluate("mc", data)
     assert f"{len(points)} of {len(points)} steps read from kept results" in view.status.text()
     assert view.evals.scores[task] == scores
+
+
+def test_an_experiment_run_shows_its_logged_curves_opens_a_step_and_races_three(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+):
+    """nanochat's experiment layout (PR #800), the golden experiment its branch wrote: the Run tab
+    lists its tag, draws the stage logs' val_bpb with the saved steps on it, and says its commit."""
+    from support.golden import EXPERIMENT_CASES, manifest
+
+    case = EXPERIMENT_CASES[0]
+    m = manifest(case)
+    win = start_with_base(qtbot, windows, monkeypatch, case, fake=False)
+    tag = f"{m['experiment']}/{m['tag']}"
+    qtbot.waitUntil(lambda: win.run_view.runs.findText(tag) >= 0, timeout=WAIT)
+    folder = win.run_view.runs.itemData(win.run_view.runs.findText(tag))
+
+    view = show_run(qtbot, win, folder)
+    want = timeline_of(folder)
+    assert [(p.stage, p.step) for p in view.timeline.points] == [(p.stage, p.step) for p in want.points]
+    assert view.curve.currentText() == "val_bpb"
+    drawn = view.plot.listDataItems()[0]  # the curve, then the saved steps' markers
+    assert list(zip(drawn.xData, drawn.yData, strict=True)) == want.line("val_bpb")
+    assert len(drawn.xData) > len(want.points)  # the logs' evaluations between the saves
+    assert f"commit {m['commit'][:7]}" in view.status.text()
+
+    first = view.timeline.points[0]
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT) as loaded:
+        view.click_point(first, Qt.KeyboardModifier.NoModifier)
+    assert (Path(loaded.args[0].path), loaded.args[0].step) == (first.path, first.step)
+    assert win.tabs.currentIndex() == 0 and win.picker.current() == (first.path, first.step)
+
+    win.tabs.setCurrentWidget(view)
+    for point in view.timeline.points:
+        view.click_point(point, Qt.KeyboardModifier.ShiftModifier)
+    assert view.compare_btn.text() == "Compare 3"
+    compare = win.compare_view.controller
+    qtbot.mouseClick(view.compare_btn, Qt.MouseButton.LeftButton)
+    assert win.tabs.currentWidget() is win.compare_view
+    wanted = [(p.path, p.step) for p in view.timeline.points]
+    qtbot.waitUntil(lambda: [p.loaded_key for p in compare.panes[:3]] == wanted, timeout=WAIT)
