@@ -5,7 +5,9 @@ Nothing here imports PySide6; the UI calls it from the GUI thread (or one execut
 
 from __future__ import annotations
 
-from desktop.store.history import ConversationRow, HistoryStore, SearchHit, StreamingWriter
+from desktop.store.history import ConversationRow, HistoryStore
 from desktop.store.schema import HistoryError
+from desktop.store.search import SearchHit
+from desktop.store.streaming import StreamingWriter
 
 __all__ = ["ConversationRow", "HistoryError", "HistoryStore", "SearchHit", "StreamingWriter"]

@@ -19,33 +19,23 @@ they are mapped to the real ids once the write lands.
 
 from __future__ import annotations
 
-import json
-import re
 import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from contextlib import closing, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from desktop.config import paths
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
-from desktop.engine.messages import TEXT, Message, Part, Role
+from desktop.engine.messages import Message, Role
+from desktop.store.message_rows import dumps, message_columns, restore_message
 from desktop.store.schema import HistoryError, ensure_search_index, immediate, migrate, refuse_foreign
+from desktop.store.search import SearchHit, search_conversations
 
 KINDS = ("chat", "compare")
-# The last part of a stored message that could only partly be read.
-UNREADABLE = "[Part of this message could not be read from the history: {}. The rest is shown.]"
-
-# Snippets mark each match with these control characters (never present in chat text),
-# so the view can turn them into bold without parsing or escaping guesses.
-MARK_START = "\x02"
-MARK_END = "\x03"
-
-_SNIPPET_CHARS = 80  # snippet width around the first match
-_MIN_PREFIX = 3  # shorter last words match whole words only (see _fts_queries)
 
 
 @dataclass(frozen=True)
@@ -59,14 +49,6 @@ class ConversationRow:
     deleted_at: float | None
 
 
-@dataclass(frozen=True)
-class SearchHit:
-    conversation_id: int
-    title: str
-    snippet: str  # matches wrapped in MARK_START … MARK_END
-    message_id: int | None  # None when the title matched
-
-
 @dataclass
 class _PendingWrite:
     description: str
@@ -74,57 +56,6 @@ class _PendingWrite:
     placeholder: int | None  # the negative id handed out for a row this write creates
     coalesce_key: tuple[str, int] | None  # a newer write with the same key replaces this one
     result: int = 0
-
-
-def restore_message(role: Role, parts_json: object, meta_json: object) -> Message:
-    """A message from its stored columns, as much of it as can be read.
-
-    A row written by a crash, another program or a hand edit may hold malformed or deeply nested
-    JSON; it must not make its conversation impossible to open. Unreadable parts are left out, an
-    unreadable meta (token trace, sampling) is dropped, and a last text part says what was lost.
-    """
-    parts: list[Part] = []
-    problems: list[str] = []
-    try:
-        stored = loads_bounded(parts_json) if isinstance(parts_json, str) else None
-        if not isinstance(stored, list):
-            raise JsonRefused("the parts are not a list")
-        for item in stored:
-            try:
-                parts.append(Part.from_dict(item))
-            except (KeyError, TypeError, ValueError):
-                problems.append("a part is not a {kind, text} object")
-    except JsonRefused as exc:
-        problems.append(f"parts: {exc}")
-    try:
-        meta = loads_bounded(meta_json) if isinstance(meta_json, str) else None
-        if not isinstance(meta, dict):
-            raise JsonRefused("not an object")
-        message = Message.restore(role, parts, meta)
-    except JsonRefused as exc:
-        problems.append(f"details: {exc}")
-        message = Message.restore(role, parts, {})
-    except (KeyError, TypeError, ValueError, OverflowError):
-        problems.append("details: the stored token record is malformed")
-        message = Message.restore(role, parts, {})
-    if problems:
-        message.parts.append(Part(TEXT, UNREADABLE.format("; ".join(dict.fromkeys(problems)))))
-    return message
-
-
-def _dumps(value: Any) -> str:
-    # default=str: the store does not interpret meta, and a stray Path must not lose a reply.
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def _search_text(message: Message) -> str:
-    return "\n".join(p.text for p in message.parts)
-
-
-def _message_columns(message: Message) -> tuple[str, str, str, str]:
-    """Serialised now, so a message that keeps growing cannot change a write still pending."""
-    parts = _dumps([p.to_dict() for p in message.parts])
-    return message.role, parts, _dumps(message.stored_meta()), _search_text(message)
 
 
 class HistoryStore:
@@ -188,7 +119,7 @@ class HistoryStore:
     def create_conversation(self, title: str, kind: str = "chat", meta: dict[str, Any] | None = None) -> int:
         if kind not in KINDS:
             raise ValueError(f"conversation kind must be one of {KINDS}, got {kind!r}")
-        now, meta_json = self._clock(), _dumps(meta or {})
+        now, meta_json = self._clock(), dumps(meta or {})
 
         def run(conn: sqlite3.Connection) -> int:
             cur = conn.execute(
@@ -262,8 +193,8 @@ class HistoryStore:
         """Add a whole linear conversation in one transaction (an imported export, a benchmark)."""
         if kind not in KINDS:
             raise ValueError(f"conversation kind must be one of {KINDS}, got {kind!r}")
-        now, meta_json = self._clock(), _dumps(meta or {})
-        columns = [_message_columns(m) for m in messages]
+        now, meta_json = self._clock(), dumps(meta or {})
+        columns = [message_columns(m) for m in messages]
 
         def run(conn: sqlite3.Connection) -> int:
             conv_id = int(
@@ -295,7 +226,7 @@ class HistoryStore:
 
         Pass ``complete=False`` for a reply that is about to stream (see ``StreamingWriter``).
         """
-        role, parts, meta, text = _message_columns(message)
+        role, parts, meta, text = message_columns(message)
         now = self._clock()
 
         def run(conn: sqlite3.Connection) -> int:
@@ -321,7 +252,7 @@ class HistoryStore:
 
     def update_message(self, msg_id: int, message: Message, complete: bool) -> None:
         """Replace a message's content (a streamed reply growing, then finished)."""
-        role, parts, meta, text = _message_columns(message)
+        role, parts, meta, text = message_columns(message)
         now = self._clock()
 
         def run(conn: sqlite3.Connection) -> int:
@@ -396,27 +327,7 @@ class HistoryStore:
 
     def search(self, query: str, limit: int = 50) -> list[SearchHit]:
         """Live conversations matching every word of ``query``: title matches first, then newest messages."""
-        words = re.findall(r"\w+", query)
-        if not words or limit <= 0:
-            return []
-        titles_sql, messages_sql, params = _fts_queries(words) if self._fts else _like_queries(words)
-        found: dict[int, SearchHit] = {}
-        # Cursors are read lazily and closed as soon as enough conversations are found, so a
-        # common word costs a few rows, and no read snapshot outlives the call (it would hold
-        # back WAL checkpoints).
-        with closing(self._conn.execute(titles_sql, params)) as titles:
-            for conv_id, title in titles:
-                found.setdefault(conv_id, SearchHit(conv_id, title, _mark(title, words, len(title)), None))
-                if len(found) == limit:
-                    return list(found.values())
-        with closing(self._conn.execute(messages_sql, params)) as messages:
-            for conv_id, title, msg_id, text in messages:
-                if conv_id not in found:
-                    # Cut here, only for the hits kept: FTS5's snippet() would cost a lookup per row.
-                    found[conv_id] = SearchHit(conv_id, title, _mark(text, words, _SNIPPET_CHARS), msg_id)
-                    if len(found) == limit:
-                        break
-        return list(found.values())
+        return search_conversations(self._conn, self._fts, query, limit)
 
     # ----- failed writes ---------------------------------------------------------------------
 
@@ -505,98 +416,3 @@ class HistoryStore:
         if conn.execute(f"UPDATE conversations SET {assignment} WHERE id = ?", (*args, cid)).rowcount == 0:
             raise ValueError(f"no conversation {conv_id}")
         return cid
-
-
-class StreamingWriter:
-    """Saves a reply while it streams, at most once per ``interval_s``, so a kill loses ≤ 1 s.
-
-    Usage: ``msg_id = store.add_message(conv, reply, parent, complete=False)``, then
-    ``writer.update(reply)`` after each token, ``writer.finish(reply)`` at the end or on stop.
-    """
-
-    def __init__(
-        self,
-        store: HistoryStore,
-        msg_id: int,
-        *,
-        interval_s: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.store = store
-        self.msg_id = msg_id
-        self.interval_s = interval_s
-        self._clock = clock
-        self._last_write = clock()
-        self._unsaved: Message | None = None
-
-    def update(self, message: Message) -> bool:
-        """Note the grown ``message``; True when this call wrote it."""
-        self._unsaved = message
-        if self._clock() - self._last_write < self.interval_s:
-            return False
-        self.flush()
-        return True
-
-    def flush(self) -> None:
-        """Write the latest unsaved state now (still marked incomplete)."""
-        if self._unsaved is not None:
-            self.store.update_message(self.msg_id, self._unsaved, complete=False)
-            self._unsaved = None
-        self._last_write = self._clock()
-
-    def finish(self, message: Message) -> None:
-        self.store.update_message(self.msg_id, message, complete=True)
-        self._unsaved = None
-
-
-def _fts_queries(words: list[str]) -> tuple[str, str, tuple[str]]:
-    # Every word must match; the last one as a prefix (search while typing) once it is long
-    # enough: one- or two-letter prefixes expand to thousands of terms and would be slow.
-    terms = ['"' + w.replace('"', '""') + '"' for w in words]
-    if len(words[-1]) >= _MIN_PREFIX:
-        terms[-1] += "*"
-    # ORDER BY the FTS rowid lets FTS5 walk its doclists newest first, with no sort to wait for.
-    titles = (
-        "SELECT c.id, c.title FROM titles_fts JOIN conversations c ON c.id = titles_fts.rowid "
-        "WHERE titles_fts MATCH ? AND c.deleted_at IS NULL ORDER BY titles_fts.rowid DESC"
-    )
-    messages = (
-        "SELECT c.id, c.title, m.id, m.text FROM messages_fts "
-        "JOIN messages m ON m.id = messages_fts.rowid JOIN conversations c ON c.id = m.conversation_id "
-        "WHERE messages_fts MATCH ? AND c.deleted_at IS NULL ORDER BY messages_fts.rowid DESC"
-    )
-    return titles, messages, (" ".join(terms),)
-
-
-def _like_queries(words: list[str]) -> tuple[str, str, tuple[str, ...]]:
-    """The slow path for SQLite builds without FTS5: scans, newest first."""
-    patterns = tuple("%" + re.sub(r"([\\%_])", r"\\\1", w) + "%" for w in words)
-
-    def where(column: str) -> str:
-        return " AND ".join(f"{column} LIKE ? ESCAPE '\\'" for _ in patterns)
-
-    titles = (
-        f"SELECT id, title FROM conversations WHERE deleted_at IS NULL AND {where('title')} ORDER BY id DESC"
-    )
-    messages = (
-        "SELECT c.id, c.title, m.id, m.text FROM messages m JOIN conversations c ON c.id = m.conversation_id "
-        f"WHERE c.deleted_at IS NULL AND {where('m.text')} ORDER BY m.id DESC"
-    )
-    return titles, messages, patterns
-
-
-def _mark(text: str, words: list[str], width: int) -> str:
-    """A window of about ``width`` characters around the first match, each match marked.
-
-    Matching is case-insensitive and, like the search, treats the last word as a prefix.
-    """
-    alternatives = [
-        re.escape(w) + (r"\w*" if i == len(words) - 1 and len(w) >= _MIN_PREFIX else "")
-        for i, w in enumerate(words)
-    ]
-    pattern = re.compile(r"\b(?:" + "|".join(alternatives) + ")", re.IGNORECASE)
-    first = pattern.search(text)
-    start = 0 if first is None else max(0, min(first.start() - width // 3, len(text) - width))
-    window = text[start : start + width]
-    marked = pattern.sub(lambda m: MARK_START + m.group(0) + MARK_END, window)
-    return ("…" if start > 0 else "") + marked + ("…" if start + width < len(text) else "")

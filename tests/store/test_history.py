@@ -19,7 +19,7 @@ from desktop.config import paths
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part
 from desktop.store import HistoryError, HistoryStore, StreamingWriter, schema
 from desktop.store.export import from_json, to_json
-from desktop.store.history import MARK_END, MARK_START
+from desktop.store.search import MARK_END, MARK_START
 
 REPO = REPO
 
@@ -416,7 +416,7 @@ def test_another_programs_database_is_refused_before_anything_changes_it(tmp_pat
     ids=["missing-text", "deep-parts", "malformed-parts", "deep-meta", "odd-trace"],
 )
 def test_a_malformed_row_opens_with_what_can_be_shown(tmp_path: Path, parts, meta, shown, problem) -> None:
-    from desktop.store.history import UNREADABLE
+    from desktop.store.message_rows import UNREADABLE
 
     store = HistoryStore(tmp_path / "h.db")
     conv = store.create_conversation("broken")
