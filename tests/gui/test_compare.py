@@ -297,7 +297,7 @@ def test_memory_warning_when_the_selection_needs_more_than_is_free(
     with qtbot.waitSignal(controller.memory_checked, timeout=LOAD_MS, check_params_cb=lambda ok, _m: not ok):
         controller.select(0, *ckpts["a10"])
         controller.select(1, *ckpts["b10"])
-    assert controller.last_memory[:3] == (False, need, need - 1)
+    assert controller.memory.last[:3] == (False, need, need - 1)
     assert not view.memory_banner.isHidden() and "RAM" in view.memory_banner.message.text()
     monkeypatch.setattr(memory, "available_ram", lambda: need)
     with qtbot.waitSignal(controller.memory_checked, timeout=LOAD_MS, check_params_cb=lambda ok, _m: ok):

@@ -15,7 +15,6 @@ one ``benchmarks/bench_compare_cpu.py`` measured faster; GPU panes always run in
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,6 @@ from PySide6.QtCore import QObject, Signal, Slot
 from desktop import __version__
 from desktop.config.settings import Settings
 from desktop.engine.backend import ModelInfo, Prompt, StreamOptions
-from desktop.engine.discovery import CheckpointSummary, summarize
-from desktop.engine.kernels import memory
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
 from desktop.gui.compare.analysis import (
@@ -43,6 +40,7 @@ from desktop.gui.compare.analysis import (
     sweep_steps,
     token_diff,
 )
+from desktop.gui.compare.memory_check import Key, MemoryCheck
 from desktop.gui.compare.run import PaneRun
 from desktop.gui.compare.same_model import compare_replies
 from desktop.gui.model_slot import ModelSlot
@@ -125,8 +123,6 @@ class CompareController(QObject):
     notice = Signal(str, str, str)
     same_model_reported = Signal(int, int, object)  # pane a, pane b, same_model.SameModelReport
 
-    _summary_ready = Signal(object, object)  # from the summary thread: (path, step), summary
-
     def __init__(
         self,
         store: HistoryStore,
@@ -150,15 +146,12 @@ class CompareController(QObject):
         self.diff_pair: tuple[int, int] | None = None
         self.divergence: int | None = None
         self.conv_id: int | None = None
-        self.last_memory: tuple[bool, int, int, str] | None = None
         self._agreed = 0
         self._busy = False
         self._same_model: tuple[Pane, Pane] | None = None  # a "Same model?" run in flight
         self._scores: dict[int, tuple[str, Pane, Pane]] = {}  # request -> (kind, source, scorer)
-        self._summaries: dict[tuple[Path, int], CheckpointSummary] = {}
-        self._summarizing: set[tuple[Path, int]] = set()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanoscope-compare-summary")
-        self._summary_ready.connect(self._on_summary)
+        self.memory = MemoryCheck(settings, self._picked, self)
+        self.memory.checked.connect(self.memory_checked)
         for _ in range(MIN_PANES):
             self.add_pane()
 
@@ -200,13 +193,13 @@ class CompareController(QObject):
         self._recompute_divergence()
         self._update_diff()
         self._update_busy()
-        self._check_memory()
+        self.memory.check()
         return True
 
     def select(self, index: int, path: Path, step: int) -> None:
         """The user picked a checkpoint in a pane (not loaded yet): re-check the memory needed."""
         self.panes[index].selection = (Path(path), int(step))
-        self._check_memory()
+        self.memory.check()
 
     def load(self, index: int, path: Path, step: int) -> None:
         """Load ``path`` at ``step`` into pane ``index`` (a reply in progress there is stopped first)."""
@@ -218,13 +211,13 @@ class CompareController(QObject):
         if pane.loading_target == key or (not pane.is_loading and pane.loaded_key == key):
             return
         pane.load(*key)
-        self._check_memory()
+        self.memory.check()
 
     def unload(self, index: int) -> None:
         """Free pane ``index``'s model; its last reply stays on screen."""
         self.panes[index].unload()
         self.pane_unloaded.emit(index)
-        self._check_memory()
+        self.memory.check()
 
     def set_overrides(self, index: int, overrides: dict) -> None:
         """Per-pane temperature / top-k / seed; None (or a missing key) means the shared value."""
@@ -322,6 +315,12 @@ class CompareController(QObject):
     def _index(self, pane: Pane) -> int | None:
         return self.panes.index(pane) if pane in self.panes else None
 
+    def _picked(self) -> tuple[list[Key], list[Key]]:
+        """The checkpoints picked in the panes, and those loaded: what the memory check weighs."""
+        selected = [p.selection for p in self.panes if p.selection]
+        loaded = [p.loaded_key for p in self.panes if p.loaded_key]
+        return selected, loaded
+
     def _pane_progress(self, pane: Pane, percent: int, message: str) -> None:
         if (i := self._index(pane)) is not None:
             self.pane_loading.emit(i, percent, message)
@@ -330,7 +329,7 @@ class CompareController(QObject):
         if (i := self._index(pane)) is None:
             return
         self.pane_loaded.emit(i, info)
-        self._check_memory()
+        self.memory.check()
 
     def _pane_notice(self, pane: Pane, level: str, title: str, message: str) -> None:
         if (i := self._index(pane)) is not None:
@@ -548,40 +547,6 @@ class CompareController(QObject):
         by_ids = ra.trace.has_ids and rb.trace.has_ids and same_tokenizer(ra.model, rb.model)
         self.same_model_reported.emit(ia, ib, compare_replies(ra.trace, rb.trace, by_ids))
 
-    # ----- memory ----------------------------------------------------------------------------
-
-    def _check_memory(self) -> None:
-        """Estimate the memory of every pane's selected checkpoint against what is free (async)."""
-        keys = {p.selection for p in self.panes if p.selection} | {
-            p.loaded_key for p in self.panes if p.loaded_key
-        }
-        missing = [k for k in keys if k is not None and k not in self._summaries]
-        for key in missing:
-            if key not in self._summarizing:
-                self._summarizing.add(key)
-                future = self._executor.submit(summarize, *key)
-                future.add_done_callback(partial(self._summary_done, key))
-        if missing:
-            return
-        selected = [self._summaries[p.selection] for p in self.panes if p.selection]
-        loaded = [self._summaries[p.loaded_key] for p in self.panes if p.loaded_key]
-        self.last_memory = memory.fits(
-            selected, self.settings.get("device"), self.settings.get("dtype"), loaded=loaded
-        )
-        ok, _needed, _available, message = self.last_memory
-        self.memory_checked.emit(ok, message)
-
-    def _summary_done(self, key: tuple[Path, int], future: Future) -> None:
-        """On the summary thread: hand the result to the GUI thread (a queued signal)."""
-        self._summary_ready.emit(key, _result(future))
-
-    @Slot(object, object)
-    def _on_summary(self, key: tuple[Path, int], summary: CheckpointSummary | None) -> None:
-        self._summarizing.discard(key)
-        if summary is not None:
-            self._summaries[key] = summary
-            self._check_memory()
-
     # ----- history and export ----------------------------------------------------------------
 
     def has_result(self) -> bool:
@@ -671,7 +636,7 @@ class CompareController(QObject):
         self.stop()
         for pane in self.panes:
             pane.shutdown()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.memory.shutdown()
 
 
 def _comparable_tokens(runs: list[PaneRun]) -> list[list]:
@@ -680,7 +645,3 @@ def _comparable_tokens(runs: list[PaneRun]) -> list[list]:
     if all(r.trace.has_ids or not r.trace.ids for r in runs):
         return [r.tokens for r in runs]
     return [list(r.trace.texts) for r in runs]
-
-
-def _result(future: Future) -> CheckpointSummary | None:
-    return None if future.cancelled() or future.exception() is not None else future.result()
