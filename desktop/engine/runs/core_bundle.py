@@ -42,6 +42,7 @@ from typing import Any
 from desktop.engine.backend import Backend, LoadOptions, Prompt
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused, parse_json, read_head_lines, read_text, read_yaml
+from desktop.engine.runs.records import parse_records
 from desktop.engine.runs.sweep import EvalTask, step_sweep
 from desktop.engine.runs.timeline import Point
 
@@ -55,7 +56,6 @@ MAX_FEWSHOT = 25  # nanochat uses 0, 3, 5 and 10
 MAX_LINE_CHARS = 200_000
 MAX_OPTIONS = 64  # choices or contexts of one example
 MAX_OPTION_CHARS = 20_000
-MAX_PROBLEMS_SHOWN = 20
 LITE = 100  # base_eval.py's own example: --max-per-task=100
 
 
@@ -178,20 +178,9 @@ def read_examples(task: CoreTask, lite: int | None = None) -> tuple[list[CoreExa
     """The task's usable examples in nanochat's shuffled order, the first ``lite`` of them when
     given, and one line per problem. FileRefused when the JSONL cannot be read."""
     lines, more = read_head_lines(task.data, "eval_data", MAX_EXAMPLES)
-    examples: list[CoreExample] = []
-    problems: list[str] = []
-    skipped = 0
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            examples.append(CoreExample(number, _item(line, number, task)))
-        except ValueError as exc:
-            skipped += 1
-            if len(problems) < MAX_PROBLEMS_SHOWN:
-                problems.append(f"{task.data}:{number}: {exc}; skipped")
-    if skipped > len(problems):
-        problems.append(f"{task.data}: {skipped - len(problems)} more lines skipped")
+    examples, problems, _ = parse_records(
+        lines, lambda line, number: CoreExample(number, _item(line, number, task)), task.data
+    )
     if more:
         problems.append(f"{task.data}: only the first {len(lines):,} lines are read")
     if not examples:

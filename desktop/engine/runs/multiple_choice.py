@@ -31,6 +31,7 @@ from desktop.engine.backend import Backend, LoadOptions
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused, parse_json, read_head_lines
 from desktop.engine.messages import Message
+from desktop.engine.runs.records import parse_records
 from desktop.engine.runs.sweep import EvalTask, step_sweep
 from desktop.engine.runs.timeline import Point
 
@@ -38,7 +39,6 @@ LETTERS = "ABCDEFGHIJ"
 MAX_QUESTIONS = 5_000  # a sweep over 20 steps asks each of them once per step
 MAX_LINE_CHARS = 64_000
 MAX_CHOICE_CHARS = 2_000
-MAX_PROBLEMS_SHOWN = 20
 
 
 @dataclass(frozen=True)
@@ -88,23 +88,10 @@ def read_questions(path: Path) -> tuple[list[Question], list[str]]:
     """The usable questions of a JSONL file, and one line per problem (the first few named,
     then a count). FileRefused when the file itself cannot be read."""
     lines, more = read_head_lines(path, "eval_data", MAX_QUESTIONS * 4)
-    questions: list[Question] = []
-    problems: list[str] = []
-    skipped = 0
-    for number, line in enumerate(lines, 1):
-        if len(questions) == MAX_QUESTIONS:
-            more = True
-            break
-        if not line.strip():
-            continue
-        try:
-            questions.append(_question(line, number, path))
-        except ValueError as exc:
-            skipped += 1
-            if len(problems) < MAX_PROBLEMS_SHOWN:
-                problems.append(f"{path}:{number}: {exc}; skipped")
-    if skipped > len(problems):
-        problems.append(f"{path}: {skipped - len(problems)} more lines skipped")
+    questions, problems, stopped = parse_records(
+        lines, lambda line, number: _question(line, number, path), path, MAX_QUESTIONS
+    )
+    more = more or stopped
     if more:
         problems.append(f"{path}: only the first {len(questions):,} questions are used")
     if not questions:
