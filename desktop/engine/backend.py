@@ -143,12 +143,33 @@ class LoadOptions:
 
 
 @dataclass(frozen=True)
+class ReplyStart:
+    """How the reply begins, decided before it streams: what it had already *said* (the tokens
+    before a fork point, or a whole reply to continue) and what the user *gives* at that point
+    (an alternative picked in the probability popup, text typed, a prefill). Said tokens are not
+    streamed again; given ones stream first, marked ``given``, then the model continues.
+
+    Local backends use the ids (``given_text`` is encoded when ``given_ids`` is empty); served
+    ones the texts."""
+
+    said_ids: tuple[int, ...] = ()
+    said_text: str = ""
+    given_ids: tuple[int, ...] = ()
+    given_text: str = ""
+
+
+@dataclass(frozen=True)
 class StreamOptions:
     """How to run one request (beyond the sampling values)."""
 
     logprobs: int = 0  # alternatives per token to report; 0 computes none
     threads: int | None = None  # intra-op threads for this run (CPU panes side by side)
     reuse_cache: bool = True  # keep the previous request's cache and prefill only what is new
+    start: ReplyStart | None = None  # a fork, a continuation or a prefill
+    # Speculative decoding: "" off; else the draft (see engine/decode/speculative.py), with
+    # draft_k tokens proposed per step (0: adaptive).
+    draft: str = ""
+    draft_k: int = 0
 
 
 DEFAULT_STREAM = StreamOptions()
@@ -165,6 +186,9 @@ class GenerationStats:
     # Steps whose distribution could not be sampled (NaN, nothing kept by top-p, an overflowing
     # temperature) and took the most likely token instead (engine/decode/sampling.py); 0 normally.
     greedy_fallbacks: int = 0
+    # Speculative decoding: tokens the draft proposed, and how many of them the target kept.
+    drafted: int = 0
+    accepted: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -37,6 +37,8 @@ class Part:
 
 
 BLOCK_KINDS = (PYTHON, PYTHON_OUTPUT, TOOL_QUERY, TOOL_RESULT, THOUGHT)
+# What speculative decoding made of a token (TokenEvent.draft); "" is a token decoded without a draft.
+DRAFT_MARKS = ("accepted", "corrected")
 # One alternative in a token's top list: (token id, how it reads, log-probability).
 Alternative = tuple[int, str, float]
 
@@ -50,7 +52,10 @@ class TokenEvent:
     part the token belongs to, so views can draw tool calls without re-parsing. ``id`` is -1
     where a backend gives no ids. ``continues`` marks text that belongs to the token before it
     (a decoder's held-back tail), not a token of its own. ``logprob`` and ``top`` are present
-    when the request asked for them.
+    when the request asked for them. ``given`` marks a token the user chose or wrote (a fork's
+    alternative, a prefill), not one the model sampled. ``draft`` says what speculative decoding
+    made of it: "accepted" (the draft proposed it and the target kept it), "corrected" (the
+    target's own token where it rejected the draft), or "" (decoded without a draft).
     """
 
     id: int
@@ -61,6 +66,8 @@ class TokenEvent:
     logprob: float | None = None
     top: tuple[Alternative, ...] | None = None
     continues: bool = False
+    given: bool = False
+    draft: str = ""
 
 
 def _alternative(entry: Sequence[Any]) -> Alternative:
@@ -84,6 +91,8 @@ class TokenTrace:
     forced: list[bool] = field(default_factory=list)
     # Per token: (log-probability, top alternatives), or None where it was not computed.
     logprobs: list[tuple[float, list[Alternative]] | None] = field(default_factory=list)
+    given: list[bool] = field(default_factory=list)  # chosen or written by the user
+    drafts: list[str] = field(default_factory=list)  # "accepted" | "corrected" | ""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -99,6 +108,8 @@ class TokenTrace:
         self.kinds.append(ev.kind)
         self.specials.append(ev.special)
         self.forced.append(ev.forced)
+        self.given.append(ev.given)
+        self.drafts.append(ev.draft)
         top = [_alternative(a) for a in ev.top or ()]
         self.logprobs.append((ev.logprob, top) if ev.logprob is not None else None)
         return len(self.ids) - 1
@@ -111,6 +122,27 @@ class TokenTrace:
     def has_ids(self) -> bool:
         """Whether the backend gave token ids (a served model may give text only)."""
         return bool(self.ids) and all(i >= 0 for i in self.ids)
+
+    def events(self, stop: int) -> list[TokenEvent]:
+        """Tokens ``0 .. stop-1`` as the events that recorded them (a fork copies the reply up to
+        its fork point this way, through the same rule that built it)."""
+        out = []
+        for i in range(min(stop, len(self.ids))):
+            lp = self.logprobs[i]
+            out.append(
+                TokenEvent(
+                    self.ids[i],
+                    self.texts[i],
+                    self.forced[i],
+                    self.kinds[i],
+                    self.specials[i],
+                    None if lp is None else lp[0],
+                    None if lp is None else tuple(lp[1]),
+                    given=self.given[i],
+                    draft=self.drafts[i],
+                )
+            )
+        return out
 
     def set_logprobs(self, chosen: list[float], top: list[list[Alternative]]) -> None:
         """Fill in probabilities computed after the reply (teacher-forced scoring)."""
@@ -128,6 +160,10 @@ class TokenTrace:
             "specials": list(self.specials),
             "forced": [int(f) for f in self.forced],
         }
+        if any(self.given):
+            d["given"] = [int(g) for g in self.given]
+        if any(self.drafts):
+            d["drafts"] = list(self.drafts)
         if any(lp is not None for lp in self.logprobs):
             d["logprobs"] = [None if lp is None else lp[0] for lp in self.logprobs]
             d["top"] = [None if lp is None else [list(a) for a in lp[1]] for lp in self.logprobs]
@@ -150,6 +186,8 @@ class TokenTrace:
             kinds=[str(k) for k in column("kinds", TEXT)],
             specials=[None if s is None else str(s) for s in column("specials", None)],
             forced=[bool(f) for f in column("forced", False)],
+            given=[bool(g) for g in column("given", False)],
+            drafts=[d if d in DRAFT_MARKS else "" for d in column("drafts", "")],
             logprobs=[
                 None if c is None else (float(c), [_alternative(a) for a in t or ()])
                 for c, t in zip(chosen, top, strict=True)
