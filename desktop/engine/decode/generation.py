@@ -4,6 +4,11 @@
 same Generator, forced tokens still consume a sample), so seeded runs give nanochat's tokens.
 ``stream_reply`` wraps it for one row and turns tokens into :class:`TokenEvent` with clean text
 deltas and the part each token belongs to.
+
+A reply may begin already decided (a fork, a continuation, a prefill): the last ``said`` prompt
+ids are the reply's own start, replayed through the calculator's state machine and the part
+tracker without being streamed again, and ``given`` ids stream first, marked ``given``, each as one
+decode step, so they get the model's probabilities like any sampled token.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from desktop.engine.backend import GenerationStats
+from desktop.engine.backend import GenerationStats, ReplyStart
 from desktop.engine.calculator import calculate
 from desktop.engine.decode.detokenize import StreamDecoder
 from desktop.engine.decode.kvcache import KVCache
@@ -66,6 +71,7 @@ class Specials:
 @dataclass
 class Row:
     forced: deque[int] = field(default_factory=deque)
+    given: deque[int] = field(default_factory=deque)  # the user's tokens, before any sampling
     in_python: bool = False
     expr: list[int] = field(default_factory=list)
     completed: bool = False
@@ -77,6 +83,7 @@ class Column:
     forced: list[bool]
     # Per row: (logprob of the chosen token, [(token id, logprob) x top-n]) when requested.
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    given: list[bool] = field(default_factory=list)
 
 
 Calculator = Callable[[str], object]
@@ -100,6 +107,20 @@ def _step_row(row: Row, token: int, sp: Specials, tok: Tokenizer, calculator: Ca
         row.expr.append(token)
 
 
+def replay_row(row: Row, said: Sequence[int], sp: Specials, tok: Tokenizer, calculator: Calculator) -> None:
+    """Bring ``row`` to where a reply that began with ``said`` stands: inside a calculator call or
+    not, and owing the calculator's result when ``said`` ends on a closed call (a continuation
+    after ``<|python_end|>`` then streams the forced result first). Results the reply already
+    holds are matched, not owed again."""
+    for token in said:
+        if row.forced and row.forced[0] == token:
+            row.forced.popleft()
+        else:
+            row.forced.clear()  # the reply moved on without the result (a fork, an edit)
+        _step_row(row, token, sp, tok, calculator)
+    row.completed = False
+
+
 def reuse_prefix(cache: KVCache, prompt: Sequence[int]) -> int:
     """Keep only what ``cache`` really holds of ``prompt``, leaving at least one prompt token to
     compute (its logits start the reply). Returns the number of prompt tokens still to prefill."""
@@ -111,6 +132,22 @@ def reuse_prefix(cache: KVCache, prompt: Sequence[int]) -> int:
         )
         cache.truncate(min(common, len(prompt) - 1))
     return len(prompt) - cache.pos
+
+
+def begin_reply(
+    prompt: Sequence[int], start: ReplyStart | None, tok: Tokenizer
+) -> tuple[list[int], int, tuple[int, ...]]:
+    """The ids to prefill, how many of them the reply already said, and the ids the user gives,
+    for a reply that begins with ``start`` (texts are encoded where no ids came: a fork raced
+    on a checkpoint whose tokenizer differs). Ids outside the vocabulary are one line."""
+    if start is None:
+        return list(prompt), 0, ()
+    said = list(start.said_ids) or (tok.encode(start.said_text) if start.said_text else [])
+    given = list(start.given_ids) or (tok.encode(start.given_text) if start.given_text else [])
+    bad = [i for i in (*said, *given) if not 0 <= i < tok.vocab_size]
+    if bad:
+        raise ContextError(f"the reply's start has token ids outside this vocabulary: {bad[:5]}")
+    return [*prompt, *said], len(said), tuple(given)
 
 
 def check_context(model: GPT, n_prompt: int, max_tokens: int | None) -> None:
@@ -134,9 +171,13 @@ def generate_columns(
     logprobs: int = 0,
     calculator: Calculator = calculate,
     stats: GenerationStats | None = None,
+    said: int = 0,
+    given: Sequence[int] = (),
 ) -> Iterator[Column]:
     """Yield one :class:`Column` per step. ``cache`` may already hold a prefix of ``prompt``.
-    ``stats.greedy_fallbacks`` counts steps whose distribution could not be sampled."""
+    ``stats.greedy_fallbacks`` counts steps whose distribution could not be sampled. The last
+    ``said`` ids of ``prompt`` are the reply's own start; ``given`` ids come before any sampled
+    one (module docstring)."""
     check_context(model, len(prompt), params.max_tokens)
     device = model.device
     rng = torch.Generator(device=device)
@@ -155,6 +196,9 @@ def generate_columns(
         cache = cache.replicate(num_samples)
         logits = logits.expand(num_samples, -1)
     rows = [Row() for _ in range(num_samples)]
+    for row in rows:
+        replay_row(row, prompt[len(prompt) - said :] if said else (), sp, tok, calculator)
+        row.given.extend(given)
     generated = 0
 
     def on_greedy(_rows: int) -> None:
@@ -170,15 +214,19 @@ def generate_columns(
             break
         history = cache.tokens[:, : cache.pos] if params.repetition_penalty != 1.0 else None
         sampled = sample_next(logits, rng, params, history, on_greedy)[:, 0].tolist()
-        column, forced = [], []
+        column, forced, gave = [], [], []
         for i, row in enumerate(rows):
-            is_forced = bool(row.forced)
-            token = row.forced.popleft() if is_forced else sampled[i]
+            # The user's tokens first, then the calculator's, then the model's own.
+            is_given = bool(row.given)
+            is_forced = not is_given and bool(row.forced)
+            queue = row.given if is_given else row.forced if is_forced else None
+            token = queue.popleft() if queue is not None else sampled[i]
             column.append(token)
             forced.append(is_forced)
+            gave.append(is_given)
             _step_row(row, token, sp, tok, calculator)
         lp = _logprobs(logits, column, logprobs) if logprobs else None
-        yield Column(column, forced, lp)
+        yield Column(column, forced, lp, gave)
         generated += 1
         if all(r.completed for r in rows) or (
             params.max_tokens is not None and generated >= params.max_tokens
@@ -203,12 +251,17 @@ class PartTracker:
     # The C++ tokenizer's spacing depends on neighbours, so each decoder sees the ids before it.
     CONTEXT = 16
 
-    def __init__(self, tok: Tokenizer, prompt: Sequence[int] = ()) -> None:
+    def __init__(self, tok: Tokenizer, prompt: Sequence[int] = (), said: int = 0) -> None:
         self.tok = tok
         self.sp = Specials.of(tok)
         self.kind = TEXT
-        self.recent: list[int] = list(prompt[-self.CONTEXT :])
+        # A reply that began before this request: its part kinds come from replaying the said
+        # tokens (whose text the reply already holds); the decoder's context is the ids before.
+        start = len(prompt) - said
+        self.recent: list[int] = list(prompt[max(0, start - self.CONTEXT) : start])
         self.decoder = StreamDecoder(tok, prefix_ids=self.recent)
+        for token in prompt[start:]:
+            self.event(token, False)
 
     def _switch(self, kind: str) -> str:
         tail = self.decoder.flush()
@@ -251,14 +304,19 @@ def stream_reply(
     stats: GenerationStats | None = None,
     logprobs: int = 0,
     threads: int | None = None,
+    said: int = 0,
+    given: Sequence[int] = (),
 ) -> Iterator[TokenEvent]:
     """Stream one reply as :class:`TokenEvent`; ``stats`` is filled in as it goes. With
     ``logprobs`` > 0 each event carries its token's log-probability and that many alternatives.
-    ``threads``: intra-op threads for this reply (None: as set). When it ends, the heap its
-    prefill freed goes back to the OS."""
+    ``threads``: intra-op threads for this reply (None: as set). ``said`` and ``given``: a reply
+    that began already (module docstring). When it ends, the heap its prefill freed goes back to
+    the OS."""
     try:
         with torch_threads(threads):
-            yield from _reply_events(model, tok, prompt, params, cache, cancel, stats, logprobs)
+            yield from _reply_events(
+                model, tok, prompt, params, cache, cancel, stats, logprobs, said, tuple(given)
+            )
     finally:
         release_freed_memory()
 
@@ -272,16 +330,27 @@ def _reply_events(
     cancel: threading.Event | None,
     stats: GenerationStats | None,
     logprobs: int,
+    said: int,
+    given: tuple[int, ...],
 ) -> Iterator[TokenEvent]:
     stats = stats if stats is not None else GenerationStats()
     stats.prompt_tokens = len(prompt)
     stats.prefilled_tokens = len(prompt) if cache is None else reuse_prefix(cache, prompt)
-    tracker = PartTracker(tok, prompt)
+    tracker = PartTracker(tok, prompt, said)
     t0 = time.perf_counter()
     t_first = None
     stats.stopped = "max_tokens"
     for col in generate_columns(
-        model, tok, prompt, params, cache=cache, cancel=cancel, logprobs=logprobs, stats=stats
+        model,
+        tok,
+        prompt,
+        params,
+        cache=cache,
+        cancel=cancel,
+        logprobs=logprobs,
+        stats=stats,
+        said=said,
+        given=given,
     ):
         now = time.perf_counter()
         if t_first is None:
@@ -291,6 +360,8 @@ def _reply_events(
         if stats.new_tokens > 1:
             stats.decode_tok_s = (stats.new_tokens - 1) / max(now - t_first, 1e-9)
         ev = tracker.event(col.tokens[0], col.forced[0])
+        if col.given[0]:
+            ev = replace(ev, given=True)
         if col.logprobs:
             chosen, alternatives = col.logprobs[0]
             top = tuple((i, token_label(tok, i), lp) for i, lp in alternatives)

@@ -33,7 +33,7 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.chat_template import message_dicts
-from desktop.engine.decode.generation import stream_reply
+from desktop.engine.decode.generation import begin_reply, stream_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.errors import ContextError, DeviceError, TokenizerError
@@ -229,9 +229,10 @@ class HFBackend:
         options: StreamOptions = DEFAULT_OPTIONS,
         stats: GenerationStats | None = None,
     ) -> Iterator[TokenEvent]:
-        ids = prompt.require_ids()
+        ids, said, given = begin_reply(prompt.require_ids(), options.start, self.tok)
         if not options.reuse_cache or self._cache is None:
-            cap = min(self.config.rope_len, len(ids) + (params.max_tokens or self.config.sequence_len))
+            room = len(ids) + len(given) + (params.max_tokens or self.config.sequence_len)
+            cap = min(self.config.rope_len, room)
             self._cache = self._new_cache(cap)
         yield from stream_reply(
             self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
@@ -243,6 +244,8 @@ class HFBackend:
             stats=stats,
             logprobs=options.logprobs,
             threads=options.threads,
+            said=said,
+            given=given,
         )
 
     def score(

@@ -36,6 +36,7 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.chat_template import message_dicts
+from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.errors import (
     ContextError,
@@ -330,17 +331,17 @@ class KempnerForgeBackend:
         options: StreamOptions = _DEFAULT_STREAM,
         stats: GenerationStats | None = None,
     ) -> Iterator[TokenEvent]:
-        ids = prompt.require_ids()
+        ids, said, given = begin_reply(prompt.require_ids(), options.start, self.tok)  # type: ignore[arg-type]
         ignored = [k for k in ("min_p", "repetition_penalty") if k in params.active()]
         if ignored:
             logger.warning("KempnerForge's sampler has no %s; ignored", " or ".join(ignored))
         cfg = self.model.config
-        want = min(cfg.max_seq_len, len(ids) + (params.max_tokens or cfg.max_seq_len))
+        want = min(cfg.max_seq_len, len(ids) + len(given) + (params.max_tokens or cfg.max_seq_len))
         if not options.reuse_cache or self._cache is None:
             self._cache = KFCache(cfg, want, self.model.device, self.model.compute_dtype)
         with torch_threads(options.threads):
             yield from stream_kf(
-                self.model, self.tok, ids, params, self._cache, cancel, stats, options.logprobs
+                self.model, self.tok, ids, params, self._cache, cancel, stats, options.logprobs, said, given
             )
 
     def score(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
@@ -97,8 +98,12 @@ def stream_kf(
     cancel: threading.Event | None = None,
     stats: GenerationStats | None = None,
     logprobs: int = 0,
+    said: int = 0,
+    given: Sequence[int] = (),
 ) -> Iterator[TokenEvent]:
-    """Stream a reply to ``prompt``; ``cache`` may hold a prefix of it (it is reused)."""
+    """Stream a reply to ``prompt``; ``cache`` may hold a prefix of it (it is reused). The last
+    ``said`` prompt ids are the reply's own start and ``given`` ids stream first, as the user's
+    (see engine/decode/generation.py)."""
     limit = model.config.max_seq_len
     if not prompt:
         raise ContextError("the prompt is empty")
@@ -111,7 +116,8 @@ def stream_kf(
     budget = room if params.max_tokens is None else min(params.max_tokens, room)
     generator = torch.Generator(device=model.device)
     generator.manual_seed(params.seed)
-    tracker = PartTracker(tok, prompt)
+    tracker = PartTracker(tok, prompt, said)
+    owed = deque(given)
 
     def on_greedy() -> None:
         stats.greedy_fallbacks += 1
@@ -122,7 +128,10 @@ def stream_kf(
     stats.stopped = "max_tokens"
     t_first = 0.0
     for n in range(1, budget + 1):
-        token = sample(logits, params.temperature, params.top_k, params.top_p, generator, on_greedy)
+        if owed:
+            token = torch.tensor([owed.popleft()], device=model.device)
+        else:
+            token = sample(logits, params.temperature, params.top_k, params.top_p, generator, on_greedy)
         token_id = int(token[0])
         now = time.perf_counter()
         if n == 1:
@@ -132,6 +141,8 @@ def stream_kf(
             stats.decode_tok_s = (n - 1) / max(now - t_first, 1e-9)
         stats.new_tokens = n
         ev = tracker.event(token_id, False)
+        if n <= len(given):
+            ev = replace(ev, given=True)
         if logprobs:
             chosen, top = _logprobs(logits, token_id, logprobs, tok)
             ev = replace(ev, logprob=chosen, top=top)

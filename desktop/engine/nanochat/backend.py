@@ -26,7 +26,7 @@ from desktop.engine.backend import (
     Prompt,
     StreamOptions,
 )
-from desktop.engine.decode.generation import stream_reply
+from desktop.engine.decode.generation import begin_reply, stream_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.discovery import PHASES, run_tag, source_of
@@ -196,11 +196,13 @@ class NanochatBackend:
         stats: GenerationStats | None = None,
     ) -> Iterator[TokenEvent]:
         """Stream a reply to ``prompt``. With ``options.reuse_cache`` the KV cache of the previous
-        request is kept: generation prefills only what follows the longest prefix it shares."""
-        ids = prompt.require_ids()
+        request is kept: generation prefills only what follows the longest prefix it shares.
+        ``options.start``: a reply that begins already (a fork: the cache still holds the reply
+        it forks, so only the fork point is computed again)."""
+        ids, said, given = begin_reply(prompt.require_ids(), options.start, self.tok)
         if not options.reuse_cache or self._cache is None:
             cfg = self.model.config
-            cap = min(cfg.rope_len, len(ids) + (params.max_tokens or cfg.sequence_len))
+            cap = min(cfg.rope_len, len(ids) + len(given) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
         yield from stream_reply(
             self.model,
@@ -212,6 +214,8 @@ class NanochatBackend:
             stats=stats,
             logprobs=options.logprobs,
             threads=options.threads,
+            said=said,
+            given=given,
         )
 
     def score(
