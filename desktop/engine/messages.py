@@ -37,6 +37,10 @@ class Part:
 
 
 BLOCK_KINDS = (PYTHON, PYTHON_OUTPUT, TOOL_QUERY, TOOL_RESULT, THOUGHT)
+# Why a token the calculator forced cannot be forked (Chat, Compare and the token popup say it).
+FORCED_FORK = (
+    "the calculator forced this token: it is the tool's result, not a choice; fork inside the expression"
+)
 # What speculative decoding made of a token (TokenEvent.draft); "" is a token decoded without a draft.
 DRAFT_MARKS = ("accepted", "corrected")
 # One alternative in a token's top list: (token id, how it reads, log-probability).

@@ -17,14 +17,17 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from desktop import __version__
 from desktop.config.paths import is_demo
 from desktop.config.settings import Settings
-from desktop.engine.backend import ModelInfo, Prompt
-from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.backend import ModelInfo, Prompt, ReplyStart, StreamOptions
+from desktop.engine.messages import FORCED_FORK, Message, TokenEvent
 from desktop.engine.params import SamplingParams
+from desktop.gui.compare.run import Fork
 from desktop.gui.model_slot import ModelSlot
 from desktop.store import HistoryStore, StreamingWriter
 from desktop.store.export import to_json, to_markdown
 
 TITLE_CHARS = 48
+# Alternatives each Chat token keeps (the probability popup lists them; a fork picks one).
+CHAT_TOP = 5
 CONTEXT_FULL = "Context full"  # the titles of the notices about the conversation's context
 TRUNCATED = "Message truncated"
 
@@ -221,8 +224,14 @@ class ChatController(QObject):
         if self.slot.info is None:
             self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
             return
+        reply_id, reply = self.path[index]
         self.path = self.path[:index]
-        self._start_reply(params, system_prompt)
+        refork = _refork(reply_id, reply)
+        if refork is None:
+            self._start_reply(params, system_prompt)
+        else:  # a fork regenerates from its fork point, keeping the user's choice there
+            start, where = refork
+            self._start_reply(params, system_prompt, start, reply.tokens.events(where["at"]), where)
 
     @Slot(int, str, object)
     def edit_and_resend(
@@ -241,6 +250,68 @@ class ChatController(QObject):
         self.path = [*self.path[:index], (msg_id, user)]
         self._start_reply(params, system_prompt)
 
+    def fork_at(self, index: int, position: int, token_id: int = -1, text: str = "") -> Fork | None:
+        """The fork of the reply at ``index`` at token ``position``: what it said up to there,
+        then the user's choice (an alternative's ``token_id``, or ``text`` they typed); None
+        (and a notice where it helps) when it cannot be made."""
+        reply = self._assistant_at(index)
+        if reply is None or self.slot.info is None:
+            return None
+        trace = reply.tokens
+        if not trace.has_ids or not 0 <= position <= len(trace) or (token_id < 0 and not text):
+            return None
+        if position < len(trace) and trace.forced[position]:
+            self.notice.emit("info", "Cannot fork there", FORCED_FORK)
+            return None
+        start = ReplyStart(
+            said_ids=tuple(trace.ids[:position]),
+            said_text="".join(trace.texts[:position]),
+            given_ids=(token_id,) if token_id >= 0 else (),
+            given_text=text if token_id < 0 else "",
+        )
+        return Fork(start, tuple(trace.events(position)), self.slot.info.tokenizer)
+
+    def fork(
+        self,
+        index: int,
+        position: int,
+        params: SamplingParams,
+        system_prompt: str = "",
+        token_id: int = -1,
+        text: str = "",
+    ) -> bool:
+        """A new sibling of the reply at ``index``: its fork at ``position`` (``fork_at``), then
+        whatever the model goes on to say. False (nothing changed) if refused."""
+        fork = self.fork_at(index, position, token_id, text)
+        if fork is None:
+            return False
+        where = {"from": self.path[index][0], "at": position}
+        self.path = self.path[:index]
+        self._start_reply(params, system_prompt, fork.start, list(fork.said), where)
+        return True
+
+    def continue_reply(self, index: int, params: SamplingParams, system_prompt: str = "") -> bool:
+        """A new sibling of the reply at ``index`` that says all of it and goes on (a reply that
+        stopped at its token limit, or was stopped); the original stays one arrow away."""
+        reply = self._assistant_at(index)
+        if reply is None or not reply.tokens.has_ids:
+            return False
+        trace = reply.tokens
+        start = ReplyStart(said_ids=tuple(trace.ids), said_text="".join(trace.texts))
+        fork = {"from": self.path[index][0], "at": len(trace), "continued": True}
+        self.path = self.path[:index]
+        self._start_reply(params, system_prompt, start, trace.events(len(trace)), fork)
+        return True
+
+    def _assistant_at(self, index: int) -> Message | None:
+        """The finished assistant reply at ``index`` when a new one may start from it."""
+        if self.busy or not 0 <= index < len(self.path) or self.path[index][1].role != "assistant":
+            return None
+        if self.slot.info is None:
+            self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
+            return None
+        return self.path[index][1]
+
     @Slot(int, int)
     def switch_branch(self, index: int, direction: int) -> None:
         if self.busy or not 0 <= index < len(self.path):
@@ -252,7 +323,17 @@ class ChatController(QObject):
             self.path = self.store.active_path(self.conv_id)
             self._emit_conversation()
 
-    def _start_reply(self, params: SamplingParams, system_prompt: str) -> None:
+    def _start_reply(
+        self,
+        params: SamplingParams,
+        system_prompt: str,
+        start: ReplyStart | None = None,
+        said: list[TokenEvent] | None = None,
+        fork: dict[str, Any] | None = None,
+    ) -> None:
+        """Stream a reply after ``self.path``. A fork or continuation passes its ``start``, the
+        events of what the reply already said (copied in through the one rule that built them)
+        and where it forked (kept in the reply's meta, so the marker survives a restart)."""
         assert self.conv_id is not None and self.slot.info is not None
         history = [m for _, m in self.path]
         if system_prompt.strip():
@@ -263,7 +344,11 @@ class ChatController(QObject):
             "sampling": params.to_dict(),
             "started": time.time(),
         }
+        if fork is not None:
+            meta["fork"] = fork
         self._reply = Message("assistant", [], meta)
+        for ev in said or ():
+            self._reply.add_event(ev)
         parent = self.path[-1][0] if self.path else None
         self._reply_id = self.store.add_message(self.conv_id, self._reply, parent, complete=False)
         self._writer = StreamingWriter(self.store, self._reply_id)
@@ -273,7 +358,8 @@ class ChatController(QObject):
         self.reply_started.emit(self._reply, (siblings.index(self._reply_id), len(siblings)))
         self.busy_changed.emit(True)
         self._flush_timer.start()
-        self.slot.generate(history, params)
+        top = CHAT_TOP if self.slot.info.capabilities.logprobs else 0
+        self.slot.generate(history, params, StreamOptions(logprobs=top, start=start))
 
     @Slot()
     def stop(self) -> None:
@@ -358,3 +444,23 @@ class ChatController(QObject):
         if self._writer is not None and self._reply is not None:
             self._writer.flush()
         self.slot.shutdown()
+
+
+def _refork(reply_id: int, reply: Message) -> tuple[ReplyStart, dict[str, Any]] | None:
+    """How to regenerate a forked (or continued) reply: the same start, a new continuation."""
+    fork = reply.meta.get("fork")
+    trace = reply.tokens
+    if not isinstance(fork, dict):
+        return None
+    at = fork.get("at")
+    if not isinstance(at, int) or not 0 <= at <= len(trace) or not trace.has_ids:
+        return None
+    given = []
+    for token_id, is_given in zip(trace.ids[at:], trace.given[at:], strict=True):
+        if not is_given:
+            break
+        given.append(token_id)
+    start = ReplyStart(
+        said_ids=tuple(trace.ids[:at]), said_text="".join(trace.texts[:at]), given_ids=tuple(given)
+    )
+    return start, {**fork, "from": fork.get("from", reply_id)}

@@ -26,6 +26,7 @@ from superqt.utils import qdebounced
 from desktop.engine.messages import Message, TokenEvent
 from desktop.ui import icons, theme
 from desktop.ui.message_widget import MessageWidget
+from desktop.ui.token_view import TokenRecord, records_of
 
 BATCH = 40  # message widgets built at once
 COLUMN_MAX_WIDTH = 860
@@ -56,7 +57,8 @@ class ChatView(QWidget):
 
     Signals (indices are positions in the list given to ``set_messages``):
         regenerate_requested(int), edit_requested(int, str), branch_requested(int, int direction),
-        copy_requested(str).
+        copy_requested(str), continue_requested(int), and fork_requested(int message, int token
+        position, int alternative id or -1, str text written, bool race in Compare).
 
     ``begin_assistant(meta)`` takes the reply's meta (``sampling``, ``tag``, ``step`` … as the
     controller stores it); ``end_assistant(stats)`` its stats (``new_tokens``, ``decode_tok_s``,
@@ -67,6 +69,8 @@ class ChatView(QWidget):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int, str)
     branch_requested = Signal(int, int)
+    fork_requested = Signal(int, int, int, str, bool)
+    continue_requested = Signal(int)
     copy_requested = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -238,6 +242,8 @@ class ChatView(QWidget):
         w.regenerate_requested.connect(self._on_regenerate)
         w.edit_submitted.connect(self._on_edit)
         w.branch_requested.connect(self._on_branch)
+        w.fork_requested.connect(self._on_fork)
+        w.continue_requested.connect(self._on_continue)
         if self.raw_mode and not streaming:
             w.set_raw_tokens(self._raw_of(w.message))
         return w
@@ -255,6 +261,12 @@ class ChatView(QWidget):
 
     def _on_branch(self, direction: int) -> None:
         self.branch_requested.emit(self._sender_index(), direction)
+
+    def _on_fork(self, position: int, token_id: int, text: str, race: bool) -> None:
+        self.fork_requested.emit(self._sender_index(), position, token_id, text, race)
+
+    def _on_continue(self) -> None:
+        self.continue_requested.emit(self._sender_index())
 
     def _pin_last(self) -> None:
         for w in self.widgets:
@@ -275,13 +287,15 @@ class ChatView(QWidget):
             else:
                 w.set_raw_tokens(self._raw_of(w.message) if on else None)
 
-    def _raw_of(self, message: Message) -> list[tuple[str, bool]] | None:
+    def _raw_of(self, message: Message) -> list[TokenRecord] | None:
         trace = message.tokens
         if not trace.ids:
             return None
-        # Replies saved before per-token text was kept show their ids instead.
-        labels = [label or f"#{i}" for label, i in zip(trace.labels(), trace.ids, strict=True)]
-        return list(zip(labels, trace.forced, strict=True))
+        records = records_of(trace)
+        for record, token_id in zip(records, trace.ids, strict=True):
+            if not record.text and not record.special:
+                record.text = f"#{token_id}"  # replies saved before per-token text was kept
+        return records
 
     # ----- scrolling -------------------------------------------------------------------------
 

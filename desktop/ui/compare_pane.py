@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtCore import QEvent, QPoint, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QComboBox,
@@ -26,12 +26,13 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.engine.backend import ModelInfo
-from desktop.engine.messages import TokenEvent
+from desktop.engine.messages import TokenEvent, TokenTrace
 from desktop.engine.params import KNOB
 from desktop.gui.compare.run import PaneRun
 from desktop.ui import theme, widgets
 from desktop.ui.checkpoint_picker import entry_name, human_params
-from desktop.ui.token_view import TokenRecord, TokenView
+from desktop.ui.fork_popup import ForkPopup
+from desktop.ui.token_view import TokenView, record_of, records_of
 
 SHARED = "shared"
 LOOKING = "Looking for checkpoints…"  # until the first folder scan answers
@@ -113,6 +114,7 @@ class ComparePane(QFrame):
     unload_requested = Signal()
     remove_requested = Signal()
     overrides_changed = Signal(dict)
+    fork_requested = Signal(int, int, str)  # token position, alternative id (-1: text), text
 
     _styled_for: theme.Colors | None = None  # the palette the style sheet was built for
 
@@ -166,6 +168,9 @@ class ComparePane(QFrame):
 
         self.view = TokenView()
         self.view.clear_tokens("The reply appears here.")
+        self.view.token_clicked.connect(self._open_popup)
+        self.popup: ForkPopup | None = None
+        self.busy = False  # Compare is replying: a fork waits until every pane is done
         self.stats = widgets.ElidedLabel()
         self.stats.setObjectName("Muted")
         self.stats.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -380,8 +385,22 @@ class ComparePane(QFrame):
 
     # ----- the reply -------------------------------------------------------------------------
 
-    def begin(self) -> None:
+    def _open_popup(self, index: int, where: QPoint) -> None:
+        """A click on token ``index``: its alternatives, each a fork raced on every pane."""
+        if not 0 <= index < len(self.view.tokens):
+            return
+        refusal = "The panes are still replying: fork once they are done." if self.busy else ""
+        if self.popup is not None:
+            self.popup.close()
+        self.popup = ForkPopup(index, self.view.tokens[index], refusal, parent=self)
+        self.popup.chosen.connect(lambda token, text, _race: self.fork_requested.emit(index, token, text))
+        self.popup.show_at(where)
+
+    def begin(self, said: TokenTrace | None = None) -> None:
+        """A reply starts; ``said``: what it holds already (a raced fork's start)."""
         self.view.clear_tokens()
+        if said is not None and len(said):
+            self.view.set_tokens(records_of(said))
         self.stats.setText("…")
         self.set_scores({})
 
@@ -389,21 +408,14 @@ class ComparePane(QFrame):
         if ev.continues:
             self.view.append_text(ev.text)
         elif index == len(self.view.tokens):
-            logprobs = (ev.logprob, list(ev.top or ())) if ev.logprob is not None else None
-            self.view.append_token(TokenRecord(ev.text, ev.special, ev.kind, ev.forced, logprobs))
+            self.view.append_token(record_of(ev))
 
     def finish(self, stats: dict) -> None:
         self.stats.setText(format_pane_stats(stats))
 
     def show_run(self, run: PaneRun) -> None:
         """Redraw from a PaneRun (reopened comparison, probabilities filled in afterwards)."""
-        t = run.trace
-        records = [
-            TokenRecord(text, special, kind, forced, lp)
-            for text, special, kind, forced, lp in zip(
-                t.texts, t.specials, t.kinds, t.forced, t.logprobs, strict=True
-            )
-        ]
+        records = records_of(run.trace)
         if records:
             self.view.set_tokens(records)
         else:

@@ -310,6 +310,7 @@ class CompareView(QWidget):
         pane.unload_requested.connect(self._pane_unload_requested)
         pane.remove_requested.connect(self._pane_remove_requested)
         pane.overrides_changed.connect(self._pane_overrides_changed)
+        pane.fork_requested.connect(self._pane_fork_requested)
         if (current := pane.current()) is not None:
             self.controller.select(index, *current)
         self._relabel()
@@ -326,6 +327,11 @@ class CompareView(QWidget):
         sender = self.sender()
         assert isinstance(sender, ComparePane)  # these slots are connected only to panes' signals
         return self.panes.index(sender)
+
+    def _pane_fork_requested(self, position: int, token_id: int, text: str) -> None:
+        index = self._sender_index()
+        shared = self.shared_params()
+        self.controller.fork_pane(index, position, shared, self._system_prompt, token_id, text)
 
     def _pane_selection_changed(self, path: Path, step: int) -> None:
         self.controller.select(self._sender_index(), path, step)
@@ -371,7 +377,8 @@ class CompareView(QWidget):
         self.panes[index].set_unloaded()
 
     def _on_pane_started(self, index: int, _params: SamplingParams) -> None:
-        self.panes[index].begin()
+        # A raced fork's reply already holds what the fork said: it shows before the rest streams.
+        self.panes[index].begin(self.controller.panes[index].run.trace)
 
     def _on_pane_token(self, index: int, token_index: int, ev: TokenEvent) -> None:
         self.panes[index].append(token_index, ev)
@@ -412,6 +419,8 @@ class CompareView(QWidget):
 
     def _on_busy(self, busy: bool) -> None:
         self.input.set_generating(busy)
+        for pane in self.panes:
+            pane.busy = busy
         self._update_actions()
         if not busy:
             self._show_divergence_status()

@@ -281,6 +281,8 @@ class MainWindow(QMainWindow):
         self.chat.regenerate_requested.connect(lambda i: c.regenerate(i, *self._request()))
         self.chat.edit_requested.connect(lambda i, text: c.edit_and_resend(i, text, *self._request()))
         self.chat.branch_requested.connect(c.switch_branch)
+        self.chat.fork_requested.connect(self._fork)
+        self.chat.continue_requested.connect(lambda i: c.continue_reply(i, *self._request()))
         self.chat.copy_requested.connect(lambda text: QApplication.clipboard().setText(text))
         c.conversation_changed.connect(self.chat.set_messages)
         c.conversation_changed.connect(self._sync_sidebar)
@@ -470,6 +472,27 @@ class MainWindow(QMainWindow):
         self._compare_from_run(steps)
         if self.compare_view is not None:
             self.compare_view.input.set_text(question)
+
+    def _fork(self, index: int, position: int, token_id: int, text: str, race: bool) -> None:
+        """A token popup's choice: fork the reply here, or race the fork in Compare."""
+        if not race:
+            self.controller.fork(index, position, *self._request(), token_id=token_id, text=text)
+            return
+        c = self.controller
+        fork = c.fork_at(index, position, token_id, text)
+        info = c.slot.info
+        if fork is None or info is None or self.compare_view is None or index < 1:
+            return
+        earlier = [m for _, m in c.path[: index - 1]]
+        question = c.path[index - 1][1].plain_text()
+        compare = self.compare_view.controller
+        # The run's steps (the step sweep) when the picker knows the run, else this checkpoint.
+        entry = next((e for e in self.model_picker.entries if Path(e.path) == Path(info.path)), None)
+        if not (entry is not None and compare.step_sweep(entry)):
+            compare.select(0, Path(info.path), info.step or 0)
+            compare.load(0, Path(info.path), info.step or 0)
+        compare.race(question, fork, *self._request(), earlier=earlier)
+        self.tabs.setCurrentWidget(self.compare_view)
 
     def _compare_from_run(self, steps: list) -> None:
         """Steps marked on the Run tab: one Compare pane each, loaded."""

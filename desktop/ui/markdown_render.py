@@ -70,36 +70,6 @@ def render_plain(text: str) -> str:
     return f'<p style="margin:0; white-space:pre-wrap">{html.escape(_clean(text))}</p>'
 
 
-def is_special_token(text: str) -> bool:
-    """nanochat's ``<|name|>`` and the fork's ``<UPPER_NAME>`` tokens."""
-    return bool(re.fullmatch(r"<\|[a-z_]+\|>|<[A-Z][A-Z0-9_]*>", text))
-
-
-def render_raw_tokens(tokens: Sequence[tuple[str, bool]], *, dark: bool) -> str:
-    """The token stream as chips: alternating shades show the boundaries, special tokens are
-    drawn in the accent colour, tokens forced by a tool (not sampled) on the tool colour."""
-    c = DARK if dark else LIGHT
-    shades = (c.token_a, c.token_b)
-    chips = []
-    forced = specials = 0
-    for i, (text, was_forced) in enumerate(tokens):
-        special = is_special_token(text)
-        specials += special
-        forced += was_forced
-        shown = html.escape(_clean(text)).replace("\n", "↵<br/>").replace("\t", "→")
-        style = f"background-color:{c.tool_bg if was_forced else shades[i % 2]}"
-        if special:
-            style += f"; color:{c.accent}; font-weight:600"
-        if was_forced:
-            style += f"; color:{c.tool_label}"
-        chips.append(f'<span style="{style}">{shown or "∅"}</span>')
-    summary = f"{len(tokens)} tokens · {specials} special · {forced} forced by a tool"
-    return (
-        f'<p style="margin:0; white-space:pre-wrap; font-family:monospace">{"".join(chips)}</p>'
-        f'<p style="margin-top:6px; margin-bottom:0; color:{c.muted}">{summary}</p>'
-    )
-
-
 def _clean(text: str) -> str:
     # The same normalisation markdown-it applies to replies: NUL is replaced (CommonMark's rule)
     # and a lone CR would otherwise show as nothing in a pre-wrap paragraph.

@@ -29,6 +29,7 @@ from desktop.engine.messages import (
     TOOL_QUERY,
     TOOL_RESULT,
     Message,
+    Part,
 )
 from desktop.ui import icons, theme, widgets
 from desktop.ui.markdown_render import COPY_CODE_SCHEME
@@ -41,6 +42,30 @@ class Segment:
     kind: str  # TEXT, PYTHON, TOOL_QUERY or THOUGHT
     body: str
     result: str | None = None
+
+
+# Stands in the text for a fork point until the HTML is made (a private-use character no model writes).
+FORK_MARK = "\ue042"
+
+
+def fork_marked(message: Message) -> Message:
+    """``message`` with :data:`FORK_MARK` where it forked (its meta's ``fork.at``, a token
+    index), for display: the reply up to the fork rebuilt from its own events says where in
+    which part that is. A reply that did not fork, or whose trace does not reach, is unchanged."""
+    fork = message.meta.get("fork")
+    at = fork.get("at") if isinstance(fork, dict) else None
+    if not isinstance(at, int) or not 0 < at <= len(message.tokens) or not message.parts:
+        return message
+    before = Message(message.role)
+    for ev in message.tokens.events(at):
+        before.add_event(ev)
+    parts = [Part(p.kind, p.text) for p in message.parts]
+    index = len(before.parts) - 1
+    head = before.parts[-1].text if before.parts else ""
+    if not 0 <= index < len(parts) or not parts[index].text.startswith(head):
+        return message
+    parts[index].text = head + FORK_MARK + parts[index].text[len(head) :]
+    return Message(message.role, parts, message.meta, message.tokens)
 
 
 def group_parts(message: Message) -> list[Segment]:

@@ -13,9 +13,9 @@ last one), and no token ever renders on its own.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from PySide6.QtCore import QEvent, QTimer, Signal
+from PySide6.QtCore import QEvent, QPoint, QTimer, Signal
 from PySide6.QtGui import QEnterEvent
 from PySide6.QtWidgets import (
     QFrame,
@@ -33,19 +33,42 @@ from desktop.engine.messages import (
     TokenEvent,
 )
 from desktop.ui import icons, theme, widgets
-from desktop.ui.markdown_render import render_markdown, render_plain, render_raw_tokens
-from desktop.ui.message_blocks import EditBox, FoldBlock, RichText, Segment, ToolCallBlock, group_parts
+from desktop.ui.fork_popup import ForkPopup
+from desktop.ui.markdown_render import render_markdown, render_plain
+from desktop.ui.message_blocks import (
+    FORK_MARK,
+    EditBox,
+    FoldBlock,
+    RichText,
+    Segment,
+    ToolCallBlock,
+    fork_marked,
+    group_parts,
+)
+from desktop.ui.token_view import FORK_GLYPH, TokenRecord, TokenView, record_of
 
 RENDER_INTERVAL_MS = 50
 COPIED_FEEDBACK_MS = 1500
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 AVATAR = 24
 STOP_REASONS = {"cancelled": "stopped", "max_tokens": "max tokens reached", "context": "context full"}
+CONTINUABLE = ("cancelled", "max_tokens")  # a reply that stopped for these may go on
+STREAMING_FORK = "The reply is still streaming: fork it once it ends."
+NO_IDS_FORK = "This reply has no token ids (a served model's text): it cannot be forked."
 
 
 def copy_text(message: Message) -> str:
     """What "Copy" puts on the clipboard: the prose, or every part when there is no prose."""
     return message.plain_text() or "".join(p.text for p in message.parts)
+
+
+def raw_summary(records: list[TokenRecord]) -> str:
+    """The line under the token view: how many tokens, and of which sort."""
+    special = sum(r.special is not None for r in records)
+    forced = sum(r.forced for r in records)
+    line = f"{len(records)} tokens · {special} special · {forced} forced by a tool"
+    given = sum(r.given for r in records)
+    return line + (f" · {given} yours" if given else "") + " · click a token for its alternatives"
 
 
 def format_stats(meta: dict) -> tuple[str, str]:
@@ -54,6 +77,10 @@ def format_stats(meta: dict) -> tuple[str, str]:
     bits: list[str] = []
     if meta.get("error") or stats.get("error"):
         bits.append(f"⚠ {meta.get('error') or stats.get('error')}")
+    fork = meta.get("fork")
+    if isinstance(fork, dict) and isinstance(fork.get("at"), int):
+        verb = "continued after" if fork.get("continued") else "forked at"
+        bits.append(f"{FORK_GLYPH} {verb} token {fork['at']}")
     if stats.get("new_tokens"):
         bits.append(f"{stats['new_tokens']} tokens")
     if stats.get("decode_tok_s"):
@@ -109,12 +136,17 @@ class MessageWidget(QFrame):
         regenerate_requested(): answer again (assistant messages).
         edit_submitted(str): the edited text of a user message, to send as a new branch.
         branch_requested(int): -1 / +1 to show the previous / next sibling version.
+        fork_requested(int, int, str, bool): fork at token index with an alternative's id (-1:
+            the text written instead), the text, and whether to race it in Compare.
+        continue_requested(): go on from where this reply stopped (as a new version).
     """
 
     copy_requested = Signal(str)
     regenerate_requested = Signal()
     edit_submitted = Signal(str)
     branch_requested = Signal(int)
+    fork_requested = Signal(int, int, str, bool)
+    continue_requested = Signal()
 
     def __init__(
         self,
@@ -133,8 +165,9 @@ class MessageWidget(QFrame):
         self._pinned = False
         self._dark_rendered = theme.is_dark()
         self._segments: list[_Slot] = []
-        self._raw_tokens: list[tuple[str, bool]] | None = None
+        self._raw_tokens: list[TokenRecord] | None = None
         self.edit_box: EditBox | None = None
+        self.popup: ForkPopup | None = None
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 6, 0, 6)
@@ -157,10 +190,19 @@ class MessageWidget(QFrame):
         self.pending.setObjectName("Pending")
         self.pending.hide()
         bubble_lay.addWidget(self.pending)
-        self.raw_view = RichText()
+        # The reply token by token: probability colours where they were computed, alternating
+        # shades at the boundaries, a click opens the token's alternatives (and forks).
+        self.raw_view = TokenView(fit=True)
         self.raw_view.setAccessibleName("Raw tokens")
+        self.raw_view.set_overlay(True)
+        self.raw_view.chips = True
+        self.raw_view.token_clicked.connect(self._open_popup)
         self.raw_view.hide()
         bubble_lay.addWidget(self.raw_view)
+        self.raw_summary = QLabel()
+        self.raw_summary.setObjectName("Muted")
+        self.raw_summary.hide()
+        bubble_lay.addWidget(self.raw_summary)
         self.footer = QLabel()
         self.footer.setObjectName("Footer")
         self.footer.setWordWrap(True)
@@ -220,7 +262,12 @@ class MessageWidget(QFrame):
         actions.addWidget(self.copy_btn)
         self.regenerate_btn: QToolButton | None = None
         self.edit_btn: QToolButton | None = None
+        self.continue_btn: QToolButton | None = None
         if role == "assistant":
+            self.continue_btn = widgets.flat_button("continue", "Continue this reply (keeps this version)")
+            self.continue_btn.clicked.connect(self.continue_requested)
+            self.continue_btn.hide()
+            actions.addWidget(self.continue_btn)
             self.regenerate_btn = widgets.flat_button("refresh", "Regenerate (keeps this version)")
             self.regenerate_btn.clicked.connect(self.regenerate_requested)
             actions.addWidget(self.regenerate_btn)
@@ -271,8 +318,12 @@ class MessageWidget(QFrame):
     def append_event(self, ev: TokenEvent) -> None:
         """The shown reply grew by ``ev`` (already added to ``self.message`` by its owner); the
         display catches up within RENDER_INTERVAL_MS."""
-        if self._raw_tokens is not None and not ev.continues:
-            self._raw_tokens.append((ev.special or ev.text, ev.forced))
+        if self._raw_tokens is not None:
+            if ev.continues:
+                if self._raw_tokens:
+                    self._raw_tokens[-1].text += ev.text
+            else:
+                self._raw_tokens.append(record_of(ev))
         if not self._timer.isActive():
             self._timer.start()
 
@@ -299,7 +350,7 @@ class MessageWidget(QFrame):
         dark = theme.is_dark()
         force = dark != self._dark_rendered
         self._dark_rendered = dark
-        segments = group_parts(self.message)
+        segments = group_parts(fork_marked(self.message))
         for i, segment in enumerate(segments):
             if i < len(self._segments) and self._segments[i].kind == segment.kind:
                 slot = self._segments[i]
@@ -313,8 +364,12 @@ class MessageWidget(QFrame):
         self._drop_segments(len(segments))
         raw_on = self._raw_tokens is not None and self.raw_btn.isChecked()
         if raw_on:
-            self.raw_view.set_content(render_raw_tokens(self._raw_tokens or [], dark=dark))
+            records = self._raw_tokens or []
+            if records != self.raw_view.tokens or force:
+                self.raw_view.set_tokens([replace(r) for r in records])
+            self.raw_summary.setText(raw_summary(records))
         self.raw_view.setVisible(raw_on)
+        self.raw_summary.setVisible(raw_on)
         for slot in self._segments:
             slot.widget.setVisible(not raw_on and self.edit_box is None and not slot.blank)
         self.pending.setVisible(self.streaming and all(slot.blank for slot in self._segments))
@@ -338,12 +393,16 @@ class MessageWidget(QFrame):
             # Colours are baked into the HTML, so a theme switch changes it and re-renders.
             if self.message.role == "assistant":
                 rendered = render_markdown(segment.body, dark=self._dark_rendered)
-                widget.set_content(rendered.html, rendered.code_blocks)
+                accent = theme.colors().accent
+                mark = f'<span style="color:{accent}; font-weight:700">{FORK_GLYPH}</span>'
+                widget.set_content(rendered.html.replace(FORK_MARK, mark), rendered.code_blocks)
             else:
                 widget.set_content(render_plain(segment.body))
         else:
             assert isinstance(widget, ToolCallBlock | FoldBlock)
-            widget.update_segment(segment, self.streaming)
+            result = segment.result.replace(FORK_MARK, FORK_GLYPH) if segment.result is not None else None
+            shown = replace(segment, body=segment.body.replace(FORK_MARK, FORK_GLYPH), result=result)
+            widget.update_segment(shown, self.streaming)
             if force:
                 widget.refresh_colors()
 
@@ -357,15 +416,20 @@ class MessageWidget(QFrame):
         if stats:
             meta["stats"] = stats
         text, tip = format_stats(meta) if self.message.role == "assistant" else ("", "")
+        if self.continue_btn is not None:
+            stopped = (meta.get("stats") or {}).get("stopped")
+            self.continue_btn.setVisible(
+                not self.streaming and stopped in CONTINUABLE and self.message.tokens.has_ids
+            )
         self.footer.setText(text)
         self.footer.setToolTip(tip)
         self.footer.setVisible(bool(text))
 
     # ----- raw tokens ------------------------------------------------------------------------
 
-    def set_raw_tokens(self, tokens: list[tuple[str, bool]] | None) -> None:
-        """Show the raw token stream ((text, forced) pairs, special tokens by name), or, with
-        None, the rendered message again. An empty list shows tokens as they stream in."""
+    def set_raw_tokens(self, tokens: list[TokenRecord] | None) -> None:
+        """Show the raw token stream (special tokens by name, probabilities where computed), or,
+        with None, the rendered message again. An empty list shows tokens as they stream in."""
         self._raw_tokens = list(tokens) if tokens is not None else None
         self.raw_btn.setVisible(tokens is not None)
         self.raw_btn.setChecked(tokens is not None)  # a change re-renders through _show_raw
@@ -374,6 +438,23 @@ class MessageWidget(QFrame):
     def _show_raw(self, on: bool) -> None:
         self.raw_btn.setToolTip("Show the rendered message" if on else "Show raw tokens")
         self.flush()
+
+    def _open_popup(self, index: int, where: QPoint) -> None:
+        """A click on token ``index``: its alternatives, each a fork."""
+        if self._raw_tokens is None or not 0 <= index < len(self._raw_tokens):
+            return
+        refusal = ""
+        if self.streaming:
+            refusal = STREAMING_FORK
+        elif not self.message.tokens.has_ids:
+            refusal = NO_IDS_FORK
+        if self.popup is not None:
+            self.popup.close()
+        self.popup = ForkPopup(index, self._raw_tokens[index], refusal, race=True, parent=self)
+        self.popup.chosen.connect(
+            lambda token, text, race: self.fork_requested.emit(index, token, text, race)
+        )
+        self.popup.show_at(where)
 
     # ----- actions ---------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import pairwise
 
-from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
@@ -32,12 +32,21 @@ from PySide6.QtGui import (
     QTextCharFormat,
     QTextCursor,
 )
-from PySide6.QtWidgets import QTextEdit, QToolTip, QWidget
+from PySide6.QtWidgets import QSizePolicy, QTextEdit, QToolTip, QWidget
 
-from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, THOUGHT, TOOL_QUERY, TOOL_RESULT
+from desktop.engine.messages import (
+    PYTHON,
+    PYTHON_OUTPUT,
+    THOUGHT,
+    TOOL_QUERY,
+    TOOL_RESULT,
+    TokenEvent,
+    TokenTrace,
+)
 from desktop.ui import theme
 
 MARKER_GLYPH = "▍"
+FORK_GLYPH = "⑂"  # where a forked reply took the user's token
 SCALE_STEPS = 100  # the overlay's colours come in 101 steps, finer than the eye separates
 CALL_KINDS = (PYTHON, TOOL_QUERY)
 RESULT_KINDS = (PYTHON_OUTPUT, TOOL_RESULT)
@@ -52,10 +61,23 @@ class TokenRecord:
     kind: str = "text"
     forced: bool = False
     logprobs: tuple[float, list] | None = None  # (chosen logprob, [[id, label, logprob], ...])
+    given: bool = False  # the user's choice at a fork (or a prefill), not the model's
+    draft: str = ""  # speculative decoding: "accepted" | "corrected" | ""
 
     @property
     def probability(self) -> float | None:
         return math.exp(self.logprobs[0]) if self.logprobs is not None else None
+
+
+def record_of(ev: TokenEvent) -> TokenRecord:
+    """How the view shows one streamed (or recorded) token."""
+    logprobs = (ev.logprob, list(ev.top or ())) if ev.logprob is not None else None
+    return TokenRecord(ev.text, ev.special, ev.kind, ev.forced, logprobs, ev.given, ev.draft)
+
+
+def records_of(trace: TokenTrace) -> list[TokenRecord]:
+    """A whole reply's tokens as the view shows them."""
+    return [record_of(ev) for ev in trace.events(len(trace))]
 
 
 # ----- the perceptual scale --------------------------------------------------------------------
@@ -167,7 +189,7 @@ class ProbabilityLegend(QWidget):
 # ----- the view ----------------------------------------------------------------------------------
 
 
-def _visible(text: str) -> str:
+def visible_text(text: str) -> str:
     """Whitespace drawn as symbols, for tooltips where a bare space would read as nothing."""
     return text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅"
 
@@ -175,6 +197,11 @@ def _visible(text: str) -> str:
 def _special_label(name: str) -> str:
     """A special token's label, "<|python_start|>" → "‹python_start›", never broken across lines."""
     return "‹" + name.strip("<>|").replace("_", "_\u2060") + "›"
+
+
+def token_label(record: TokenRecord) -> str:
+    """How a token reads on its own: a special token by name, else its text made visible."""
+    return _special_label(record.special) if record.special else visible_text(record.text)
 
 
 class TokenView(QTextEdit):
@@ -187,8 +214,13 @@ class TokenView(QTextEdit):
 
     _styled_for: theme.Colors | None = None  # the palette the style sheet was built for
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    # token_clicked(index, global position): a click (not a drag) on a token.
+    token_clicked = Signal(int, QPoint)
+
+    def __init__(self, parent: QWidget | None = None, fit: bool = False) -> None:
+        """``fit``: as tall as the reply, with no scroll bar of its own (a chat message)."""
         super().__init__(parent)
+        self.fit = fit
         self.setObjectName("TokenView")
         self.setReadOnly(True)
         self.setUndoRedoEnabled(False)
@@ -203,11 +235,20 @@ class TokenView(QTextEdit):
         self.overlay = False
         self.divergence: int | None = None
         self.diff_marks: dict[int, str] = {}  # token index -> "insert" | "delete"
+        self.drafts_shown = False  # colour speculative decoding's accepted and corrected tokens
+        self.chips = False  # tokens without a probability colour on alternating shades (raw view)
         self._spans: list[tuple[int, int]] = []  # document [start, end) of each token
         self._marker_at: int | None = None  # document position of the divergence marker
         self._formats: dict[tuple, QTextCharFormat] = {}
         self._placeholder = ""
         self._mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        self._pressed_at: QPoint | None = None
+        if fit:
+            self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+            self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+            self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+            self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self.viewport().setCursor(Qt.CursorShape.PointingHandCursor)
         self._restyle()
 
     # ----- content ---------------------------------------------------------------------------
@@ -252,6 +293,11 @@ class TokenView(QTextEdit):
     def set_divergence(self, index: int | None) -> None:
         if index != self.divergence:
             self.divergence = index
+            self.rebuild()
+
+    def set_drafts_shown(self, on: bool) -> None:
+        if on != self.drafts_shown:
+            self.drafts_shown = on
             self.rebuild()
 
     def set_diff(self, marks: dict[int, str]) -> None:
@@ -301,6 +347,8 @@ class TokenView(QTextEdit):
         record = self.tokens[index]
         if index == self.divergence:
             self._insert_marker(cursor)
+        if record.given and (index == 0 or not self.tokens[index - 1].given):
+            cursor.insertText(FORK_GLYPH, self._cached(("fork",), self._fork_format))
         start = cursor.position()
         fmt = self._format(index)
         if record.text:
@@ -323,7 +371,10 @@ class TokenView(QTextEdit):
         record = self.tokens[index]
         p = record.probability if self.overlay and not record.forced else None
         step = None if p is None else round(max(0.0, min(1.0, p)) * SCALE_STEPS)
-        return (record.kind, step, self.diff_marks.get(index), index == self.divergence, self.overlay)
+        draft = record.draft if self.drafts_shown else ""
+        mark = self.diff_marks.get(index)
+        chip = index % 2 if self.chips and step is None else None
+        return (record.kind, step, mark, index == self.divergence, self.overlay, record.given, draft, chip)
 
     def _format(self, index: int) -> QTextCharFormat:
         key = self._key(index)
@@ -335,10 +386,22 @@ class TokenView(QTextEdit):
             fmt = self._formats[key] = build()
         return fmt
 
-    def _token_format(self, kind: str, step: int | None, mark: str | None, bold: bool, overlay: bool):
+    def _token_format(
+        self,
+        kind: str,
+        step: int | None,
+        mark: str | None,
+        bold: bool,
+        overlay: bool,
+        given: bool,
+        draft: str,
+        chip: int | None,
+    ) -> QTextCharFormat:
         c = theme.colors()
         fmt = QTextCharFormat()
         fmt.setForeground(QColor(c.text))
+        if chip is not None:
+            fmt.setBackground(QColor(c.token_b if chip else c.token_a))
         if kind in CALL_KINDS or kind in RESULT_KINDS:
             fmt.setFontFamilies([self._mono.family()])
             result = kind in RESULT_KINDS
@@ -362,8 +425,20 @@ class TokenView(QTextEdit):
                 else QTextCharFormat.UnderlineStyle.DashUnderline
             )
             fmt.setUnderlineColor(color)
+        if draft and step is None and mark is None:
+            # Accepted draft tokens on a green tint, the target's corrections on an amber one.
+            fmt.setBackground(mix(c.surface, c.success if draft == "accepted" else c.warning, 0.3))
+        if given:
+            fmt.setUnderlineStyle(QTextCharFormat.UnderlineStyle.SingleUnderline)
+            fmt.setUnderlineColor(QColor(c.accent))
         if bold:
             fmt.setFontWeight(QFont.Weight.Bold)
+        return fmt
+
+    def _fork_format(self) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor(theme.colors().accent))
+        fmt.setFontWeight(QFont.Weight.Bold)
         return fmt
 
     def _special_format(self, base: QTextCharFormat) -> QTextCharFormat:
@@ -394,15 +469,70 @@ class TokenView(QTextEdit):
         if bar.value() != bar.maximum():
             bar.setValue(bar.maximum())
 
+    # ----- fitting and clicks ------------------------------------------------------------------
+
+    def _fit(self) -> None:
+        height = math.ceil(self.document().size().height()) + 2 * self.frameWidth()
+        if height != self.height():
+            self.setFixedHeight(height)
+
+    def wheelEvent(self, event) -> None:
+        if self.fit:
+            event.ignore()  # the conversation scrolls, not the message
+        else:
+            super().wheelEvent(event)
+
+    def mousePressEvent(self, event) -> None:
+        self._pressed_at = event.position().toPoint()
+        super().mousePressEvent(event)
+
+    def mouseReleaseEvent(self, event) -> None:
+        super().mouseReleaseEvent(event)
+        pressed, self._pressed_at = self._pressed_at, None
+        at = event.position().toPoint()
+        if event.button() != Qt.MouseButton.LeftButton or pressed is None:
+            return
+        if (at - pressed).manhattanLength() > 4 or self.textCursor().hasSelection():
+            return  # a drag selects text; only a click opens the token's popup
+        index = self.token_at_point(at)
+        if index is not None:
+            self.token_clicked.emit(index, self.viewport().mapToGlobal(at))
+
+    def token_at_point(self, point: QPoint) -> int | None:
+        """The token under viewport ``point``, or None."""
+        offset = QPointF(self.horizontalScrollBar().value(), self.verticalScrollBar().value())
+        hit = self.document().documentLayout().hitTest(QPointF(point) + offset, Qt.HitTestAccuracy.ExactHit)
+        return self.token_at(hit) if hit >= 0 else None
+
+    def token_point(self, index: int) -> QPoint:
+        """The middle of token ``index`` in viewport coordinates (for tests and popups)."""
+        cursor = QTextCursor(self.document())
+        start, end = self._spans[index]
+        cursor.setPosition(start)
+        left = self.cursorRect(cursor)
+        cursor.setPosition(end)
+        right = self.cursorRect(cursor)
+        if right.top() != left.top():  # wrapped: the start's line is enough
+            return left.center() + QPoint(2, 0)
+        return QPoint((left.left() + right.left()) // 2, left.center().y())
+
     # ----- tooltips --------------------------------------------------------------------------
 
     def tooltip_html(self, index: int) -> str:
         """The hover text of token ``index``: its probability and the most likely alternatives."""
         record = self.tokens[index]
-        shown = _special_label(record.special) if record.special else _visible(record.text)
+        shown = token_label(record)
         lines = [f"<b>token {index}</b> &nbsp;<code>{html.escape(shown)}</code>"]
         if record.forced:
             lines.append("<i>forced by the calculator (not sampled)</i>")
+        if record.given:
+            lines.append("<i>your choice at a fork (not sampled)</i>")
+        if record.draft and self.drafts_shown:
+            lines.append(
+                "<i>drafted and accepted</i>"
+                if record.draft == "accepted"
+                else "<i>the target's correction</i>"
+            )
         mark = self.diff_marks.get(index)
         if mark is not None:
             side = "A" if mark == "delete" else "B"
@@ -417,8 +547,9 @@ class TokenView(QTextEdit):
             p = math.exp(lp)
             bar = "█" * max(1, round(p * 12)) if p >= 0.005 else "·"
             weight = "font-weight:700;" if label in (record.special, record.text) else ""
+            shown_alt = html.escape(visible_text(label))
             rows.append(
-                f"<tr style='{weight}'><td>{rank}.</td><td><code>{html.escape(_visible(label))}</code></td>"
+                f"<tr style='{weight}'><td>{rank}.</td><td><code>{shown_alt}</code></td>"
                 f"<td align='right'>&nbsp;{p:.3f}</td><td>&nbsp;{bar}</td></tr>"
             )
         lines.append(f"<table cellspacing='0' cellpadding='1'>{''.join(rows)}</table>")
@@ -427,13 +558,7 @@ class TokenView(QTextEdit):
     def viewportEvent(self, event: QEvent) -> bool:
         if event.type() == QEvent.Type.ToolTip:
             assert isinstance(event, QHelpEvent)  # what Qt sends a ToolTip as
-            offset = QPointF(self.horizontalScrollBar().value(), self.verticalScrollBar().value())
-            hit = (
-                self.document()
-                .documentLayout()
-                .hitTest(QPointF(event.pos()) + offset, Qt.HitTestAccuracy.ExactHit)
-            )
-            index = self.token_at(hit) if hit >= 0 else None
+            index = self.token_at_point(event.pos())
             if index is not None:
                 QToolTip.showText(event.globalPos(), self.tooltip_html(index), self)
             else:

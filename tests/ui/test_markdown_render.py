@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCharFormat, QTextDocument
 
-from desktop.ui.markdown_render import COPY_CODE_SCHEME, SAFE_SCHEMES, render_markdown, render_raw_tokens
+from desktop.ui.markdown_render import COPY_CODE_SCHEME, SAFE_SCHEMES, render_markdown
 
 pytestmark = pytest.mark.gui
 
@@ -163,12 +163,3 @@ def test_looping_reply_renders_in_linear_work(unit):
     small, large = ((unit * (size // len(unit)))[:size] for size in (2 * 1024, 16 * 1024))
     ratio = _render_work(large) / _render_work(small)
     assert ratio < 12, f"16 KB took {ratio:.1f}x the work of 2 KB (linear is 8x, quadratic 64x)"
-
-
-def test_raw_tokens_show_specials_and_counts():
-    tokens = [("<|python_start|>", False), ("1+1", False), ("<|python_end|>", False), ("2", True)]
-    html = render_raw_tokens(tokens, dark=True)
-    assert "&lt;|python_start|&gt;" in html
-    assert f"{len(tokens)} tokens" in html
-    assert f"{sum(1 for t, _ in tokens if t.startswith('<|'))} special" in html
-    assert f"{sum(forced for _, forced in tokens)} forced" in html

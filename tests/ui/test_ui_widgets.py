@@ -25,6 +25,7 @@ from desktop.ui.message_widget import MessageWidget
 from desktop.ui.sampling_panel import BUILTIN_PRESETS, SamplingPanel
 from desktop.ui.shortcuts_dialog import SHORTCUTS, ShortcutsDialog
 from desktop.ui.status_bar import StatusBar
+from desktop.ui.token_view import TokenRecord
 from desktop.ui.widgets import ElidedLabel
 
 pytestmark = pytest.mark.gui
@@ -312,9 +313,11 @@ def test_message_actions_emit_with_the_right_index(qtbot):
 def test_raw_token_mode_switches_the_view(qtbot):
     widget = MessageWidget(Message.of_text("assistant", "hi"))
     qtbot.addWidget(widget)
-    widget.set_raw_tokens([("<|assistant_start|>", False), ("hi", False)])
+    records = [TokenRecord("", "<|python_start|>", PYTHON), TokenRecord("2", kind=PYTHON_OUTPUT, forced=True)]
+    widget.set_raw_tokens(records)
     assert widget.raw_view.isVisibleTo(widget) and widget.segment_widgets()[0].isHidden()
-    assert "<|assistant_start|>" in widget.raw_view.toPlainText()
+    assert "‹python" in widget.raw_view.toPlainText()
+    assert widget.raw_summary.text().startswith("2 tokens · 1 special · 1 forced by a tool")
     widget.set_raw_tokens(None)
     assert not widget.raw_view.isVisibleTo(widget) and widget.segment_widgets()[0].isVisibleTo(widget)
 

@@ -15,16 +15,17 @@ one ``benchmarks/bench_compare_cpu.py`` measured faster; GPU panes always run in
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from desktop import __version__
 from desktop.config.settings import Settings
-from desktop.engine.backend import ModelInfo, Prompt, StreamOptions
-from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.backend import ModelInfo, Prompt, ReplyStart, StreamOptions
+from desktop.engine.messages import FORCED_FORK, Message, TokenEvent
 from desktop.engine.params import SamplingParams
 from desktop.gui.compare.analysis import (
     LETTERS,
@@ -41,7 +42,7 @@ from desktop.gui.compare.analysis import (
     token_diff,
 )
 from desktop.gui.compare.memory_check import Key, MemoryCheck
-from desktop.gui.compare.run import PaneRun
+from desktop.gui.compare.run import Fork, PaneRun
 from desktop.gui.compare.same_model import compare_replies
 from desktop.gui.model_slot import ModelSlot
 from desktop.gui.worker import TurnLock
@@ -148,6 +149,8 @@ class CompareController(QObject):
         self.conv_id: int | None = None
         self._agreed = 0
         self._busy = False
+        # A race waiting for its panes to load: (question, sampling, system prompt, earlier, fork).
+        self._pending_race: tuple[str, SamplingParams, str, list[Message], Fork] | None = None
         self._same_model: tuple[Pane, Pane] | None = None  # a "Same model?" run in flight
         self._scores: dict[int, tuple[str, Pane, Pane]] = {}  # request -> (kind, source, scorer)
         self.memory = MemoryCheck(settings, self._picked, self)
@@ -259,8 +262,16 @@ class CompareController(QObject):
         """How CPU panes share the cores: "parallel" or "interleaved"."""
         return CPU_DEFAULT_SCHEDULING if self.scheduling == "auto" else self.scheduling
 
-    def send(self, text: str, shared: SamplingParams, system_prompt: str = "") -> bool:
-        """Send ``text`` to every loaded pane; False (nothing changed) if refused."""
+    def send(
+        self,
+        text: str,
+        shared: SamplingParams,
+        system_prompt: str = "",
+        earlier: list[Message] | None = None,
+        fork: Fork | None = None,
+    ) -> bool:
+        """Send ``text`` to every loaded pane; False (nothing changed) if refused. ``earlier``:
+        the conversation before it; ``fork``: every reply begins as that fork does."""
         text = text.strip()
         if not text or self.busy:
             return False
@@ -268,10 +279,14 @@ class CompareController(QObject):
         if not ready:
             self.notice.emit("warning", "No model loaded", "load a checkpoint in at least one pane first")
             return False
+        if fork is not None:
+            ready = self._fork_ready(ready, fork)
+            if not ready:
+                return False
         self.system_prompt = system_prompt
         self.prompt = text
         self.shared = shared
-        self.messages = [Message.of_text("user", text)]
+        self.messages = [*(m.copy_text() for m in earlier or ()), Message.of_text("user", text)]
         if self.system_prompt.strip():
             self.messages.insert(0, Message.of_text("system", self.system_prompt))
         self.conv_id = None
@@ -284,12 +299,79 @@ class CompareController(QObject):
             assert pane.info is not None
             pane.run = PaneRun(params, pane.info.reply_meta(), dict(pane.overrides), running=True)
             options, lock = schedule[pane]
+            if fork is not None:
+                # Each pane's reply holds what the fork said, with no probabilities: those were
+                # the source model's, not this pane's.
+                for ev in fork.said:
+                    pane.run.add(replace(ev, logprob=None, top=None))
+                pane.run.reply.meta["fork"] = {"at": len(fork.said)}
+                options = replace(options, start=fork.start)
             pane.generate(self.messages, params, options, lock)
             self.pane_started.emit(self.panes.index(pane), params)
         self._recompute_divergence()
         self._update_diff()
         self._update_busy()
         return True
+
+    def fork_pane(
+        self,
+        index: int,
+        position: int,
+        shared: SamplingParams,
+        system_prompt: str = "",
+        token_id: int = -1,
+        text: str = "",
+    ) -> bool:
+        """Fork pane ``index``'s reply at token ``position`` (an alternative's id, or ``text``
+        the user wrote) and race that fork on every pane; False (nothing changed) if refused."""
+        if self.busy or not 0 <= index < len(self.panes) or not self.prompt:
+            return False
+        pane = self.panes[index]
+        trace = pane.run.trace
+        if pane.info is None or not trace.has_ids or not 0 <= position <= len(trace):
+            return False
+        if position < len(trace) and trace.forced[position]:
+            self.notice.emit("info", "Cannot fork there", FORCED_FORK)
+            return False
+        start = ReplyStart(
+            said_ids=tuple(trace.ids[:position]),
+            given_ids=(token_id,) if token_id >= 0 else (),
+            given_text=text if token_id < 0 else "",
+        )
+        fork = Fork(start, tuple(trace.events(position)), pane.info.tokenizer)
+        earlier = [m for m in self.messages if m.role != "system"][:-1]
+        return self.send(self.prompt, shared, system_prompt, earlier, fork)
+
+    def _fork_ready(self, ready: list[Pane], fork: Fork) -> list[Pane]:
+        """The panes a fork can race on: its ids mean the same only under the same tokenizer."""
+        same = [p for p in ready if p.info is not None and p.info.tokenizer == fork.tokenizer]
+        others = [LETTERS[self.panes.index(p)] for p in ready if p not in same]
+        if others:
+            self.notice.emit(
+                "warning",
+                "Not raced on every pane",
+                f"pane {', '.join(others)}: another tokenizer; a fork's tokens mean nothing there",
+            )
+        return same
+
+    def race(
+        self,
+        question: str,
+        fork: Fork,
+        shared: SamplingParams,
+        system_prompt: str = "",
+        earlier: list[Message] | None = None,
+    ) -> None:
+        """Send the fork once every pane has finished loading (a step sweep was just asked for)."""
+        self._pending_race = (question, shared, system_prompt, list(earlier or ()), fork)
+        self._start_pending_race()
+
+    def _start_pending_race(self) -> None:
+        if self._pending_race is None or any(p.is_loading for p in self.panes) or self.busy:
+            return
+        question, shared, system_prompt, earlier, fork = self._pending_race
+        self._pending_race = None
+        self.send(question, shared, system_prompt, earlier, fork)
 
     def _schedule(self, ready: list[Pane]) -> dict[Pane, tuple[StreamOptions, TurnLock | None]]:
         """Per pane: stream options (log-probabilities, CPU threads) and the shared turn lock of
@@ -326,6 +408,7 @@ class CompareController(QObject):
             self.pane_loading.emit(i, percent, message)
 
     def _pane_loaded(self, pane: Pane, info: ModelInfo) -> None:
+        QTimer.singleShot(0, self, self._start_pending_race)  # after the pane's own handlers
         if (i := self._index(pane)) is None:
             return
         self.pane_loaded.emit(i, info)
@@ -336,6 +419,7 @@ class CompareController(QObject):
             self.notice.emit(level, f"Pane {LETTERS[i]}: {title[:1].lower()}{title[1:]}", message)
 
     def _pane_load_failed(self, pane: Pane, target: str, reason: str) -> None:
+        QTimer.singleShot(0, self, self._start_pending_race)
         if (i := self._index(pane)) is None:
             return
         self.pane_load_failed.emit(i, reason)

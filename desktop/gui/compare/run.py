@@ -7,9 +7,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from desktop import __version__
-from desktop.engine.backend import REPLY_META
+from desktop.engine.backend import REPLY_META, ReplyStart
 from desktop.engine.messages import Message, TokenEvent, TokenTrace
 from desktop.engine.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A Chat reply's fork, raced on the panes: how every reply begins, the events of what the
+    reply had said before the fork point, and the tokenizer those ids belong to."""
+
+    start: ReplyStart
+    said: tuple[TokenEvent, ...]
+    tokenizer: str
 
 
 @dataclass
