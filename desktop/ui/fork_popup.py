@@ -76,6 +76,7 @@ class ForkPopup(QFrame):
             button = QPushButton(f"{rank}.  {visible_text(str(label))}    {math.exp(float(logprob)):.3f}")
             button.setObjectName("Alternative")
             button.setFlat(True)
+            button.setStyleSheet("text-align: left; padding: 3px 8px;")
             button.setEnabled(not refusal and not mine)
             button.setToolTip("what the reply said here" if mine else f"fork with token {int(token_id)}")
             button.clicked.connect(lambda _=False, t=int(token_id): self._choose(t, ""))

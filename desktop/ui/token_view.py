@@ -46,7 +46,7 @@ from desktop.engine.messages import (
 from desktop.ui import theme
 
 MARKER_GLYPH = "▍"
-FORK_GLYPH = "⑂"  # where a forked reply took the user's token
+FORK_GLYPH = "↳"  # where a forked reply took the user's token (in every common UI font)
 SCALE_STEPS = 100  # the overlay's colours come in 101 steps, finer than the eye separates
 CALL_KINDS = (PYTHON, TOOL_QUERY)
 RESULT_KINDS = (PYTHON_OUTPUT, TOOL_RESULT)
@@ -373,7 +373,7 @@ class TokenView(QTextEdit):
         step = None if p is None else round(max(0.0, min(1.0, p)) * SCALE_STEPS)
         draft = record.draft if self.drafts_shown else ""
         mark = self.diff_marks.get(index)
-        chip = index % 2 if self.chips and step is None else None
+        chip = index % 2 if self.chips else None
         return (record.kind, step, mark, index == self.divergence, self.overlay, record.given, draft, chip)
 
     def _format(self, index: int) -> QTextCharFormat:
@@ -400,7 +400,7 @@ class TokenView(QTextEdit):
         c = theme.colors()
         fmt = QTextCharFormat()
         fmt.setForeground(QColor(c.text))
-        if chip is not None:
+        if chip is not None and step is None:
             fmt.setBackground(QColor(c.token_b if chip else c.token_a))
         if kind in CALL_KINDS or kind in RESULT_KINDS:
             fmt.setFontFamilies([self._mono.family()])
@@ -413,7 +413,10 @@ class TokenView(QTextEdit):
         if step is not None:
             # Forced tokens were never the model's choice: they have no step and keep the tool
             # colours (the tooltip still gives their probability).
-            fmt.setBackground(probability_color(step / SCALE_STEPS, c))
+            shade = probability_color(step / SCALE_STEPS, c)
+            # In the raw view every other token is a shade darker, so boundaries show even
+            # where the model was sure.
+            fmt.setBackground(mix(shade, c.token_b, 0.7) if chip else shade)
         if mark is not None:
             color = QColor(c.success if mark == "insert" else c.error)
             if not overlay:
