@@ -502,22 +502,30 @@ class TokenView(QTextEdit):
             self.token_clicked.emit(index, self.viewport().mapToGlobal(at))
 
     def token_at_point(self, point: QPoint) -> int | None:
-        """The token under viewport ``point``, or None."""
+        """The token under viewport ``point``, or None (Qt's exact hit test misses spaces, and
+        a token may begin with one: the nearest cursor position decides, on the point's line)."""
         offset = QPointF(self.horizontalScrollBar().value(), self.verticalScrollBar().value())
-        hit = self.document().documentLayout().hitTest(QPointF(point) + offset, Qt.HitTestAccuracy.ExactHit)
-        return self.token_at(hit) if hit >= 0 else None
+        hit = self.document().documentLayout().hitTest(QPointF(point) + offset, Qt.HitTestAccuracy.FuzzyHit)
+        if hit < 0:
+            return None
+        cursor = QTextCursor(self.document())
+        cursor.setPosition(hit)
+        rect = self.cursorRect(cursor)
+        if not rect.top() <= point.y() <= rect.bottom():
+            return None  # below the last line, or in the margins above
+        return self.token_at(hit - 1 if point.x() < rect.left() and hit > 0 else hit)
 
     def token_point(self, index: int) -> QPoint:
-        """The middle of token ``index`` in viewport coordinates (for tests and popups)."""
+        """The middle of token ``index``'s first character, in viewport coordinates (for tests
+        and popups)."""
+        start, _end = self._spans[index]
         cursor = QTextCursor(self.document())
-        start, end = self._spans[index]
         cursor.setPosition(start)
         left = self.cursorRect(cursor)
-        cursor.setPosition(end)
+        cursor.setPosition(start + 1)
         right = self.cursorRect(cursor)
-        if right.top() != left.top():  # wrapped: the start's line is enough
-            return left.center() + QPoint(2, 0)
-        return QPoint((left.left() + right.left()) // 2, left.center().y())
+        x = (left.left() + right.left()) // 2 if right.top() == left.top() else left.left() + 2
+        return QPoint(x, left.center().y())
 
     # ----- tooltips --------------------------------------------------------------------------
 
