@@ -258,16 +258,16 @@ class ChatController(QObject):
         if reply is None or self.slot.info is None:
             return None
         trace = reply.tokens
-        if not trace.has_ids or not 0 <= position <= len(trace) or (token_id < 0 and not text):
+        if not len(trace) or not 0 <= position <= len(trace) or (token_id < 0 and not text):
             return None
         if position < len(trace) and trace.forced[position]:
             self.notice.emit("info", "Cannot fork there", FORCED_FORK)
             return None
         start = ReplyStart(
-            said_ids=tuple(trace.ids[:position]),
+            said_ids=tuple(trace.ids[:position]) if trace.has_ids else (),
             said_text="".join(trace.texts[:position]),
             given_ids=(token_id,) if token_id >= 0 else (),
-            given_text=text if token_id < 0 else "",
+            given_text=text,  # an alternative's text too: a served model takes text
         )
         return Fork(start, tuple(trace.events(position)), self.slot.info.tokenizer)
 
@@ -294,10 +294,11 @@ class ChatController(QObject):
         """A new sibling of the reply at ``index`` that says all of it and goes on (a reply that
         stopped at its token limit, or was stopped); the original stays one arrow away."""
         reply = self._assistant_at(index)
-        if reply is None or not reply.tokens.has_ids:
+        if reply is None or not len(reply.tokens):
             return False
         trace = reply.tokens
-        start = ReplyStart(said_ids=tuple(trace.ids), said_text="".join(trace.texts))
+        said_ids = tuple(trace.ids) if trace.has_ids else ()
+        start = ReplyStart(said_ids=said_ids, said_text="".join(trace.texts))
         fork = {"from": self.path[index][0], "at": len(trace), "continued": True}
         self.path = self.path[:index]
         self._start_reply(params, system_prompt, start, trace.events(len(trace)), fork)
@@ -453,14 +454,14 @@ def _refork(reply_id: int, reply: Message) -> tuple[ReplyStart, dict[str, Any]] 
     if not isinstance(fork, dict):
         return None
     at = fork.get("at")
-    if not isinstance(at, int) or not 0 <= at <= len(trace) or not trace.has_ids:
+    if not isinstance(at, int) or not 0 <= at <= len(trace):
         return None
-    given = []
-    for token_id, is_given in zip(trace.ids[at:], trace.given[at:], strict=True):
-        if not is_given:
-            break
-        given.append(token_id)
+    n = next((k for k, g in enumerate(trace.given[at:]) if not g), len(trace) - at)
+    ids = trace.has_ids  # a served reply has text only
     start = ReplyStart(
-        said_ids=tuple(trace.ids[:at]), said_text="".join(trace.texts[:at]), given_ids=tuple(given)
+        said_ids=tuple(trace.ids[:at]) if ids else (),
+        said_text="".join(trace.texts[:at]),
+        given_ids=tuple(trace.ids[at : at + n]) if ids else (),
+        given_text="".join(trace.texts[at : at + n]),
     )
     return start, {**fork, "from": fork.get("from", reply_id)}

@@ -27,13 +27,18 @@ from PySide6.QtWidgets import (
 from desktop.engine.messages import FORCED_FORK
 from desktop.ui.token_view import TokenRecord, token_label, visible_text
 
+NO_ALTERNATIVES = (
+    "No alternatives were recorded for this token (a server that gives no token probabilities, "
+    "or a reply saved before they were kept). Write your own:"
+)
+
 
 class ForkPopup(QFrame):
     """One token's alternatives, each a fork.
 
     Signals:
         chosen(int, str, bool): the alternative's token id (-1 when the user wrote ``text``),
-            the text written, and whether to race the fork in Compare.
+            its text (or the text written), and whether to race the fork in Compare.
     """
 
     chosen = Signal(int, str, bool)
@@ -79,11 +84,13 @@ class ForkPopup(QFrame):
             button.setStyleSheet("text-align: left; padding: 3px 8px;")
             button.setEnabled(not refusal and not mine)
             button.setToolTip("what the reply said here" if mine else f"fork with token {int(token_id)}")
-            button.clicked.connect(lambda _=False, t=int(token_id): self._choose(t, ""))
+            button.clicked.connect(lambda _=False, t=int(token_id), text=str(label): self._choose(t, text))
             self.buttons.append(button)
             lay.addWidget(button)
         if record.logprobs is None and not refusal:
-            none = QLabel("No alternatives were recorded for this token; write your own:")
+            none = QLabel(NO_ALTERNATIVES)
+            none.setWordWrap(True)
+            none.setMaximumWidth(360)
             none.setObjectName("Muted")
             lay.addWidget(none)
 

@@ -54,7 +54,6 @@ AVATAR = 24
 STOP_REASONS = {"cancelled": "stopped", "max_tokens": "max tokens reached", "context": "context full"}
 CONTINUABLE = ("cancelled", "max_tokens")  # a reply that stopped for these may go on
 STREAMING_FORK = "The reply is still streaming: fork it once it ends."
-NO_IDS_FORK = "This reply has no token ids (a served model's text): it cannot be forked."
 
 
 def copy_text(message: Message) -> str:
@@ -419,7 +418,7 @@ class MessageWidget(QFrame):
         if self.continue_btn is not None:
             stopped = (meta.get("stats") or {}).get("stopped")
             self.continue_btn.setVisible(
-                not self.streaming and stopped in CONTINUABLE and self.message.tokens.has_ids
+                not self.streaming and stopped in CONTINUABLE and len(self.message.tokens) > 0
             )
         self.footer.setText(text)
         self.footer.setToolTip(tip)
@@ -446,8 +445,6 @@ class MessageWidget(QFrame):
         refusal = ""
         if self.streaming:
             refusal = STREAMING_FORK
-        elif not self.message.tokens.has_ids:
-            refusal = NO_IDS_FORK
         if self.popup is not None:
             self.popup.close()
         self.popup = ForkPopup(index, self._raw_tokens[index], refusal, race=True, parent=self)

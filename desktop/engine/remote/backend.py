@@ -31,7 +31,7 @@ from desktop.engine.backend import (
     Prompt,
     StreamOptions,
 )
-from desktop.engine.messages import Message, TokenEvent
+from desktop.engine.messages import TEXT, Message, TokenEvent
 from desktop.engine.params import SamplingParams
 from desktop.engine.remote.events import ChunkReader
 from desktop.engine.remote.http import (
@@ -64,7 +64,14 @@ OPTIONAL_FIELDS = (
     "top_logprobs",
     "return_token_ids",
     "stream_options",
+    "continue_final_message",
+    "add_generation_prompt",
 )
+# A chat reply that begins already (a fork, a continuation) goes as a last assistant message the
+# server continues: vLLM and SGLang take these fields; llama-server continues a trailing assistant
+# message by itself.
+CONTINUE_FIELDS = {"continue_final_message": True, "add_generation_prompt": False}
+CONTINUE_REASON = "the server refuses continue_final_message: it cannot continue a reply"
 ALWAYS_KNOBS = frozenset({"temperature", "top_p", "max_tokens"})
 OPTIONAL_KNOBS = ("top_k", "min_p", "repetition_penalty", "seed")
 SCORING_REASON = "the server gives no prompt log-probabilities to score a given reply with"
@@ -238,6 +245,12 @@ class RemoteBackend:
         options = options or StreamOptions()
         if not isinstance(prompt, RemotePrompt):
             raise RemoteError(f"{self._info.name} is served: it takes text, not token ids")
+        start = options.start
+        if start is not None:
+            prompt = _continued(prompt, start.said_text, start.given_text)
+            if start.given_text:
+                # The user's words, as the first piece of the reply (the server will not echo them).
+                yield TokenEvent(-1, start.given_text, False, TEXT, given=True)
         stats = stats if stats is not None else GenerationStats()
         top = min(max(0, options.logprobs), MAX_TOP_LOGPROBS)
         reader = ChunkReader(chat=prompt.text is None, top=top)
@@ -352,6 +365,10 @@ class RemoteBackend:
         }
         if prompt.text is None:
             body["messages"] = [{"role": m.role, "content": m.plain_text()} for m in prompt.messages]
+            if prompt.messages and prompt.messages[-1].role == "assistant":
+                if refused & CONTINUE_FIELDS.keys():
+                    raise RemoteError(f"{where(self.root)}: {CONTINUE_REASON}")
+                body.update(CONTINUE_FIELDS)
         else:
             body["prompt"] = prompt.text
         if params.max_tokens is not None:
@@ -400,6 +417,17 @@ class RemoteBackend:
         except Exception:  # closing must not fail an unload; the loop goes either way
             logger.debug("closing the client of %s failed", where(self.root), exc_info=True)
         self._runner.close()
+
+
+def _continued(prompt: RemotePrompt, said: str, given: str) -> RemotePrompt:
+    """``prompt`` with the reply's start: appended to a completion's text, or as a last
+    assistant message of a chat for the server to continue."""
+    start = said + given
+    if prompt.text is not None:
+        text = prompt.text + start
+        return RemotePrompt((), None, _estimate(text), prompt.context_length, text=text)
+    messages = (*prompt.messages, Message.of_text("assistant", start))
+    return RemotePrompt(messages, None, prompt.tokens + _estimate(start), prompt.context_length)
 
 
 def _estimate(text: str) -> int:

@@ -21,7 +21,7 @@ from support.openai_fault_server import DROP, FaultServer, Pause, Reply, chat_ch
 from support.served_model import Served, local_greedy, served_model
 
 from desktop.cli.main import main
-from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
+from desktop.engine.backend import GenerationStats, LoadOptions, ReplyStart, StreamOptions
 from desktop.engine.messages import Message
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
@@ -523,3 +523,50 @@ def test_the_model_list_is_asked_for_uncompressed(fault):
     fault.script = lambda path, body: models("m")
     assert [m.name for m in list_models(fault.url)] == ["m"]
     assert fault.requests[-1][2].get("Accept-Encoding") == "identity"
+
+
+def test_real_server_fork_in_completion_mode_continues_the_text_it_was_given(served):
+    """A served fork is text: the reply said " fox", the user gives " jumps", and the server
+    goes on exactly as it goes on from the whole text."""
+    backend = open_served(served)
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    start = StreamOptions(start=ReplyStart(said_text=" fox", given_text=" jumps"))
+    try:
+        forked = list(backend.stream(backend.render("the quick brown", 6), params, threading.Event(), start))
+        whole = list(
+            backend.stream(backend.render("the quick brown fox jumps", 6), params, threading.Event())
+        )
+    finally:
+        backend.close()
+    assert forked[0].given and forked[0].text == " jumps" and not any(e.given for e in forked[1:])
+    assert text_of(forked[1:]) == text_of(whole) and text_of(whole)
+
+
+def test_real_server_that_cannot_continue_a_chat_reply_says_so_in_one_line(served):
+    """transformers serve refuses continue_final_message: a chat fork is one readable line,
+    never a new reply passed off as the fork's, and the backend goes on serving."""
+    backend = open_served(served)
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    start = StreamOptions(start=ReplyStart(said_text="hello", given_text=" world"))
+    try:
+        with pytest.raises(RemoteError, match="cannot continue a reply"):
+            list(backend.stream(backend.render(chat("hello world"), 4), params, threading.Event(), start))
+        after, _stats, err = run(backend, chat("hello"), params)
+    finally:
+        backend.close()
+    assert err is None and after
+
+
+def test_a_chat_fork_asks_a_vllm_like_server_to_continue_the_assistant_message(fault):
+    reply = Reply(200, [chat_chunk(" there"), chat_chunk(None, "stop"), sse("[DONE]")])
+    fault.script = scripted(reply, probe=Reply(200, [chat_chunk("a"), chat_chunk(None, "length")]))
+    backend = open_fault(fault)
+    start = StreamOptions(start=ReplyStart(said_text="Hello", given_text=" you"))
+    try:
+        events = list(backend.stream(backend.render(chat("hi"), 8), GREEDY, threading.Event(), start))
+    finally:
+        backend.close()
+    assert [(e.text, e.given) for e in events if e.text] == [(" you", True), (" there", False)]
+    body = fault.requests[-1][1]
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hello you"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
