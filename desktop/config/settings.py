@@ -47,6 +47,9 @@ DEFAULTS: dict[str, Any] = {
     "checkpoint_folders": [],  # folders opened with Open folder…, scanned again at every start
     "recent_checkpoints": [],  # {"dir", "step", "used" (epoch s)}, newest first: the picker's "last used"
     "sampling_panel_visible": True,
+    # Speculative decoding in Chat: the draft (StreamOptions.draft, "" off) and its length (0: adaptive).
+    "draft": "",
+    "draft_k": 0,
     # OpenAI-compatible servers: {"id", "name", "url", "stall_timeout", "models"}; keys live in the
     # OS keyring (desktop/config/keystore.py), never here.
     "servers": [],

@@ -347,6 +347,9 @@ class ChatController(QObject):
         }
         if fork is not None:
             meta["fork"] = fork
+        caps = self.slot.info.capabilities
+        if self.settings.get("draft") and not caps.why_not("draft"):
+            meta["draft"] = self.settings.get("draft")  # speculative: the footer says so
         self._reply = Message("assistant", [], meta)
         for ev in said or ():
             self._reply.add_event(ev)
@@ -359,8 +362,11 @@ class ChatController(QObject):
         self.reply_started.emit(self._reply, (siblings.index(self._reply_id), len(siblings)))
         self.busy_changed.emit(True)
         self._flush_timer.start()
-        top = CHAT_TOP if self.slot.info.capabilities.logprobs else 0
-        self.slot.generate(history, params, StreamOptions(logprobs=top, start=start))
+        caps = self.slot.info.capabilities
+        top = CHAT_TOP if caps.logprobs else 0
+        draft = "" if caps.why_not("draft") else self.settings.get("draft")
+        options = StreamOptions(logprobs=top, start=start, draft=draft, draft_k=self.settings.get("draft_k"))
+        self.slot.generate(history, params, options)
 
     @Slot()
     def stop(self) -> None:

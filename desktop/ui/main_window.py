@@ -146,6 +146,8 @@ class MainWindow(QMainWindow):
             {**self.settings.get("sampling"), "system_prompt": self.settings.get("system_prompt")}
         )
         self.sampling.set_user_presets(self.settings.get("sampling_presets"))
+        self.sampling.speculative.set_value(self.settings.get("draft"), self.settings.get("draft_k"))
+        self.sampling.speculative.changed.connect(self._on_draft)
         self.sampling.setVisible(self.settings.get("sampling_panel_visible"))
         self.input.set_enter_sends(self.settings.get("enter_sends"))
         self.picker.set_precision(self.settings.get("dtype"))
@@ -553,12 +555,25 @@ class MainWindow(QMainWindow):
             if info.capabilities.chat
             else "Completion mode: this checkpoint has no chat format, so your text is continued."
         )
+        self._offer_drafts(info)
         if is_demo(Path(info.path)):
             self.banner.show_info(
                 "Demo model",
                 "This is a tiny demo model bundled with Nanoscope. "
                 "Train your own with nanochat and it will show up here.",
             )
+
+    def _on_draft(self, draft: str, k: int) -> None:
+        self.settings.set("draft", draft)
+        self.settings.set("draft_k", k)
+
+    def _offer_drafts(self, info: ModelInfo) -> None:
+        """The drafts the speed section offers: the model's own copies, and its run's other steps."""
+        box = self.sampling.speculative
+        box.set_unavailable(info.capabilities.why_not("draft"))
+        entry = next((e for e in self.model_picker.entries if Path(e.path) == Path(info.path)), None)
+        steps = [s for s in (entry.steps if entry is not None else []) if s != info.step]
+        box.set_steps([(f"Step {s:,} of this run", f"{info.path}@{s}") for s in sorted(steps)])
 
     def _show_context(self, used: int, total: int) -> None:
         self.status.set_context(used, total)

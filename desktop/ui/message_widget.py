@@ -52,6 +52,10 @@ COPIED_FEEDBACK_MS = 1500
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 AVATAR = 24
 STOP_REASONS = {"cancelled": "stopped", "max_tokens": "max tokens reached", "context": "context full"}
+SPECULATIVE_NOTE = (
+    "speculative decoding: the model's own distribution, drafted ahead; the seed repeats "
+    "Nanoscope's own speculative stream, not nanochat's"
+)
 CONTINUABLE = ("cancelled", "max_tokens")  # a reply that stopped for these may go on
 STREAMING_FORK = "The reply is still streaming: fork it once it ends."
 
@@ -88,6 +92,14 @@ def format_stats(meta: dict) -> tuple[str, str]:
         bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if stats.get("stopped") in STOP_REASONS:
         bits.append(STOP_REASONS[stats["stopped"]])
+    if meta.get("draft"):  # speculative decoding: on, with which draft, and how much it was kept
+        drafted = stats.get("drafted") or 0
+        kept = (
+            f" · {100 * (stats.get('accepted') or 0) / drafted:.0f}% of {drafted} drafted kept"
+            if drafted
+            else ""
+        )
+        bits.append(f"speculative ({meta['draft']}){kept}")
     if stats.get("greedy_fallbacks"):  # the distribution degenerated (e.g. a tiny temperature)
         bits.append(f"⚠ {stats['greedy_fallbacks']} token(s) taken greedily")
     sampling = meta.get("sampling") or {}
@@ -117,6 +129,8 @@ def format_stats(meta: dict) -> tuple[str, str]:
     tip_lines += [f"{k}: {meta[k]}" for k in ("checkpoint", "era", "dtype", "device") if meta.get(k)]
     if stats.get("prompt_tokens"):
         tip_lines.append(f"prompt tokens: {stats['prompt_tokens']}")
+    if meta.get("draft"):
+        tip_lines.append(SPECULATIVE_NOTE)
     return "  ·  ".join(bits), "\n".join(tip_lines)
 
 

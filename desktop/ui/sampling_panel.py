@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 from desktop.config.settings import DEFAULT_SAMPLING
 from desktop.engine.params import FILTER_KEYS, KNOB, PRESETS, Knob
 from desktop.ui import icons, theme, widgets
+from desktop.ui.speculative_box import SpeculativeBox
 
 # The knobs, their ranges, the presets and the defaults all come from engine/params.py.
 PANEL_KNOBS = tuple(KNOB[k] for k in (*FILTER_KEYS, "max_tokens"))
@@ -189,6 +190,10 @@ class SamplingPanel(QFrame):
         col.addSpacing(8)
         col.addWidget(self._section("SEED"))
         col.addLayout(self._build_seed())
+        col.addSpacing(8)
+        col.addWidget(self._section("SPEED"))
+        self.speculative = SpeculativeBox()
+        col.addWidget(self.speculative)
         col.addSpacing(12)
         self.reset_btn = QPushButton("Reset to defaults")
         self.reset_btn.setToolTip("Restore nanochat's default sampling values (keeps your presets)")

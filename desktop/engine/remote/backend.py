@@ -78,6 +78,7 @@ SCORING_REASON = "the server gives no prompt log-probabilities to score a given 
 LOGPROBS_REASON = (
     "the server returns no token probabilities (vLLM and SGLang do; transformers serve does not)"
 )
+DRAFT_REASON = "speculative decoding runs on the server (vLLM's and SGLang's own), not here"
 IDS_REASON = "the server gives text only, no token ids (vLLM does with return_token_ids)"
 
 
@@ -170,7 +171,7 @@ class RemoteBackend:
     def _describe(self) -> ModelInfo:
         refused = refusals.get(self.root)
         knobs = ALWAYS_KNOBS | {k for k in OPTIONAL_KNOBS if k not in refused}
-        unavailable = [("scoring", SCORING_REASON)]
+        unavailable = [("scoring", SCORING_REASON), ("draft", DRAFT_REASON)]
         if not self.gives_logprobs:
             unavailable.append(("logprobs", LOGPROBS_REASON))
         if not self.gives_ids:
