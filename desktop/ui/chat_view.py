@@ -81,6 +81,7 @@ class ChatView(QWidget):
         self.widgets: list[MessageWidget] = []
         self.streaming: MessageWidget | None = None
         self.raw_mode = False
+        self.draft_colours = False  # the raw views colour drafts, not probabilities
         self._first = 0  # index of the oldest message that has a widget
         self._follow = True
         self._anchor: tuple[MessageWidget, int] | None = None  # keeps the view still while prepending
@@ -246,6 +247,7 @@ class ChatView(QWidget):
         w.continue_requested.connect(self._on_continue)
         if self.raw_mode and not streaming:
             w.set_raw_tokens(self._raw_of(w.message))
+        w.set_draft_colours(self.draft_colours)
         return w
 
     def _sender_index(self) -> int:
@@ -277,6 +279,12 @@ class ChatView(QWidget):
         self._place_jump_button()
 
     # ----- raw tokens ------------------------------------------------------------------------
+
+    def set_draft_colours(self, on: bool) -> None:
+        """Raw token views colour drafted-and-kept and corrected tokens instead of probabilities."""
+        self.draft_colours = on
+        for w in self.widgets:
+            w.set_draft_colours(on)
 
     def set_raw_mode(self, on: bool) -> None:
         """Show every message as its raw tokens (what each token read as, special ones by name)."""

@@ -188,6 +188,7 @@ class MainWindow(QMainWindow):
         action("&View", "Regenerate last reply", "Ctrl+R", self._regenerate_last)
         action("&View", "Copy last reply", "Ctrl+Shift+C", self._copy_last)
         action("&View", "Raw tokens", "Ctrl+Shift+R", self._toggle_raw)
+        action("&View", "Draft colours", "Ctrl+Shift+D", self._toggle_draft_colours)
         action(
             "&View",
             "Sampling panel",
@@ -613,6 +614,14 @@ class MainWindow(QMainWindow):
 
     def _toggle_raw(self) -> None:
         self.chat.set_raw_mode(not self.chat.raw_mode)
+
+    def _toggle_draft_colours(self) -> None:
+        """Colour what speculative decoding drafted and kept, and what the model corrected (in
+        the raw token view, instead of the probabilities)."""
+        on = not self.chat.draft_colours
+        self.chat.set_draft_colours(on)
+        if on and not self.chat.raw_mode:
+            self.chat.set_raw_mode(True)
 
     def _regenerate_last(self) -> None:
         last = len(self.controller.path) - 1

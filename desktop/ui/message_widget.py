@@ -440,6 +440,11 @@ class MessageWidget(QFrame):
 
     # ----- raw tokens ------------------------------------------------------------------------
 
+    def set_draft_colours(self, on: bool) -> None:
+        """The token view colours speculative decoding's marks (or, off, the probabilities)."""
+        self.raw_view.set_drafts_shown(on)
+        self.raw_view.set_overlay(not on)
+
     def set_raw_tokens(self, tokens: list[TokenRecord] | None) -> None:
         """Show the raw token stream (special tokens by name, probabilities where computed), or,
         with None, the rendered message again. An empty list shows tokens as they stream in."""

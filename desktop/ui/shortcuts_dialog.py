@@ -24,6 +24,7 @@ SHORTCUTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("Ctrl+R", "Regenerate the last reply"),
             ("Ctrl+Shift+C", "Copy the last reply"),
             ("Ctrl+Shift+R", "Show raw tokens"),
+            ("Ctrl+Shift+D", "Colour speculative decoding's kept and corrected tokens"),
         ),
     ),
     (
