@@ -65,7 +65,9 @@ def format_score(source: str, result: dict) -> str:
     if mean is None:
         return f"{source}'s reply: nothing to score (every token was forced)"
     bpb_text = f"{bpb:.3f} bits/byte" if bpb is not None else "no text bytes"
-    return f"{source}'s reply here: {bpb_text} · mean log p {mean:.3f}"
+    agreement = result.get("agreement")
+    agrees = f" · top-1 agrees {100 * agreement:.0f}%" if agreement is not None else ""
+    return f"{source}'s reply here: {bpb_text} · mean log p {mean:.3f}{agrees}"
 
 
 def _override_box(box: QAbstractSpinBox, tip: str, width: int) -> None:

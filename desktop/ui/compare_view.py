@@ -38,6 +38,7 @@ from desktop.engine.params import CHAT_DEFAULTS, SamplingParams
 from desktop.gui.compare.analysis import LETTERS, MAX_PANES, MIN_PANES, DiffSpan
 from desktop.gui.compare.controller import CompareController
 from desktop.ui import theme, widgets
+from desktop.ui.agreement_table import AgreementDialog
 from desktop.ui.checkpoint_picker import entry_name
 from desktop.ui.compare_pane import ComparePane
 from desktop.ui.error_banner import ErrorBanner
@@ -68,6 +69,7 @@ class CompareView(QWidget):
 
     def __init__(self, controller: CompareController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.agreement: AgreementDialog | None = None
         self.setObjectName("CompareView")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
         self.controller = controller
@@ -453,6 +455,25 @@ class CompareView(QWidget):
             action = self.score_menu.addAction(f"Score {LETTERS[i]}'s reply under every pane")
             action.setEnabled(bool(pane.run.tokens))
             action.triggered.connect(lambda _checked=False, i=i: self.controller.cross_score(i))
+        self.score_menu.addSeparator()
+        matrix = self.score_menu.addAction("Agreement matrix: every reply under every pane")
+        matrix.setEnabled(sum(bool(p.run.tokens) for p in self.controller.panes) >= 2)
+        matrix.triggered.connect(self.show_agreement)
+
+    def show_agreement(self) -> None:
+        """Score every reply under every pane and show how often each pane's top token agrees."""
+        if not self.controller.cross_score_all():
+            return
+        if self.agreement is None:
+            self.agreement = AgreementDialog(self)
+            self.controller.cross_scored.connect(lambda *_: self._update_agreement())
+        self._update_agreement()
+        self.agreement.show()
+
+    def _update_agreement(self) -> None:
+        if self.agreement is not None:
+            labels = [LETTERS[i] for i in range(len(self.controller.panes))]
+            self.agreement.set_matrix(labels, self.controller.agreement())
 
     def check_same_model(self) -> bool:
         """Pick the first local and the first served pane that are loaded and run them greedy."""

@@ -166,6 +166,14 @@ def test_fork_switch_regenerate_continue_restart_and_race(qtbot, windows, loop, 
     # Pane A's branch scored under every other step: "which step would have said this?"
     qtbot.waitUntil(lambda: set(runs[0].cross_scores) >= {"B", "C", "D"}, timeout=WAIT)
     assert all("error" not in score for score in runs[0].cross_scores.values())
+    # The agreement matrix: each step drafting for each other's branch after the fork point.
+    win.compare_view.show_agreement()
+    dialog = win.compare_view.agreement
+    assert dialog is not None and dialog.isVisible()
+    qtbot.waitUntil(lambda: all(v is not None for row in compare.agreement() for v in row), timeout=WAIT)
+    matrix = compare.agreement()
+    assert all(matrix[k][k] >= 0.95 for k in range(4))  # greedy replies: a checkpoint agrees with itself
+    assert dialog.cell(0, 0).endswith("%") and dialog.cell(3, 0) == f"{100 * matrix[3][0]:.0f}%"
     # A pane's own token popup races a fork of that pane's reply on every pane.
     pane = win.compare_view.panes[1]
     j = i + 1

@@ -129,3 +129,15 @@ def same_tokenizer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     if not ta or not tb or a.get("vocab_size") != b.get("vocab_size"):
         return False
     return ta == tb or _file_digest(ta) == _file_digest(tb)
+
+
+def draft_agreement(reply: Sequence[int], skip: Sequence[bool], top: Sequence[Sequence[Any]]) -> float | None:
+    """How often a checkpoint's most likely token is the reply's own (the tokens the model chose,
+    forced ones left out): the acceptance rate of greedy speculative decoding with this
+    checkpoint drafting for the reply's. None when there is nothing to count."""
+    hits = [
+        bool(rows) and int(rows[0][0]) == token
+        for token, skipped, rows in zip(reply, skip, top, strict=False)
+        if not skipped
+    ]
+    return sum(hits) / len(hits) if hits else None

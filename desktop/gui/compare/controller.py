@@ -35,6 +35,7 @@ from desktop.gui.compare.analysis import (
     DiffSpan,
     cpu_cores,
     cpu_threads,
+    draft_agreement,
     effective_params,
     first_divergence,
     same_tokenizer,
@@ -564,8 +565,25 @@ class CompareController(QObject):
                 src.run.cross_scores[LETTERS[i]] = result
                 self.cross_scored.emit(source, i, result)
                 continue
-            self._request_score("cross", src, scorer, 0)
+            self._request_score("cross", src, scorer, 1)  # top-1: the draft agreement
         return True
+
+    def cross_score_all(self) -> bool:
+        """Every pane's reply under every pane: the agreement matrix (``agreement``)."""
+        sources = [i for i, p in enumerate(self.panes) if p.run.trace.ids]
+        if self.busy or len(sources) < 2:
+            self.notice.emit("info", "Nothing to score", "the matrix needs two finished replies")
+            return False
+        return all([self.cross_score(i) for i in sources])
+
+    def agreement(self) -> list[list[float | None]]:
+        """Row r, column c: how often pane r's checkpoint's most likely token is pane c's reply's
+        token (greedy speculative decoding's acceptance rate, pane r drafting for pane c);
+        None where it was not scored. The diagonal is a reply under its own checkpoint."""
+        return [
+            [p.run.cross_scores.get(LETTERS[r], {}).get("agreement") for p in self.panes]
+            for r in range(len(self.panes))
+        ]
 
     @staticmethod
     def _cannot_score(run: PaneRun, scorer: ModelInfo) -> str:
@@ -597,7 +615,14 @@ class CompareController(QObject):
                 source.run.trace.set_logprobs(result["token_logprobs"], top)
                 self.pane_refreshed.emit(si)
             return
+        trace = source.run.trace
+        # Only the model's own choices count: not the calculator's, the user's, or a race's start.
+        fork = source.run.reply.meta.get("fork")
+        at = fork.get("at", 0) if isinstance(fork, dict) else 0
+        skip = [f or g or i < at for i, (f, g) in enumerate(zip(trace.forced, trace.given, strict=True))]
+        agreement = draft_agreement(trace.ids, skip, result.get("top") or [])
         result = {k: v for k, v in result.items() if k != "top"}
+        result["agreement"] = agreement
         result["checkpoint"] = scorer.info.name if scorer.info is not None else "?"
         source.run.cross_scores[LETTERS[ti]] = result
         self.cross_scored.emit(si, ti, result)
