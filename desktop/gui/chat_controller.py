@@ -18,9 +18,9 @@ from desktop import __version__
 from desktop.config.paths import is_demo
 from desktop.config.settings import Settings
 from desktop.engine.backend import ModelInfo, Prompt, ReplyStart, StreamOptions
-from desktop.engine.messages import FORCED_FORK, Message, TokenEvent
+from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
-from desktop.gui.compare.run import Fork
+from desktop.gui.compare.run import Fork, fork_of
 from desktop.gui.model_slot import ModelSlot
 from desktop.store import HistoryStore, StreamingWriter
 from desktop.store.export import to_json, to_markdown
@@ -257,19 +257,12 @@ class ChatController(QObject):
         reply = self._assistant_at(index)
         if reply is None or self.slot.info is None:
             return None
-        trace = reply.tokens
-        if not len(trace) or not 0 <= position <= len(trace) or (token_id < 0 and not text):
+        fork = fork_of(reply.tokens, position, token_id, text, self.slot.info.tokenizer)
+        if isinstance(fork, str):
+            if fork:
+                self.notice.emit("info", "Cannot fork there", fork)
             return None
-        if position < len(trace) and trace.forced[position]:
-            self.notice.emit("info", "Cannot fork there", FORCED_FORK)
-            return None
-        start = ReplyStart(
-            said_ids=tuple(trace.ids[:position]) if trace.has_ids else (),
-            said_text="".join(trace.texts[:position]),
-            given_ids=(token_id,) if token_id >= 0 else (),
-            given_text=text,  # an alternative's text too: a served model takes text
-        )
-        return Fork(start, tuple(trace.events(position)), self.slot.info.tokenizer)
+        return fork
 
     def fork(
         self,

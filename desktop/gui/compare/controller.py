@@ -24,8 +24,8 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from desktop import __version__
 from desktop.config.settings import Settings
-from desktop.engine.backend import ModelInfo, Prompt, ReplyStart, StreamOptions
-from desktop.engine.messages import FORCED_FORK, Message, TokenEvent
+from desktop.engine.backend import ModelInfo, Prompt, StreamOptions
+from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
 from desktop.gui.compare.analysis import (
     LETTERS,
@@ -43,7 +43,7 @@ from desktop.gui.compare.analysis import (
     token_diff,
 )
 from desktop.gui.compare.memory_check import Key, MemoryCheck
-from desktop.gui.compare.run import Fork, PaneRun
+from desktop.gui.compare.run import Fork, PaneRun, fork_of
 from desktop.gui.compare.same_model import compare_replies
 from desktop.gui.model_slot import ModelSlot
 from desktop.gui.worker import TurnLock
@@ -328,18 +328,13 @@ class CompareController(QObject):
         if self.busy or not 0 <= index < len(self.panes) or not self.prompt:
             return False
         pane = self.panes[index]
-        trace = pane.run.trace
-        if pane.info is None or not trace.has_ids or not 0 <= position <= len(trace):
+        if pane.info is None:
             return False
-        if position < len(trace) and trace.forced[position]:
-            self.notice.emit("info", "Cannot fork there", FORCED_FORK)
+        fork = fork_of(pane.run.trace, position, token_id, text, pane.info.tokenizer)
+        if isinstance(fork, str):
+            if fork:
+                self.notice.emit("info", "Cannot fork there", fork)
             return False
-        start = ReplyStart(
-            said_ids=tuple(trace.ids[:position]),
-            given_ids=(token_id,) if token_id >= 0 else (),
-            given_text=text if token_id < 0 else "",
-        )
-        fork = Fork(start, tuple(trace.events(position)), pane.info.tokenizer)
         earlier = [m for m in self.messages if m.role != "system"][:-1]
         return self.send(self.prompt, shared, system_prompt, earlier, fork)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from desktop import __version__
 from desktop.engine.backend import REPLY_META, ReplyStart
-from desktop.engine.messages import Message, TokenEvent, TokenTrace
+from desktop.engine.messages import FORCED_FORK, Message, TokenEvent, TokenTrace
 from desktop.engine.params import SamplingParams
 
 
@@ -20,6 +20,24 @@ class Fork:
     start: ReplyStart
     said: tuple[TokenEvent, ...]
     tokenizer: str
+
+
+def fork_of(trace: TokenTrace, position: int, token_id: int, text: str, tokenizer: str) -> Fork | str:
+    """The fork of a reply (its ``trace``) at token ``position``: what it said up to there,
+    then an alternative's ``token_id`` (with its ``text``, which a served model takes) or the
+    ``text`` the user wrote (``token_id`` -1). Else why not: FORCED_FORK, or "" for a request
+    that makes no sense (nothing to fork, nothing given)."""
+    if not len(trace) or not 0 <= position <= len(trace) or (token_id < 0 and not text):
+        return ""
+    if position < len(trace) and trace.forced[position]:
+        return FORCED_FORK
+    start = ReplyStart(
+        said_ids=tuple(trace.ids[:position]) if trace.has_ids else (),
+        said_text="".join(trace.texts[:position]),
+        given_ids=(token_id,) if token_id >= 0 else (),
+        given_text=text,
+    )
+    return Fork(start, tuple(trace.events(position)), tokenizer)
 
 
 @dataclass
