@@ -43,11 +43,9 @@ def _filter_probs(probs: torch.Tensor, top_p: float, min_p: float) -> torch.Tens
     return probs
 
 
-def _draw(
-    probs: torch.Tensor, scores: torch.Tensor, rng: torch.Generator, on_greedy: GreedyFallback | None
-) -> torch.Tensor:
-    """``multinomial(probs)``, where a row that is not a distribution (NaN, inf, all zero) is
-    replaced by the one-hot of its highest ``scores`` entry (NaN counting as lowest)."""
+def _usable(probs: torch.Tensor, scores: torch.Tensor, on_greedy: GreedyFallback | None) -> torch.Tensor:
+    """``probs``, where a row that is not a distribution (NaN, inf, all zero) is replaced by the
+    one-hot of its highest ``scores`` entry (NaN counting as lowest)."""
     # Probabilities are never negative, so a row's sum is finite and positive exactly when the
     # row is a distribution: one reduction instead of an isfinite pass over every candidate.
     total = probs.sum(dim=-1)
@@ -58,7 +56,14 @@ def _draw(
         probs = torch.where(usable.unsqueeze(-1), probs, one_hot)
         if on_greedy is not None:
             on_greedy(int((~usable).sum()))
-    return torch.multinomial(probs, num_samples=1, generator=rng)
+    return probs
+
+
+def _draw(
+    probs: torch.Tensor, scores: torch.Tensor, rng: torch.Generator, on_greedy: GreedyFallback | None
+) -> torch.Tensor:
+    """``multinomial`` of :func:`_usable` ``(probs)``."""
+    return torch.multinomial(_usable(probs, scores, on_greedy), num_samples=1, generator=rng)
 
 
 def sample_next(
@@ -91,3 +96,31 @@ def sample_next(
     if not params.plain:
         probs = _filter_probs(probs, params.top_p, params.min_p)
     return _draw(probs, logits, rng, on_greedy)
+
+
+def next_token_probs(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    history: torch.Tensor | None = None,
+    on_greedy: GreedyFallback | None = None,
+) -> torch.Tensor:
+    """The distribution :func:`sample_next` draws from, over the whole vocabulary: (B, V) float32
+    rows summing to 1 (one-hot at the most likely token when greedy or when the filtered row
+    cannot be sampled). Speculative decoding takes both the target's and the draft's
+    probabilities from here, so it samples what the plain loop samples (decode/speculative.py)."""
+    if params.repetition_penalty != 1.0 and history is not None and history.numel():
+        logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+    temperature, top_k = params.temperature, params.top_k
+    if temperature == 0.0:
+        best = torch.nan_to_num(logits, nan=-torch.inf).argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits).scatter(1, best, 1.0)
+    if top_k > 0:
+        vals, idx = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1)
+        probs = F.softmax(vals / temperature, dim=-1)
+        if not params.plain:
+            probs = _filter_probs(probs, params.top_p, params.min_p)
+        return torch.zeros_like(logits).scatter(1, idx, _usable(probs, vals, on_greedy))
+    probs = F.softmax(logits / temperature, dim=-1)
+    if not params.plain:
+        probs = _filter_probs(probs, params.top_p, params.min_p)
+    return _usable(probs, logits, on_greedy)

@@ -20,6 +20,7 @@ retry limit in ``tokenizers``). So:
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -73,6 +74,13 @@ CHUNK_CHARS = 4096
 # tokens are whole runs of line breaks, its words never span one) puts a piece across it, and
 # encoding restarts there in the same state, so chunked and whole encodings are the same ids.
 _BOUNDARY = re.compile(r"\n(?=\S)")
+
+
+def rust_tokenizer_digest(tokenizer: Any) -> str:
+    """What a ``tokenizers`` tokenizer is, by content: the hash of its own serialization (the
+    vocabulary in id order, merges, added tokens, normalizer, pre-tokenizer and decoder), so two
+    files that give ids the same meaning agree whatever their names, whitespace or key order."""
+    return hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
 
 
 def text_chunks(text: str) -> Iterator[str]:

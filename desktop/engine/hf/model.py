@@ -19,6 +19,7 @@ generation loop, the prefix cache and scoring work on this model as on nanochat'
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ from torch import Tensor
 
 from desktop.engine.decode.attention import sdpa_attention
 from desktop.engine.hf.config import HFConfig, Rope
+from desktop.engine.kernels.gemv import Kernel
 from desktop.engine.kernels.tuning import Choice, KernelTuner
 
 if TYPE_CHECKING:
@@ -94,8 +96,21 @@ class HFCausalLM:
         # Every bias-free matrix by the fastest route that gives F.linear's bits (see
         # kernel_tuning): transformers' numbers, on all cores where one-row F.linear uses one.
         matrices = [t for name, t in weights.items() if name.endswith(".weight") and t.dim() == 2]
-        self._products = {id(w): tuner.exact(w) for w in (*matrices, self.head)}
+        self._matrices = list({id(w): w for w in (*matrices, self.head)}.values())
+        self._products: dict[int, Kernel] = {id(w): tuner.exact(w) for w in self._matrices}
         self.tuner = tuner
+
+    def with_kernels(self, kind: str) -> HFCausalLM:
+        """The same model (the same weight tensors, no copy) computing its products by ``kind``'s
+        kernels ("fp16", "int8": see kernels/tuning.py): a cheap draft for speculative decoding."""
+        other = copy.copy(self)
+        other._products = {id(w): self.tuner.product(w, kind) for w in self._matrices}
+        return other
+
+    def decode_bytes(self) -> int:
+        """Bytes one decode step reads from weights: every matrix once, one embedding row."""
+        matrices = sum(p.weight_nbytes for p in self._products.values())
+        return matrices + self.embed.shape[1] * self.embed.element_size()
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Tensor:
         if bias is not None:  # F.linear adds a bias inside the GEMM; a product then an add rounds twice

@@ -25,7 +25,13 @@ from typing import Any
 from tokenizers import Tokenizer as RustTokenizer
 
 from desktop.engine.chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
-from desktop.engine.files.tokenizer_checks import checked_tokenizer_json, clean_text, id_space, rust_errors
+from desktop.engine.files.tokenizer_checks import (
+    checked_tokenizer_json,
+    clean_text,
+    id_space,
+    rust_errors,
+    rust_tokenizer_digest,
+)
 from desktop.engine.hf.files import TOKENIZER_NAME
 
 logger = logging.getLogger(__name__)
@@ -105,3 +111,7 @@ class HFTokenizer:
 
     def special_name(self, id: int) -> str | None:
         return self._names.get(id)
+
+    def content_digest(self) -> str:
+        """What the ids mean, by content (see :func:`rust_tokenizer_digest`)."""
+        return rust_tokenizer_digest(self._tok)

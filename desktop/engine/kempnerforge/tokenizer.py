@@ -31,6 +31,7 @@ from desktop.engine.files.tokenizer_checks import (
     clean_text,
     id_space,
     rust_errors,
+    rust_tokenizer_digest,
 )
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,10 @@ class KFTokenizer:
 
     def special_name(self, id: int) -> str | None:
         return self._specials.get(id)
+
+    def content_digest(self) -> str:
+        """What the ids mean, by content (see :func:`rust_tokenizer_digest`)."""
+        return rust_tokenizer_digest(self._tok)
 
 
 def hub_cache_dirs() -> list[Path]:

@@ -26,14 +26,17 @@ from desktop.engine.backend import (
     Prompt,
     StreamOptions,
 )
+from desktop.engine.decode.drafts import parse_draft
 from desktop.engine.decode.generation import begin_reply, stream_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
+from desktop.engine.decode.speculative import Draft, stream_speculative
 from desktop.engine.discovery import PHASES, run_tag, source_of
 from desktop.engine.errors import NanoscopeError, TokenizerError
 from desktop.engine.kernels.tuning import shown_precision
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.nanochat.chat_format import render_completion_prompt, render_for_completion
+from desktop.engine.nanochat.drafts import make_draft
 from desktop.engine.nanochat.experiment_layout import is_stage_folder
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.nanochat.tokenizer import Tokenizer, select_tokenizer
@@ -80,6 +83,8 @@ class NanochatBackend:
         self.chat_mode = tok.has_chat_tokens and source_of(loaded.directory) != "base"
         self._cache: KVCache | None = None
         self._info = self._describe()
+        self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
+        self._draft: tuple[str, Draft] | None = None  # the last draft asked for, kept loaded
 
     @classmethod
     def open(
@@ -99,6 +104,7 @@ class NanochatBackend:
         tok.special_id("<TOOL_RESULT>")  # resolves (and warns about) the fork's id-19 fallback now
         loaded.warnings.extend(tok.warnings)
         backend = cls(loaded, tok)
+        backend.load_options = opts
         backend.warm_up()
         return backend
 
@@ -204,6 +210,27 @@ class NanochatBackend:
             cfg = self.model.config
             cap = min(cfg.rope_len, len(ids) + len(given) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
+        draft = self.draft(options.draft) if options.draft else None
+        if draft is not None and draft.pays(options.draft_k):
+            if not options.reuse_cache:
+                draft.cache = None
+            yield from stream_speculative(
+                self.model,
+                self.tok,
+                ids,
+                params,
+                draft,
+                cache=self._cache,
+                limit=self.model.config.rope_len,
+                cancel=cancel,
+                stats=stats,
+                logprobs=options.logprobs,
+                threads=options.threads,
+                said=said,
+                given=given,
+                draft_k=options.draft_k,
+            )
+            return
         yield from stream_reply(
             self.model,
             self.tok,
@@ -218,6 +245,20 @@ class NanochatBackend:
             given=given,
         )
 
+    def draft(self, text: str) -> Draft:
+        """The draft ``text`` names (engine/decode/drafts.py), loaded once and kept until another
+        is asked for."""
+        if self._draft is None or self._draft[0] != text:
+            self._draft = None  # the old one's memory goes before the new one loads
+            opts = self.load_options
+
+            def find_tokenizer(directory: Path, vocab: int, is_fork: bool) -> Tokenizer:
+                return select_tokenizer(tokenizer_dirs(directory, opts.base_dir), vocab, is_fork)
+
+            spec = parse_draft(text)
+            self._draft = (text, make_draft(self.loaded, self.tok, spec, find_tokenizer, opts.kernel_cache))
+        return self._draft[1]
+
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
     ) -> dict[str, Any]:
@@ -231,9 +272,12 @@ class NanochatBackend:
 
     def reset_cache(self) -> None:
         self._cache = None
+        if self._draft is not None:
+            self._draft[1].cache = None
 
     def close(self) -> None:
         self.reset_cache()
+        self._draft = None
         self.model = None  # type: ignore[assignment]
         self.loaded.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():

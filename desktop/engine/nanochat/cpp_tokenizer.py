@@ -31,6 +31,7 @@ from desktop.engine.files.tokenizer_checks import (
     clean_text,
     encode_in_chunks,
     rust_errors,
+    rust_tokenizer_digest,
 )
 from desktop.engine.nanochat.special_tokens import CHAT_TOKENS
 
@@ -321,3 +322,7 @@ class CppTokenizer:
 
     def special_name(self, id: int) -> str | None:
         return self._control_names.get(id)
+
+    def content_digest(self) -> str:
+        """What the ids mean, by content (see :func:`rust_tokenizer_digest`)."""
+        return rust_tokenizer_digest(self._hf)

@@ -16,6 +16,7 @@ texts are encoded a chunk at a time (:func:`.tokenizer_checks.encode_in_chunks`)
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,6 +68,17 @@ class TiktokenTokenizer:
 
     def special_name(self, id: int) -> str | None:
         return self._names.get(id)
+
+    def content_digest(self) -> str:
+        """What the ids mean, by content: the bytes of every id and the special tokens' names
+        (two files with the same vocabulary agree, whatever their names; speculative decoding
+        needs a draft whose ids mean the target's)."""
+        h = hashlib.sha256()
+        for i in range(self.vocab_size):
+            name = self._names.get(i)
+            raw = name.encode("utf-8") if name is not None else self._enc.decode_single_token_bytes(i)
+            h.update(b"%d:%d:" % (i, name is not None) + raw + b"\x00")
+        return h.hexdigest()
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

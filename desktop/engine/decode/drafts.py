@@ -1,0 +1,78 @@
+"""How a draft for speculative decoding is named (``StreamOptions.draft``, ``--draft``), torch-free.
+
+* ``auto``: the target's own weights at the cheapest precision its family has on this device
+  (int8 on a CPU);
+* ``int8``, ``fp16``, ``bf16``, ``fast`` (or any ``--dtype`` name): the target's own weights at
+  that precision, a *self-draft*;
+* ``[PRECISION:]PATH[@STEP]``: another checkpoint whose tokenizer is the target's (compared by
+  content, not by name), e.g. an earlier step or a smaller depth of the run, at PRECISION
+  (default: as ``--dtype auto`` loads it) and STEP (default: the latest).
+
+Each family turns a :class:`DraftSpec` into a :class:`~.speculative.Draft` (its backend's
+``stream``); a served model has no draft.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from desktop.engine.errors import NanoscopeError, TokenizerError
+from desktop.engine.kernels.device import PRECISIONS
+
+AUTO = "auto"
+# Short names for the precisions a self-draft is usually asked in.
+ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+_STEP = re.compile(r"^(?P<path>.+)@(?P<step>\d+)$")
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A parsed draft name: the target itself (``checkpoint`` None) at ``precision``, or a
+    checkpoint at ``precision`` and ``step`` (None: the latest)."""
+
+    text: str
+    precision: str = AUTO
+    checkpoint: Path | None = None
+    step: int | None = None
+
+    @property
+    def is_self(self) -> bool:
+        return self.checkpoint is None
+
+
+def _precision(name: str) -> str | None:
+    name = ALIASES.get(name.lower(), name.lower())
+    return name if name in PRECISIONS else None
+
+
+def parse_draft(text: str) -> DraftSpec:
+    """The draft ``text`` names; one readable line when it names none."""
+    text = text.strip()
+    if not text:
+        raise NanoscopeError("the draft is empty: name a precision (int8, fp16, auto) or a checkpoint")
+    alone = _precision(text)
+    if alone is not None:
+        return DraftSpec(text, alone)
+    precision, rest = AUTO, text
+    head, sep, tail = text.partition(":")
+    if sep and _precision(head) is not None and tail:
+        precision, rest = _precision(head) or AUTO, tail
+    step = None
+    found = _STEP.match(rest)
+    if found and not Path(rest).expanduser().exists():
+        rest, step = found["path"], int(found["step"])
+    return DraftSpec(text, precision, Path(rest).expanduser(), step)
+
+
+def check_same_tokenizer(draft: Any, target: Any) -> None:
+    """One line when the draft's token ids may mean other tokens than the target's: the two
+    tokenizers are compared by content (``content_digest``), whatever their files are called."""
+    mine, theirs = getattr(draft, "content_digest", None), getattr(target, "content_digest", None)
+    if mine is None or theirs is None or mine() != theirs():
+        raise TokenizerError(
+            f"its tokenizer ({draft.path}) differs from the model's ({target.path}); "
+            "a draft must share the model's tokenizer"
+        )

@@ -1,0 +1,474 @@
+"""Speculative decoding: a cheap draft proposes tokens, the target checks them in one pass.
+
+Batch-1 decoding on a CPU is memory bound: one step streams every weight to emit one token, and
+a pass over a few tokens costs about the same as a pass over one. A draft (the target's own int8
+or 16-bit copy, or an earlier or smaller checkpoint with the same tokenizer) proposes ``k``
+tokens; the target computes its distributions at all of them in one pass over the pending token
+and the proposals, and rejection sampling (Leviathan et al. 2023; Chen et al. 2023) keeps draft
+token ``x`` with probability ``min(1, p(x) / q(x))``; at the first rejection it samples from
+``max(0, p - q)`` renormalised, and when every proposal is kept it samples one more token from
+the target. The tokens streamed are then distributed exactly as the target's own: ``p`` and
+``q`` are both :func:`~.sampling.next_token_probs`, the distribution the plain loop draws from
+(temperature, top-k, top-p, min-p, the repetition penalty over every token before the position).
+Greedy decoding keeps a draft token when it is the target's most likely one.
+
+What it cannot keep is nanochat's seeded random stream (the draws are others), so it is a named
+option (``StreamOptions.draft``), never on by itself; a seed still repeats a reply, because
+how many tokens are drafted depends only on how many were accepted (:class:`DraftLength`).
+
+The calculator's forced tokens and the user's given tokens are never drafted: they are known, so
+they go through the target as a block (for their probabilities); the draft stops proposing after
+a token that would end the reply or close a calculator call (``generation``'s state machine, run
+on a copy of the row). After a rejection both caches roll back with ``truncate`` (exact for every
+era: the caches keep per-position histories).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from desktop.engine.backend import GenerationStats
+from desktop.engine.calculator import calculate
+from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row
+from desktop.engine.decode.protocols import DecodingModel, Tokenizer
+from desktop.engine.decode.sampling import next_token_probs
+from desktop.engine.decode.scoring import token_label
+from desktop.engine.errors import ContextError
+from desktop.engine.kernels.gemv import few_rows
+from desktop.engine.kernels.memory import release_freed_memory
+from desktop.engine.kernels.threads import torch_threads
+from desktop.engine.messages import TokenEvent
+from desktop.engine.params import SamplingParams
+
+# The most tokens drafted in one round (with the pending token, the verifying pass stays within
+# kernels.gemv.FEW_ROWS rows).
+K_MAX = 6
+# What the acceptance rate is taken to be before a reply has drafted anything.
+PRIOR_ACCEPTANCE = 0.8
+# The weight of the latest round in the running acceptance rate.
+SMOOTHING = 0.3
+# After falling back to plain decoding, the draft is tried again (PROBE_K tokens) after
+# PROBE_FIRST plain tokens, then after twice as many, at most MAX_PROBES times in a reply.
+PROBE_K = 2
+PROBE_FIRST = 16
+MAX_PROBES = 3
+# Timing a draft: the rows of the timed verifying pass, and how many times each is timed.
+TIMED_ROWS = 5
+TIMINGS = 3
+# Measured costs are rounded to this, so that a machine's wobble rarely changes how many tokens
+# are drafted (and so a seed's reply).
+COST_STEP = 0.05
+
+
+def _any_result(_expr: str) -> object:
+    """The calculator as drafting sees it (on a copy of the row): every call has a result, so
+    the draft stops at any call's end without evaluating it."""
+    return 0
+
+
+@dataclass
+class Draft:
+    """A model that proposes tokens for a target whose token ids mean the same (the backends make
+    one from ``StreamOptions.draft``). ``limit``: the most positions it attends to;
+    ``new_cache(capacity)`` makes its cache, which is kept between requests like the target's
+    (prefix reuse). ``cost``: one draft step as a share of one target step; ``verify_cost``:
+    each row a target pass has beyond the first, as a share of one target step (both measured
+    on this machine by :func:`measure_costs` when the draft is made)."""
+
+    model: DecodingModel
+    name: str
+    limit: int
+    new_cache: Callable[[int], Any]
+    cost: float = 1.0
+    verify_cost: float = 1.0
+    cache: Any = None
+
+    def pays(self, draft_k: int = 0) -> bool:
+        """Whether drafting can beat plain decoding: some ``k`` must pay even when every proposal
+        is kept (else the backend decodes plainly); a fixed ``draft_k`` always drafts."""
+        return draft_k > 0 or not DraftLength(self.cost, self.verify_cost).hopeless
+
+
+def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int) -> float:
+    """The median time of ``model``'s pass over ``rows`` new rows after a short context (the first
+    pass is not timed: one-row products choose their routes on it)."""
+    context = 16
+    cache = make_cache(context + rows)
+    ids = torch.zeros(1, context + rows, dtype=torch.long, device=model.device)
+    model(ids[:, :context], cache, last_only=True)
+    times = []
+    for _ in range(TIMINGS + 1):
+        start = time.perf_counter()
+        with few_rows():
+            model(ids[:, :rows], cache, last_only=rows == 1)
+        times.append(time.perf_counter() - start)
+        cache.truncate(context)
+    return sorted(times[1:])[TIMINGS // 2] * 1000
+
+
+def _rounded(cost: float) -> float:
+    return max(COST_STEP, round(cost / COST_STEP) * COST_STEP)
+
+
+@torch.inference_mode()
+def measure_costs(target: DecodingModel, target_cache: Callable[[int], Any], draft: Draft) -> None:
+    """Time one draft step, one target step and a target pass over :data:`TIMED_ROWS` rows, and
+    set ``draft.cost`` and ``draft.verify_cost``.
+
+    Measured, not derived from the bytes each streams: on a 2-core AMD EPYC an int8 copy of a
+    depth-12 model streams a quarter of the bytes and takes two thirds of the time (per-call
+    quantisation and Python overheads), and a pass over five rows is not the one row's time."""
+    step = _timed_ms(target, target_cache, 1)
+    draft.cost = _rounded(_timed_ms(draft.model, draft.new_cache, 1) / step)
+    wide = _timed_ms(target, target_cache, TIMED_ROWS)
+    draft.verify_cost = _rounded((wide / step - 1) / (TIMED_ROWS - 1))
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens one round yields when each of ``k`` proposals is kept with probability ``acceptance``."""
+    return float(sum(acceptance**i for i in range(k + 1)))
+
+
+class DraftLength:
+    """How many tokens to draft next: the ``k`` that yields the most tokens per unit of cost at the
+    acceptance rate seen so far (raised while proposals are kept, lowered when they are not);
+    0, plain decoding, when no ``k`` pays, with a few later probes in case the draft recovers.
+    It depends on the acceptance only (and the draft's measured costs), so a seed repeats its
+    reply. ``fixed`` > 0 drafts that many every round, whatever is kept."""
+
+    def __init__(self, cost: float, verify_cost: float, fixed: int = 0) -> None:
+        self.cost = cost
+        self.verify_cost = verify_cost
+        self.fixed = fixed
+        self.acceptance = PRIOR_ACCEPTANCE
+        self.wait = 0  # plain tokens left before the next probe
+        self.probes = 0
+        self.probing = False
+        # Where even a draft that is always right cannot pay, never draft.
+        self.hopeless = self.best(1.0) == 0
+
+    def best(self, acceptance: float) -> int:
+        def gain(k: int) -> float:
+            return expected_tokens(acceptance, k) / (1 + k * (self.cost + self.verify_cost))
+
+        return max(range(K_MAX + 1), key=gain)  # the first best: ties go to the shorter draft
+
+    def next(self) -> int:
+        if self.fixed:
+            return self.fixed
+        if self.hopeless:
+            return 0
+        if self.wait:
+            self.wait -= 1
+            return 0
+        if self.probing:
+            return PROBE_K
+        k = self.best(self.acceptance)
+        if k == 0 and self.probes < MAX_PROBES:
+            self.wait = PROBE_FIRST << self.probes
+            self.probes += 1
+            self.probing = True
+        elif k == 0:
+            self.hopeless = True
+        return k
+
+    def record(self, drafted: int, accepted: int) -> None:
+        rate = accepted / drafted
+        if self.probing:
+            self.acceptance, self.probing = rate, False
+        else:
+            self.acceptance = (1 - SMOOTHING) * self.acceptance + SMOOTHING * rate
+
+
+def held_ids(cache: Any) -> list[int]:
+    """The token ids a cache holds (a KVCache keeps them in a (B, N) tensor, others in a list)."""
+    tokens = cache.tokens
+    if isinstance(tokens, torch.Tensor):
+        return tokens[0, : cache.pos].tolist()
+    return list(tokens[: cache.pos])
+
+
+def keep_common_prefix(cache: Any, seq: Sequence[int]) -> None:
+    """Keep only what ``cache`` holds of ``seq``, leaving at least one token of ``seq`` to feed
+    (its logits are the next token's)."""
+    common = 0
+    for a, b in zip(held_ids(cache), seq, strict=False):
+        if a != b:
+            break
+        common += 1
+    cache.truncate(min(common, len(seq) - 1))
+
+
+@dataclass
+class _Decided:
+    """A token a round decided, with the target's logits at its position (for logprobs)."""
+
+    token: int
+    mark: str  # TokenEvent.draft
+    logits: torch.Tensor
+    forced: bool = False
+    given: bool = False
+
+
+def stream_speculative(
+    model: DecodingModel,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    draft: Draft,
+    *,
+    cache: Any,
+    limit: int,
+    cancel: threading.Event | None = None,
+    stats: GenerationStats | None = None,
+    logprobs: int = 0,
+    threads: int | None = None,
+    said: int = 0,
+    given: Sequence[int] = (),
+    draft_k: int = 0,
+    calculator: Callable[[str], object] = calculate,
+) -> Iterator[TokenEvent]:
+    """Stream one reply like :func:`~.generation.stream_reply`, the draft proposing. ``cache``
+    (the target's) and ``draft.cache`` may hold a prefix of ``prompt``; ``limit``: the positions
+    the target attends to; ``draft_k``: tokens per round (0: adaptive); ``stats.drafted`` and
+    ``stats.accepted`` count the proposals and those kept. The last ``said`` prompt ids are the
+    reply's own start and ``given`` ids come first (see generation.py)."""
+    if not prompt:
+        raise ContextError("the prompt is empty")
+    if len(prompt) >= limit:
+        raise ContextError(f"the prompt has {len(prompt)} tokens; this model attends to {limit}")
+    run = _Speculation(model, tok, prompt, params, draft, cache, limit, stats, logprobs, draft_k, calculator)
+    run.start(said, given)
+    try:
+        with torch_threads(threads):
+            yield from run.events(cancel)
+    finally:
+        release_freed_memory()
+
+
+class _Speculation:
+    """One reply's state: the sequence so far, both caches, the row's state machine."""
+
+    def __init__(
+        self,
+        model: DecodingModel,
+        tok: Tokenizer,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        draft: Draft,
+        cache: Any,
+        limit: int,
+        stats: GenerationStats | None,
+        logprobs: int,
+        draft_k: int,
+        calculator: Callable[[str], object],
+    ) -> None:
+        self.model, self.tok, self.params, self.draft = model, tok, params, draft
+        self.cache, self.limit = cache, limit
+        self.stats = stats if stats is not None else GenerationStats()
+        self.logprobs = logprobs
+        self.calculator = calculator
+        self.seq = list(prompt)
+        self.device = model.device
+        self.rng = torch.Generator(device=self.device)
+        self.rng.manual_seed(params.seed)
+        self.sp = Specials.of(tok)
+        self.row = Row()
+        self.length = DraftLength(draft.cost, draft.verify_cost, draft_k)
+        self.generated = 0
+        # The target's logits for the next position when its cache holds all of ``seq``.
+        self.next_logits: torch.Tensor | None = None
+        self.tracker: PartTracker | None = None
+
+    def start(self, said: int, given: Sequence[int]) -> None:
+        prompt = self.seq
+        replay_row(self.row, prompt[len(prompt) - said :] if said else (), self.sp, self.tok, self.calculator)
+        self.row.given.extend(given)
+        self.tracker = PartTracker(self.tok, prompt, said)
+        self.stats.prompt_tokens = len(prompt)
+        if self.draft.cache is None:
+            self.draft.cache = self.draft.new_cache(min(self.draft.limit, len(prompt) + 64))
+        keep_common_prefix(self.cache, prompt)
+        keep_common_prefix(self.draft.cache, prompt)
+        self.stats.prefilled_tokens = len(prompt) - self.cache.pos
+
+    def _ids(self, tokens: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+
+    def _history(self, tokens: list[int]) -> torch.Tensor | None:
+        return self._ids(tokens) if self.params.repetition_penalty != 1.0 else None
+
+    def _target_probs(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
+        def fell_back(rows: int) -> None:
+            self.stats.greedy_fallbacks += rows
+
+        return next_token_probs(logits.unsqueeze(0), self.params, self._history(history), fell_back)[0]
+
+    @torch.inference_mode()
+    def _prefill(self) -> None:
+        pending = self.seq[self.cache.pos :]
+        self.next_logits = self.model(self._ids(pending), self.cache, last_only=True)[0, -1]
+
+    @torch.inference_mode()
+    def _verify(self, proposal: list[int]) -> list[torch.Tensor]:
+        """The target's logits at each proposal and after the last: ``len(proposal) + 1`` rows,
+        from one pass over the tokens its cache lacks and the proposals."""
+        pending = self.seq[self.cache.pos :]
+        feed = pending + proposal
+        head = [] if pending else [self.next_logits]
+        if not feed:
+            return head  # type: ignore[return-value]
+        with few_rows():  # a few rows stream the weights once, as one row does
+            out = self.model(self._ids(feed), self.cache, last_only=len(feed) == 1)[0]
+        return [*head, *out[max(len(pending) - 1, 0) :]]  # type: ignore[list-item]
+
+    @torch.inference_mode()
+    def _propose(self, k: int) -> tuple[list[int], list[torch.Tensor]]:
+        """Up to ``k`` draft tokens and the draft's distribution at each; it stops after a token
+        that would end the reply or make the calculator force tokens."""
+        model, cache = self.draft.model, self.draft.cache
+        logits = model(self._ids(self.seq[cache.pos :]), cache, last_only=True)[0, -1]
+        row = Row(deque(self.row.forced), deque(), self.row.in_python, list(self.row.expr), False)
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            q = next_token_probs(logits.unsqueeze(0), self.params, self._history(self.seq + tokens))[0]
+            token = int(torch.multinomial(q, 1, generator=self.rng))
+            tokens.append(token)
+            probs.append(q)
+            _step_row(row, token, self.sp, self.tok, _any_result)
+            if row.completed or row.forced or i == k - 1:
+                break
+            logits = model(self._ids([token]), cache, last_only=True)[0, -1]
+        return tokens, probs
+
+    def _draw(self, probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=self.rng))
+
+    def _known_round(self, room: int) -> list[_Decided]:
+        """The user's and the calculator's tokens, as one block through the target."""
+        row = self.row
+        block: list[int] = []
+        kinds: list[bool] = []
+        while (row.given or row.forced) and len(block) < room:
+            is_given = bool(row.given)
+            token = (row.given if is_given else row.forced).popleft()
+            _step_row(row, token, self.sp, self.tok, self.calculator)
+            block.append(token)
+            kinds.append(is_given)
+            if row.completed:
+                break
+        rows = self._verify(block)
+        self.next_logits = rows[-1]
+        return [
+            _Decided(t, "", rows[i], forced=not is_given, given=is_given)
+            for i, (t, is_given) in enumerate(zip(block, kinds, strict=True))
+        ]
+
+    def _draft_round(self, k: int) -> list[_Decided]:
+        n = len(self.seq)
+        proposal, qs = self._propose(k) if k else ([], [])
+        rows = self._verify(proposal)
+        decided: list[_Decided] = []
+        ended = False
+        for i, (x, q) in enumerate(zip(proposal, qs, strict=True)):
+            p = self._target_probs(rows[i], self.seq + proposal[:i])
+            px, qx = float(p[x]), float(q[x])
+            if float(torch.rand(1, generator=self.rng, device=self.device)) * qx < px:
+                decided.append(_Decided(x, "accepted", rows[i]))
+                _step_row(self.row, x, self.sp, self.tok, self.calculator)
+                ended = self.row.completed or bool(self.row.forced)
+                continue
+            residual = (p - q).clamp_min(0)
+            # p == q to rounding: the rejection was rounding's; p itself is then the residual.
+            final = self._draw(residual if float(residual.sum()) > 0 else p)
+            decided.append(_Decided(final, "corrected", rows[i]))
+            break
+        else:
+            if not ended:
+                j = len(proposal)
+                p = self._target_probs(rows[j], self.seq + proposal)
+                decided.append(_Decided(self._draw(p), "", rows[j]))
+        kept = sum(d.mark == "accepted" for d in decided)
+        if proposal:
+            self.stats.drafted += len(proposal)
+            self.stats.accepted += kept
+            self.length.record(len(proposal), kept)
+        if decided[-1].mark == "accepted":  # the reply ended on a kept draft: nothing sampled after
+            self.next_logits = rows[kept]
+        else:
+            self.next_logits = None
+            _step_row(self.row, decided[-1].token, self.sp, self.tok, self.calculator)
+        # Both caches keep the sequence and the kept proposals, nothing rejected.
+        self.cache.truncate(min(self.cache.pos, n + kept))
+        self.draft.cache.truncate(min(self.draft.cache.pos, n + kept))
+        return decided
+
+    def _round(self, room: int) -> list[_Decided]:
+        if self.row.given or self.row.forced:
+            decided = self._known_round(room)
+        else:
+            n = len(self.seq)
+            k = min(self.length.next(), room - 1, self.limit - n - 1, self.draft.limit - n)
+            decided = self._draft_round(max(k, 0))
+        self.seq.extend(d.token for d in decided)
+        return decided
+
+    def _event(self, d: _Decided) -> TokenEvent:
+        assert self.tracker is not None
+        ev = replace(self.tracker.event(d.token, d.forced), given=d.given, draft=d.mark)
+        if self.logprobs:
+            lp = torch.log_softmax(d.logits.float(), dim=-1)
+            values, ids = lp.topk(min(self.logprobs, lp.numel()))
+            top = tuple(
+                (i, token_label(self.tok, i), v) for i, v in zip(ids.tolist(), values.tolist(), strict=True)
+            )
+            ev = replace(ev, logprob=float(lp[d.token]), top=top)
+        return ev
+
+    def events(self, cancel: threading.Event | None) -> Iterator[TokenEvent]:
+        stats, budget = self.stats, self.params.max_tokens
+        t0 = time.perf_counter()
+        t_first = 0.0
+        stats.stopped = "max_tokens"
+        self._prefill()
+        while not self.row.completed:
+            if cancel is not None and cancel.is_set():
+                stats.stopped = "cancelled"
+                break
+            room = self.limit - len(self.seq)
+            if room <= 0:
+                stats.stopped = "context"
+                break
+            if budget is not None:
+                room = min(room, budget - self.generated)
+            if room <= 0:
+                break
+            for d in self._round(room):
+                if cancel is not None and cancel.is_set():
+                    stats.stopped = "cancelled"
+                    break
+                now = time.perf_counter()
+                self.generated += 1
+                stats.new_tokens = self.generated
+                if self.generated == 1:
+                    t_first = now
+                    stats.ttft_ms = (now - t0) * 1000
+                else:
+                    stats.decode_tok_s = (self.generated - 1) / max(now - t_first, 1e-9)
+                if d.token in self.sp.stop:
+                    stats.stopped = "stop_token"
+                yield self._event(d)
+            if stats.stopped == "cancelled":
+                break
+        assert self.tracker is not None
+        tail = self.tracker.decoder.flush()
+        if tail:
+            yield TokenEvent(-1, tail, False, self.tracker.kind, continues=True)
