@@ -49,6 +49,7 @@ class AgreementDialog(QDialog):
                     item.setBackground(QColor(mix(c.surface, c.success, 0.55 * value)))
                 self.table.setItem(r, col, item)
         self.table.resizeColumnsToContents()
+        self.table.resizeRowsToContents()
 
     def cell(self, row: int, column: int) -> str:
         item = self.table.item(row, column)

@@ -472,7 +472,12 @@ class CompareView(QWidget):
 
     def _update_agreement(self) -> None:
         if self.agreement is not None:
-            labels = [LETTERS[i] for i in range(len(self.controller.panes))]
+            labels = [
+                f"{LETTERS[i]} · step {p.info.step:,}"
+                if p.info is not None and p.info.step is not None
+                else LETTERS[i]
+                for i, p in enumerate(self.controller.panes)
+            ]
             self.agreement.set_matrix(labels, self.controller.agreement())
 
     def check_same_model(self) -> bool:

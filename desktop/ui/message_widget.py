@@ -71,7 +71,12 @@ def raw_summary(records: list[TokenRecord]) -> str:
     forced = sum(r.forced for r in records)
     line = f"{len(records)} tokens · {special} special · {forced} forced by a tool"
     given = sum(r.given for r in records)
-    return line + (f" · {given} yours" if given else "") + " · click a token for its alternatives"
+    kept = sum(r.draft == "accepted" for r in records)
+    corrected = sum(r.draft == "corrected" for r in records)
+    drafts = (
+        f" · {kept} drafted and kept (green) · {corrected} corrected (amber)" if kept or corrected else ""
+    )
+    return line + (f" · {given} yours" if given else "") + drafts + " · click a token for its alternatives"
 
 
 def format_stats(meta: dict) -> tuple[str, str]:
