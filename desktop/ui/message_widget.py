@@ -219,6 +219,7 @@ class MessageWidget(QFrame):
         bubble_lay.addWidget(self.raw_view)
         self.raw_summary = QLabel()
         self.raw_summary.setObjectName("Muted")
+        self.raw_summary.setWordWrap(True)  # a long line must not widen the chat column
         self.raw_summary.hide()
         bubble_lay.addWidget(self.raw_summary)
         self.footer = QLabel()
