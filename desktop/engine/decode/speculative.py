@@ -36,11 +36,12 @@ import torch
 
 from desktop.engine.backend import GenerationStats
 from desktop.engine.calculator import calculate
+from desktop.engine.decode.drafts import DraftSpec, parse_draft
 from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row
 from desktop.engine.decode.protocols import DecodingModel, Tokenizer
-from desktop.engine.decode.sampling import next_token_probs
+from desktop.engine.decode.sampling import GreedyFallback, next_token_probs
 from desktop.engine.decode.scoring import token_label
-from desktop.engine.errors import ContextError
+from desktop.engine.errors import ContextError, NanoscopeError
 from desktop.engine.kernels.gemv import few_rows
 from desktop.engine.kernels.memory import release_freed_memory
 from desktop.engine.kernels.threads import torch_threads
@@ -65,6 +66,10 @@ TIMINGS = 3
 # Measured costs are rounded to this, so that a machine's wobble rarely changes how many tokens
 # are drafted (and so a seed's reply).
 COST_STEP = 0.05
+
+
+# (logits (B, V), params, history (B, N) or None, told of rows that fell back) -> (B, V) probabilities
+ProbsFn = Callable[[torch.Tensor, SamplingParams, torch.Tensor | None, GreedyFallback | None], torch.Tensor]
 
 
 def _any_result(_expr: str) -> object:
@@ -129,6 +134,47 @@ def measure_costs(target: DecodingModel, target_cache: Callable[[int], Any], dra
     draft.cost = _rounded(_timed_ms(draft.model, draft.new_cache, 1) / step)
     wide = _timed_ms(target, target_cache, TIMED_ROWS)
     draft.verify_cost = _rounded((wide / step - 1) / (TIMED_ROWS - 1))
+
+
+def ready_draft(
+    model: DecodingModel,
+    name: str,
+    limit: int,
+    new_cache: Callable[[int], Any],
+    target: DecodingModel,
+    target_cache: Callable[[int], Any],
+) -> Draft:
+    """A :class:`Draft` of ``model`` for ``target``, its costs measured."""
+    draft = Draft(model, name, limit, new_cache)
+    measure_costs(target, target_cache, draft)
+    return draft
+
+
+class DraftSlot:
+    """The draft a backend was last asked for, kept loaded (with its cache) until another is named."""
+
+    def __init__(self) -> None:
+        self._held: tuple[str, Draft] | None = None
+
+    def get(self, text: str, make: Callable[[DraftSpec], Draft]) -> Draft:
+        """The draft ``text`` names, made by ``make`` unless it is the one held; a problem is one
+        line naming the draft."""
+        if self._held is None or self._held[0] != text:
+            self._held = None  # the old one's memory goes before the new one loads
+            spec = parse_draft(text)
+            try:
+                draft = make(spec)
+            except NanoscopeError as exc:
+                raise type(exc)(f"draft {spec.text}: {exc}") from None
+            self._held = (text, draft)
+        return self._held[1]
+
+    def forget_cache(self) -> None:
+        if self._held is not None:
+            self._held[1].cache = None
+
+    def clear(self) -> None:
+        self._held = None
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -234,17 +280,21 @@ def stream_speculative(
     given: Sequence[int] = (),
     draft_k: int = 0,
     calculator: Callable[[str], object] = calculate,
+    probs: ProbsFn = next_token_probs,
 ) -> Iterator[TokenEvent]:
     """Stream one reply like :func:`~.generation.stream_reply`, the draft proposing. ``cache``
     (the target's) and ``draft.cache`` may hold a prefix of ``prompt``; ``limit``: the positions
     the target attends to; ``draft_k``: tokens per round (0: adaptive); ``stats.drafted`` and
     ``stats.accepted`` count the proposals and those kept. The last ``said`` prompt ids are the
-    reply's own start and ``given`` ids come first (see generation.py)."""
+    reply's own start and ``given`` ids come first (see generation.py). ``probs``: the family's
+    sampling distribution (:func:`~.sampling.next_token_probs`'s signature)."""
     if not prompt:
         raise ContextError("the prompt is empty")
     if len(prompt) >= limit:
         raise ContextError(f"the prompt has {len(prompt)} tokens; this model attends to {limit}")
-    run = _Speculation(model, tok, prompt, params, draft, cache, limit, stats, logprobs, draft_k, calculator)
+    run = _Speculation(
+        model, tok, prompt, params, draft, cache, limit, stats, logprobs, draft_k, calculator, probs
+    )
     run.start(said, given)
     try:
         with torch_threads(threads):
@@ -269,12 +319,14 @@ class _Speculation:
         logprobs: int,
         draft_k: int,
         calculator: Callable[[str], object],
+        probs: ProbsFn,
     ) -> None:
         self.model, self.tok, self.params, self.draft = model, tok, params, draft
         self.cache, self.limit = cache, limit
         self.stats = stats if stats is not None else GenerationStats()
         self.logprobs = logprobs
         self.calculator = calculator
+        self.probs = probs
         self.seq = list(prompt)
         self.device = model.device
         self.rng = torch.Generator(device=self.device)
@@ -309,7 +361,7 @@ class _Speculation:
         def fell_back(rows: int) -> None:
             self.stats.greedy_fallbacks += rows
 
-        return next_token_probs(logits.unsqueeze(0), self.params, self._history(history), fell_back)[0]
+        return self.probs(logits.unsqueeze(0), self.params, self._history(history), fell_back)[0]
 
     @torch.inference_mode()
     def _prefill(self) -> None:
@@ -339,7 +391,7 @@ class _Speculation:
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
-            q = next_token_probs(logits.unsqueeze(0), self.params, self._history(self.seq + tokens))[0]
+            q = self.probs(logits.unsqueeze(0), self.params, self._history(self.seq + tokens), None)[0]
             token = int(torch.multinomial(q, 1, generator=self.rng))
             tokens.append(token)
             probs.append(q)

@@ -33,10 +33,12 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.chat_template import message_dicts
+from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer
 from desktop.engine.decode.generation import begin_reply, stream_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
-from desktop.engine.errors import ContextError, DeviceError, TokenizerError
+from desktop.engine.decode.speculative import Draft, DraftSlot, ready_draft, stream_speculative
+from desktop.engine.errors import CheckpointError, ContextError, DeviceError, TokenizerError
 from desktop.engine.hf.config import HFConfig, parse_config, token_ids
 from desktop.engine.hf.files import (
     CONFIG_NAME,
@@ -89,6 +91,8 @@ class HFBackend:
         self.tok = tok
         self._info = info
         self._cache: KVCache | None = None
+        self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
+        self._draft = DraftSlot()
 
     @classmethod
     def open(
@@ -149,6 +153,7 @@ class HFBackend:
             load_seconds=round(time.perf_counter() - t0, 3),
         )
         backend = cls(directory, config, model, tok, info)
+        backend.load_options = opts
         backend.warm_up()
         report(100, "Ready")
         return backend
@@ -234,6 +239,27 @@ class HFBackend:
             room = len(ids) + len(given) + (params.max_tokens or self.config.sequence_len)
             cap = min(self.config.rope_len, room)
             self._cache = self._new_cache(cap)
+        draft = self.draft(options.draft) if options.draft else None
+        if draft is not None and draft.pays(options.draft_k):
+            if not options.reuse_cache:
+                draft.cache = None
+            yield from stream_speculative(
+                self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
+                self.tok,
+                ids,
+                params,
+                draft,
+                cache=self._cache,
+                limit=self.config.rope_len,
+                cancel=cancel,
+                stats=stats,
+                logprobs=options.logprobs,
+                threads=options.threads,
+                said=said,
+                given=given,
+                draft_k=options.draft_k,
+            )
+            return
         yield from stream_reply(
             self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
             self.tok,
@@ -248,6 +274,33 @@ class HFBackend:
             given=given,
         )
 
+    def draft(self, text: str) -> Draft:
+        """The draft ``text`` names (engine/decode/drafts.py), made once and kept: the model's own
+        weights through int8 or fp16 kernels (shared, not copied), or another Hugging Face
+        folder whose tokenizer is this one's."""
+        return self._draft.get(text, self._make_draft)
+
+    def _make_draft(self, spec: DraftSpec) -> Draft:
+        if spec.is_self:
+            kind = _self_kernels(self.model.device, spec.precision)
+            model, name = self.model.with_kernels(kind), f"self ({kind})"
+        else:
+            assert spec.checkpoint is not None
+            if spec.step is not None:
+                raise CheckpointError(f"{spec.checkpoint}: a Hugging Face folder has no steps")
+            opts = replace(
+                self.load_options, device=str(self.model.device), dtype=spec.precision, tokenizer=None
+            )
+            other = HFBackend.open(spec.checkpoint, opts)
+            check_same_tokenizer(other.tok, self.tok)
+            model, name = other.model, other.info().name
+        config = model.config
+
+        def new_cache(capacity: int) -> KVCache:
+            return KVCache(config, 1, capacity, model.device, model.compute_dtype)  # type: ignore[arg-type]
+
+        return ready_draft(model, name, config.rope_len, new_cache, self.model, self._new_cache)  # type: ignore[arg-type]
+
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
     ) -> dict[str, Any]:
@@ -261,9 +314,23 @@ class HFBackend:
 
     def close(self) -> None:
         self._cache = None
+        self._draft.clear()
         self.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _self_kernels(device: torch.device, precision: str) -> str:
+    """The kernels of a self-draft at ``precision``: int8 or fp16 weights, which only a CPU has."""
+    if device.type != "cpu":
+        raise DeviceError(
+            f"a self-draft needs the CPU's int8 or fp16 kernels; on {device.type.upper()} name another "
+            "checkpoint as the draft"
+        )
+    kinds = {"auto": "int8", "int8": "int8", "float16": "fp16", "fast": "fp16"}
+    if precision not in kinds:
+        raise DeviceError(f"a self-draft of a Hugging Face model is int8 or fp16, not {precision}")
+    return kinds[precision]
 
 
 def _plain(messages: Sequence[Message]) -> str:

@@ -36,8 +36,10 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.chat_template import message_dicts
+from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.scoring import score_reply, token_label
+from desktop.engine.decode.speculative import Draft, DraftSlot, ready_draft, stream_speculative
 from desktop.engine.errors import (
     ContextError,
     DeviceError,
@@ -50,7 +52,7 @@ from desktop.engine.files.finite import check_finite
 from desktop.engine.kempnerforge.config import KFModelConfig, KFRunConfig, load_config
 from desktop.engine.kempnerforge.dcp_metadata import DcpMetadata, read_dcp_metadata
 from desktop.engine.kempnerforge.dcp_reader import read_tensors
-from desktop.engine.kempnerforge.generate import stream_kf
+from desktop.engine.kempnerforge.generate import next_token_probs, stream_kf
 from desktop.engine.kempnerforge.layout import KFCheckpoint, resolve_checkpoint
 from desktop.engine.kempnerforge.model import Block, KFCache, KFTransformer, Norm
 from desktop.engine.kempnerforge.tokenizer import KFTokenizer, load_run_tokenizer, resolve_tokenizer_dir
@@ -169,6 +171,8 @@ class KempnerForgeBackend:
     ) -> None:
         self.checkpoint, self.run_cfg, self.model, self.tok = checkpoint, run_cfg, model, tok
         self._cache: KFCache | None = None
+        self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
+        self._draft = DraftSlot()
         cfg = run_cfg.model
         run, step = checkpoint.run, checkpoint.step
         self._info = ModelInfo(
@@ -245,6 +249,7 @@ class KempnerForgeBackend:
                 ) from None
             raise
         backend = cls(checkpoint, run_cfg, model, tok, _meta_hash(metas, run_cfg), warnings, 0.0)
+        backend.load_options = opts
         backend.warm_up()
         backend._info = replace(backend._info, load_seconds=round(time.perf_counter() - t0, 3))
         report(100, f"loaded {backend._info.name}")
@@ -339,10 +344,64 @@ class KempnerForgeBackend:
         want = min(cfg.max_seq_len, len(ids) + len(given) + (params.max_tokens or cfg.max_seq_len))
         if not options.reuse_cache or self._cache is None:
             self._cache = KFCache(cfg, want, self.model.device, self.model.compute_dtype)
+        draft = self.draft(options.draft) if options.draft else None
+        if draft is not None and draft.pays(options.draft_k):
+            if not options.reuse_cache:
+                draft.cache = None
+            yield from stream_speculative(
+                self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
+                self.tok,  # type: ignore[arg-type]
+                ids,
+                params,
+                draft,
+                cache=self._cache,
+                limit=cfg.max_seq_len,
+                cancel=cancel,
+                stats=stats,
+                logprobs=options.logprobs,
+                threads=options.threads,
+                said=said,
+                given=given,
+                draft_k=options.draft_k,
+                probs=next_token_probs,
+            )
+            return
         with torch_threads(options.threads):
             yield from stream_kf(
                 self.model, self.tok, ids, params, self._cache, cancel, stats, options.logprobs, said, given
             )
+
+    def draft(self, text: str) -> Draft:
+        """The draft ``text`` names (engine/decode/drafts.py), made once and kept: the model's own
+        weights through int8 or fp16 kernels (shared, not copied; a CPU's), or another
+        KempnerForge checkpoint whose tokenizer is this one's."""
+        return self._draft.get(text, self._make_draft)
+
+    def _make_draft(self, spec: DraftSpec) -> Draft:
+        device = self.model.device
+        if spec.is_self:
+            kinds = {"auto": "int8", "int8": "int8", "float16": "fp16", "fast": "fp16"}
+            if device.type != "cpu" or spec.precision not in kinds:
+                raise DeviceError("a self-draft of a KempnerForge model is int8 or fp16, on a CPU")
+            model = self.model.with_kernels(kinds[spec.precision])
+            name = f"self ({kinds[spec.precision]})"
+        else:
+            assert spec.checkpoint is not None
+            opts = replace(
+                self.load_options, step=spec.step, device=str(device), dtype=spec.precision, config=None
+            )
+            other = KempnerForgeBackend.open(spec.checkpoint, opts)
+            check_same_tokenizer(other.tok, self.tok)
+            model, name = other.model, other.info().name
+        cfg = model.config
+
+        def new_cache(capacity: int) -> KFCache:
+            return KFCache(cfg, capacity, model.device, model.compute_dtype)
+
+        def target_cache(capacity: int) -> KFCache:
+            return KFCache(self.model.config, capacity, device, self.model.compute_dtype)
+
+        return ready_draft(model, name, cfg.max_seq_len, new_cache, self.model, target_cache)  # type: ignore[arg-type]
 
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
@@ -357,6 +416,7 @@ class KempnerForgeBackend:
 
     def close(self) -> None:
         self._cache = None
+        self._draft.clear()
         self.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -48,6 +48,18 @@ def sample(
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
+    probs = filtered_probs(logits, temperature, top_k, top_p, on_greedy)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def filtered_probs(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    on_greedy: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """The distribution :func:`sample` draws from (temperature > 0), over the whole vocabulary."""
     raw = logits
     logits = logits / temperature
     if top_k > 0:
@@ -67,7 +79,27 @@ def sample(
         probs = torch.where(usable.unsqueeze(-1), probs, torch.zeros_like(probs).scatter(1, best, 1.0))
         if on_greedy is not None:
             on_greedy()
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return probs
+
+
+def next_token_probs(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    _history: torch.Tensor | None = None,
+    on_greedy: Callable[[int], None] | None = None,
+) -> torch.Tensor:
+    """:func:`sample`'s distribution as speculative decoding takes it (float32 rows; one-hot at
+    the most likely token when greedy). KempnerForge's sampler has no repetition penalty, so the
+    history is not used."""
+    if params.temperature == 0:
+        best = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter(1, best, 1.0)
+
+    def fell_back() -> None:
+        if on_greedy is not None:
+            on_greedy(1)
+
+    return filtered_probs(logits, params.temperature, params.top_k, params.top_p, fell_back).float()
 
 
 def reuse_prefix(cache: KFCache, prompt: Sequence[int]) -> int:

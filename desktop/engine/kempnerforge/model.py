@@ -17,6 +17,7 @@ exactly as KempnerForge runs them.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from desktop.engine.kempnerforge.config import KFModelConfig
+from desktop.engine.kernels.gemv import Kernel
 from desktop.engine.kernels.tuning import Choice, KernelTuner
 
 QK_NORM_EPS = 1e-5  # Attention builds RMSNorm(head_dim) with the default eps, not model.norm_eps
@@ -136,7 +138,8 @@ class KFTransformer:
         self.embedding, self.blocks, self.norm, self.output = embedding, blocks, norm, output
         # Every matrix by the fastest route that gives F.linear's bits (see kernel_tuning).
         matrices = [output, *(w for b in blocks for w in (b.q, b.k, b.v, b.o, b.gate, b.up, b.down))]
-        self._products = {id(w): tuner.exact(w) for w in matrices if w is not None}
+        self._matrices = list({id(w): w for w in matrices if w is not None}.values())
+        self._products: dict[int, Kernel] = {id(w): tuner.exact(w) for w in self._matrices}
         self.tuner = tuner
         self.device = device
         self.compute_dtype = embedding.dtype
@@ -147,6 +150,13 @@ class KFTransformer:
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self._products[id(weight)](x)
+
+    def with_kernels(self, kind: str) -> KFTransformer:
+        """The same model (the same weight tensors, no copy) computing its products by ``kind``'s
+        kernels ("fp16", "int8": see kernels/tuning.py): a cheap draft for speculative decoding."""
+        other = copy.copy(self)
+        other._products = {id(w): self.tuner.product(w, kind) for w in self._matrices}
+        return other
 
     def kernel_choices(self) -> list[Choice]:
         """Which route computes each matrix shape, as :meth:`GPT.kernel_choices` tells it."""

@@ -26,11 +26,10 @@ from desktop.engine.backend import (
     Prompt,
     StreamOptions,
 )
-from desktop.engine.decode.drafts import parse_draft
 from desktop.engine.decode.generation import begin_reply, stream_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
-from desktop.engine.decode.speculative import Draft, stream_speculative
+from desktop.engine.decode.speculative import Draft, DraftSlot, stream_speculative
 from desktop.engine.discovery import PHASES, run_tag, source_of
 from desktop.engine.errors import NanoscopeError, TokenizerError
 from desktop.engine.kernels.tuning import shown_precision
@@ -84,7 +83,7 @@ class NanochatBackend:
         self._cache: KVCache | None = None
         self._info = self._describe()
         self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
-        self._draft: tuple[str, Draft] | None = None  # the last draft asked for, kept loaded
+        self._draft = DraftSlot()
 
     @classmethod
     def open(
@@ -246,18 +245,15 @@ class NanochatBackend:
         )
 
     def draft(self, text: str) -> Draft:
-        """The draft ``text`` names (engine/decode/drafts.py), loaded once and kept until another
-        is asked for."""
-        if self._draft is None or self._draft[0] != text:
-            self._draft = None  # the old one's memory goes before the new one loads
-            opts = self.load_options
+        """The draft ``text`` names (engine/decode/drafts.py), loaded once and kept."""
+        opts = self.load_options
 
-            def find_tokenizer(directory: Path, vocab: int, is_fork: bool) -> Tokenizer:
-                return select_tokenizer(tokenizer_dirs(directory, opts.base_dir), vocab, is_fork)
+        def find_tokenizer(directory: Path, vocab: int, is_fork: bool) -> Tokenizer:
+            return select_tokenizer(tokenizer_dirs(directory, opts.base_dir), vocab, is_fork)
 
-            spec = parse_draft(text)
-            self._draft = (text, make_draft(self.loaded, self.tok, spec, find_tokenizer, opts.kernel_cache))
-        return self._draft[1]
+        return self._draft.get(
+            text, lambda spec: make_draft(self.loaded, self.tok, spec, find_tokenizer, opts.kernel_cache)
+        )
 
     def score(
         self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
@@ -272,12 +268,11 @@ class NanochatBackend:
 
     def reset_cache(self) -> None:
         self._cache = None
-        if self._draft is not None:
-            self._draft[1].cache = None
+        self._draft.forget_cache()
 
     def close(self) -> None:
         self.reset_cache()
-        self._draft = None
+        self._draft.clear()
         self.model = None  # type: ignore[assignment]
         self.loaded.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():

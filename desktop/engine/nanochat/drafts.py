@@ -20,8 +20,7 @@ import torch
 from desktop.engine.decode.drafts import AUTO, DraftSpec, check_same_tokenizer
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import Tokenizer
-from desktop.engine.decode.speculative import Draft, measure_costs
-from desktop.engine.errors import NanoscopeError
+from desktop.engine.decode.speculative import Draft, ready_draft
 from desktop.engine.kernels.device import pick_precision
 from desktop.engine.kernels.tuning import tuner_for
 from desktop.engine.nanochat.loader import LoadedModel, load_model
@@ -61,28 +60,23 @@ def make_draft(
     find_tokenizer: FindTokenizer,
     kernel_cache: Path | None = None,
 ) -> Draft:
-    """The draft ``spec`` names for the target ``loaded`` (whose tokenizer is ``tok``). Every
-    problem is one line naming the draft."""
-    try:
-        if spec.is_self:
-            precision = self_precision(loaded.device, spec.precision)
-            model = _shared(loaded, precision, kernel_cache)
-            if model is None:
-                model = load_model(
-                    loaded.directory, loaded.step, str(loaded.device), precision, kernel_cache=kernel_cache
-                ).model
-            name = f"self ({precision})"
-        else:
-            assert spec.checkpoint is not None
-            other = load_model(
-                spec.checkpoint, spec.step, str(loaded.device), spec.precision, kernel_cache=kernel_cache
-            )
-            theirs = find_tokenizer(other.directory, other.config.vocab_size, other.config.is_fork)
-            check_same_tokenizer(theirs, tok)
-            model = other.model
-            name = f"{other.directory.name} · step {other.step:,}"
-    except NanoscopeError as exc:
-        raise type(exc)(f"draft {spec.text}: {exc}") from None
-    draft = Draft(model=model, name=name, limit=model.config.rope_len, new_cache=_cache_of(model))
-    measure_costs(loaded.model, _cache_of(loaded.model), draft)
-    return draft
+    """The draft ``spec`` names for the target ``loaded`` (whose tokenizer is ``tok``)."""
+    if spec.is_self:
+        precision = self_precision(loaded.device, spec.precision)
+        model = _shared(loaded, precision, kernel_cache)
+        if model is None:
+            model = load_model(
+                loaded.directory, loaded.step, str(loaded.device), precision, kernel_cache=kernel_cache
+            ).model
+        name = f"self ({precision})"
+    else:
+        assert spec.checkpoint is not None
+        other = load_model(
+            spec.checkpoint, spec.step, str(loaded.device), spec.precision, kernel_cache=kernel_cache
+        )
+        cfg = other.config
+        check_same_tokenizer(find_tokenizer(other.directory, cfg.vocab_size, cfg.is_fork), tok)
+        model = other.model
+        name = f"{other.directory.name} · step {other.step:,}"
+    target = loaded.model
+    return ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
