@@ -198,8 +198,9 @@ class ChatController(QObject):
 
     # ----- sending ---------------------------------------------------------------------------
 
-    def send(self, text: str, params: SamplingParams, system_prompt: str = "") -> bool:
-        """Append a user message and stream the model's reply; False (nothing changed) if refused."""
+    def send(self, text: str, params: SamplingParams, system_prompt: str = "", prefill: str = "") -> bool:
+        """Append a user message and stream the model's reply; False (nothing changed) if refused.
+        ``prefill``: the start of the reply, written by the user; the model continues it."""
         text = text.strip()
         if not text or self.busy:
             return False
@@ -212,7 +213,12 @@ class ChatController(QObject):
         user = Message.of_text("user", text)
         msg_id = self.store.add_message(self.conv_id, user, parent)
         self.path.append((msg_id, user))
-        self._start_reply(params, system_prompt)
+        if prefill:
+            self._start_reply(
+                params, system_prompt, ReplyStart(given_text=prefill), [], {"at": 0, "prefill": True}
+            )
+        else:
+            self._start_reply(params, system_prompt)
         self.refresh_list()
         return True
 

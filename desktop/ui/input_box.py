@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
@@ -91,12 +92,25 @@ class InputBox(QFrame):
         self.stop_btn.setCursor(Qt.CursorShape.PointingHandCursor)
         self.stop_btn.hide()
 
+        # "Prefill": the start of the model's reply, written by the user; the model continues it.
+        self.prefill_btn = widgets.flat_button(
+            "fork", "Write the start of the reply (the model continues it)", checkable=True
+        )
+        self.prefill_btn.setAccessibleName("Start the reply yourself")
+        self.prefill_edit = QLineEdit()
+        self.prefill_edit.setObjectName("Field")
+        self.prefill_edit.setAccessibleName("The reply starts with")
+        self.prefill_edit.setPlaceholderText("The reply starts with…")
+        self.prefill_edit.hide()
+        self.prefill_btn.toggled.connect(self._show_prefill)
+
         self.frame = QFrame()
         self.frame.setObjectName("InputFrame")
         row = QHBoxLayout(self.frame)
         row.setContentsMargins(12, 8, 8, 8)
         row.setSpacing(8)
         row.addWidget(self.editor, 1)
+        row.addWidget(self.prefill_btn, 0, Qt.AlignmentFlag.AlignBottom)
         row.addWidget(self.send_btn, 0, Qt.AlignmentFlag.AlignBottom)
         row.addWidget(self.stop_btn, 0, Qt.AlignmentFlag.AlignBottom)
 
@@ -117,6 +131,7 @@ class InputBox(QFrame):
         col = QVBoxLayout(column)
         col.setContentsMargins(0, 0, 0, 0)
         col.setSpacing(4)
+        col.addWidget(self.prefill_edit)
         col.addWidget(self.frame)
         col.addLayout(hints)
         outer = QHBoxLayout(self)
@@ -144,6 +159,16 @@ class InputBox(QFrame):
 
     def clear(self) -> None:
         self.editor.clear()
+        self.prefill_edit.clear()
+
+    def prefill(self) -> str:
+        """The start of the reply the user wrote ("" when none)."""
+        return self.prefill_edit.text() if self.prefill_btn.isChecked() else ""
+
+    def _show_prefill(self, on: bool) -> None:
+        self.prefill_edit.setVisible(on)
+        if on:
+            self.prefill_edit.setFocus()
 
     def set_enter_sends(self, on: bool) -> None:
         self.editor.enter_sends = on

@@ -609,7 +609,7 @@ class MainWindow(QMainWindow):
         return SamplingParams.from_dict(values), str(values.get("system_prompt") or "")
 
     def _send(self, text: str) -> None:
-        if self.controller.send(text, *self._request()):
+        if self.controller.send(text, *self._request(), prefill=self.input.prefill()):
             self.input.clear()
 
     def _toggle_raw(self) -> None:

@@ -86,7 +86,9 @@ def format_stats(meta: dict) -> tuple[str, str]:
     if meta.get("error") or stats.get("error"):
         bits.append(f"⚠ {meta.get('error') or stats.get('error')}")
     fork = meta.get("fork")
-    if isinstance(fork, dict) and isinstance(fork.get("at"), int):
+    if isinstance(fork, dict) and fork.get("prefill"):
+        bits.append(f"{FORK_GLYPH} began with your words")
+    elif isinstance(fork, dict) and isinstance(fork.get("at"), int):
         verb = "continued after" if fork.get("continued") else "forked at"
         bits.append(f"{FORK_GLYPH} {verb} token {fork['at']}")
     if stats.get("new_tokens"):

@@ -120,6 +120,24 @@ def test_fork_switch_regenerate_continue_restart_and_race(qtbot, windows, loop, 
     given = [t for t, g in zip(typed.tokens.texts, typed.tokens.given, strict=True) if g]
     assert "".join(given) == " eighty" and last(win).branch_label.text() == "4 / 4"
 
+    # Prefill: the user writes how the reply begins; the model goes on from there, and a
+    # regeneration keeps the user's start.
+    qtbot.mouseClick(win.input.prefill_btn, Qt.MouseButton.LeftButton)
+    assert win.input.prefill_edit.isVisible()
+    win.input.prefill_edit.setText("Sure! The answer")
+    send(qtbot, win, "What is 6 times 7?")
+    begun = win.controller.path[-1][1]
+    start = [t for t, g in zip(begun.tokens.texts, begun.tokens.given, strict=True) if g]
+    assert "".join(start) == "Sure! The answer" and begun.tokens.given[0]
+    assert begun.plain_text().startswith("Sure! The answer") and len(begun.tokens) > len(start)
+    assert "began with your words" in last(win).footer.text()
+    assert win.input.prefill_edit.text() == ""  # used once, like the message
+    with qtbot.waitSignal(win.controller.reply_finished, timeout=WAIT):
+        action(win, "Regenerate last reply").trigger()
+    assert win.controller.path[-1][1].plain_text().startswith("Sure! The answer")
+    qtbot.mouseClick(win.input.prefill_btn, Qt.MouseButton.LeftButton)
+    assert not win.input.prefill_edit.isVisible()
+
     # A reply cut at its token limit goes on with Continue, as a new version.
     greedy(win, max_tokens=6)
     send(qtbot, win, "Tell me a story.")
