@@ -36,6 +36,7 @@ EXIT_ERROR = 2
 # More intra-op threads than this only slows torch down, and far more crashes its thread pool.
 MAX_THREADS = 1024
 MAX_REPEATS = 1000
+MAX_DRAFT_K = 16
 
 
 def _add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -103,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_gen.add_argument("--seed", type=int, default=raw.seed)
     p_gen.add_argument(
         "--config", type=Path, default=None, help="a KempnerForge run's training TOML (remembered per run)"
+    )
+    p_gen.add_argument(
+        "--draft",
+        default="",
+        help="speculative decoding (the model's own distribution, not nanochat's seeded stream): "
+        "auto, int8 or fp16 (the model's own copy), or [PRECISION:]CHECKPOINT[@STEP] with the same "
+        "tokenizer (a directory or SOURCE/TAG/STEP)",
+    )
+    p_gen.add_argument(
+        "--draft-k", type=int, default=0, help=f"tokens drafted per step, 1-{MAX_DRAFT_K} (0: adaptive)"
     )
 
     p_bench = sub.add_parser("bench", help="measure load, prefill and decode speed")
@@ -261,8 +272,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise NanoscopeError(str(exc)) from None
+    if not 0 <= args.draft_k <= MAX_DRAFT_K:
+        raise NanoscopeError(f"--draft-k must be between 0 and {MAX_DRAFT_K}, got {args.draft_k}")
+    if args.draft_k and not args.draft:
+        raise NanoscopeError("--draft-k needs --draft")
+    draft = _draft(args.draft, paths.nanochat_base_dir()) if args.draft else ""
     backend = open_model(args)
     info = backend.info()
+    if draft and info.capabilities.why_not("draft"):
+        backend.close()
+        raise NanoscopeError(f"--draft: {info.capabilities.why_not('draft')}")
     prompt = _prompt(args, backend)
     if info.context_length and prompt.tokens + args.max_tokens > info.context_length:
         print(
@@ -279,14 +298,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"nanoscope: warning: {w}", file=sys.stderr)
     stats = GenerationStats()
     produced: list[int] = []
-    for ev in _closing(backend, backend.stream(prompt, params, threading.Event(), StreamOptions(), stats)):
+    options = StreamOptions(draft=draft, draft_k=args.draft_k)
+    for ev in _closing(backend, backend.stream(prompt, params, threading.Event(), options, stats)):
         if ev.continues:
             if not args.json:
                 sys.stdout.write(ev.text)
             continue
         produced.append(ev.id)
         if args.json:
-            print(json.dumps({"id": ev.id, "text": ev.text, "forced": ev.forced}), flush=True)
+            record = {"id": ev.id, "text": ev.text, "forced": ev.forced}
+            if ev.draft:
+                record["draft"] = ev.draft
+            print(json.dumps(record), flush=True)
         else:
             sys.stdout.write(ev.text if ev.special is None else _special_text(ev))
             sys.stdout.flush()
@@ -305,6 +328,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "prompt_tokens": stats.prompt_tokens,
                     "ttft_ms": round(stats.ttft_ms, 3),
                     "decode_tok_s": round(stats.decode_tok_s, 3),
+                    "drafted": stats.drafted,
+                    "accepted": stats.accepted,
                     "device": info.device,
                     "dtype": info.precision,
                     "era": info.era,
@@ -314,6 +339,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print()
     return 0
+
+
+def _draft(text: str, base: Path) -> str:
+    """``--draft`` as the backends take it: a checkpoint named SOURCE/TAG[/STEP] becomes its
+    directory and step; a name that is neither a precision nor a checkpoint is one line."""
+    from desktop.engine.decode.drafts import AUTO, parse_draft
+    from desktop.engine.discovery import resolve_spec
+
+    try:
+        spec = parse_draft(text)
+        if spec.is_self or spec.checkpoint is None or spec.checkpoint.exists():
+            return text
+        directory, step = resolve_spec(str(spec.checkpoint), base)
+    except NanoscopeError as exc:
+        raise NanoscopeError(f"--draft {text}: {exc}") from None
+    step = spec.step if spec.step is not None else step
+    prefix = f"{spec.precision}:" if spec.precision != AUTO else ""
+    return f"{prefix}{directory}" + (f"@{step}" if step is not None else "")
 
 
 def _closing(backend: Backend, events: Iterator[TokenEvent]) -> Iterator[TokenEvent]:
