@@ -91,14 +91,13 @@ def _draw(name: str, p: QPainter) -> None:
     elif name == "continue":  # go on past where the reply stopped: »
         _poly(p, (6, 6), (12, 12), (6, 18))
         _poly(p, (12, 6), (18, 12), (12, 18))
-    elif name == "fork":  # one path splitting in two
-        _poly(p, (8, 21), (8, 3))
-        branch = QPainterPath(QPointF(8, 17))
-        branch.cubicTo(QPointF(8, 12), QPointF(16, 13), QPointF(16, 7))
-        branch.lineTo(16, 3)
+    elif name == "fork":  # a branch leaving the trunk: git's branch sign
+        for x, y in ((7, 5), (7, 19), (17, 6)):
+            p.drawEllipse(QPointF(x, y), 2.2, 2.2)
+        _poly(p, (7, 7.2), (7, 16.8))
+        branch = QPainterPath(QPointF(17, 8.2))
+        branch.cubicTo(QPointF(17, 13), QPointF(7, 11), QPointF(7, 15))
         p.drawPath(branch)
-        _dot(p, 8, 3, 1.6)
-        _dot(p, 16, 3, 1.6)
     elif name == "stop":
         p.setBrush(p.pen().color())
         p.drawRoundedRect(QRectF(7, 7, 10, 10), 1.5, 1.5)

@@ -98,17 +98,28 @@ class InputBox(QFrame):
         )
         self.prefill_btn.setAccessibleName("Start the reply yourself")
         self.prefill_edit = QLineEdit()
-        self.prefill_edit.setObjectName("Field")
+        self.prefill_edit.setFrame(False)
         self.prefill_edit.setAccessibleName("The reply starts with")
-        self.prefill_edit.setPlaceholderText("The reply starts with…")
-        self.prefill_edit.hide()
+        self.prefill_edit.setPlaceholderText("the model goes on from your words")
+        self.prefill_label = QLabel("Reply starts with:")
+        self.prefill_label.setObjectName("Hint")
+        self.prefill_row = QWidget()
+        prefill_lay = QHBoxLayout(self.prefill_row)
+        prefill_lay.setContentsMargins(0, 0, 0, 0)
+        prefill_lay.addWidget(self.prefill_label)
+        prefill_lay.addWidget(self.prefill_edit, 1)
+        self.prefill_row.hide()
         self.prefill_btn.toggled.connect(self._show_prefill)
 
         self.frame = QFrame()
         self.frame.setObjectName("InputFrame")
-        row = QHBoxLayout(self.frame)
-        row.setContentsMargins(12, 8, 8, 8)
+        framed = QVBoxLayout(self.frame)
+        framed.setContentsMargins(12, 8, 8, 8)
+        framed.setSpacing(4)
+        row = QHBoxLayout()
         row.setSpacing(8)
+        framed.addLayout(row)
+        framed.addWidget(self.prefill_row)  # after the message, as the reply comes after it
         row.addWidget(self.editor, 1)
         row.addWidget(self.prefill_btn, 0, Qt.AlignmentFlag.AlignBottom)
         row.addWidget(self.send_btn, 0, Qt.AlignmentFlag.AlignBottom)
@@ -131,7 +142,6 @@ class InputBox(QFrame):
         col = QVBoxLayout(column)
         col.setContentsMargins(0, 0, 0, 0)
         col.setSpacing(4)
-        col.addWidget(self.prefill_edit)
         col.addWidget(self.frame)
         col.addLayout(hints)
         outer = QHBoxLayout(self)
@@ -166,7 +176,7 @@ class InputBox(QFrame):
         return self.prefill_edit.text() if self.prefill_btn.isChecked() else ""
 
     def _show_prefill(self, on: bool) -> None:
-        self.prefill_edit.setVisible(on)
+        self.prefill_row.setVisible(on)
         if on:
             self.prefill_edit.setFocus()
 

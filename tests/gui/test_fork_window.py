@@ -123,7 +123,7 @@ def test_fork_switch_regenerate_continue_restart_and_race(qtbot, windows, loop, 
     # Prefill: the user writes how the reply begins; the model goes on from there, and a
     # regeneration keeps the user's start.
     qtbot.mouseClick(win.input.prefill_btn, Qt.MouseButton.LeftButton)
-    assert win.input.prefill_edit.isVisible()
+    assert win.input.prefill_row.isVisible()
     win.input.prefill_edit.setText("Sure! The answer")
     send(qtbot, win, "What is 6 times 7?")
     begun = win.controller.path[-1][1]
@@ -136,7 +136,7 @@ def test_fork_switch_regenerate_continue_restart_and_race(qtbot, windows, loop, 
         action(win, "Regenerate last reply").trigger()
     assert win.controller.path[-1][1].plain_text().startswith("Sure! The answer")
     qtbot.mouseClick(win.input.prefill_btn, Qt.MouseButton.LeftButton)
-    assert not win.input.prefill_edit.isVisible()
+    assert not win.input.prefill_row.isVisible()
 
     # A reply cut at its token limit goes on with Continue, as a new version.
     greedy(win, max_tokens=6)
