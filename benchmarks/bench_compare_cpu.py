@@ -28,20 +28,22 @@ import time
 from pathlib import Path
 
 import torch
-from support import REPO
 
+REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO))
 
-from desktop.compare_controller import cpu_cores, cpu_options
-from make_checkpoint import write_e7
-from PySide6.QtCore import QCoreApplication, QEventLoop, Qt, QTimer
+from make_checkpoint import write_e7  # noqa: E402
+from PySide6.QtCore import QCoreApplication, QEventLoop, Qt, QTimer  # noqa: E402
 
-from desktop.engine.bench import IdsOnlyTokenizer
-from desktop.engine.messages import Message
-from desktop.engine.nanochat.backend import NanochatBackend
-from desktop.engine.nanochat.loader import load_model
-from desktop.gui.worker import WorkerHost
+from desktop.engine.backend import StreamOptions  # noqa: E402
+from desktop.engine.bench import IdsOnlyTokenizer  # noqa: E402
+from desktop.engine.messages import Message  # noqa: E402
+from desktop.engine.nanochat.backend import NanochatBackend  # noqa: E402
+from desktop.engine.nanochat.loader import load_model  # noqa: E402
+from desktop.engine.params import SamplingParams  # noqa: E402
+from desktop.gui.compare.analysis import cpu_cores, cpu_threads  # noqa: E402
+from desktop.gui.worker import TurnLock, WorkerHost  # noqa: E402
 
 MODES = ("parallel", "interleaved")
 PROMPT = "Compare these checkpoints on one prompt, token by token, " * 2
@@ -50,7 +52,7 @@ PROMPT = "Compare these checkpoints on one prompt, token by token, " * 2
 class ByteTokenizer(IdsOnlyTokenizer):
     """Prompt text → byte ids, so the worker renders a real prompt; replies need no text."""
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
         return list(text.encode("utf-8"))
 
 
@@ -97,11 +99,14 @@ def run_panes(hosts: list[WorkerHost], mode: str, tokens: int) -> tuple[float, l
         host.worker.finished.connect(on_gui)
         connections += [(host, on_worker), (host, on_gui)]
     messages = [Message.of_text("user", PROMPT)]
-    params = {"temperature": 0.8, "top_k": 50, "max_tokens": tokens, "seed": 1}
-    options = cpu_options(mode, len(hosts), cpu_cores())
+    params = SamplingParams(temperature=0.8, top_k=50, max_tokens=tokens, seed=1)
+    # As the Compare controller schedules CPU panes: threads per pane, and a shared turn lock
+    # when they interleave.
+    threads = cpu_threads(mode, len(hosts), cpu_cores())
+    lock = TurnLock() if mode == "interleaved" and len(hosts) > 1 else None
     t0 = time.perf_counter()
     for i, host in enumerate(hosts):
-        host.generate_detailed(i + 1, messages, params, {"logprobs": 0, **options[i]})
+        host.generate(i + 1, messages, params, StreamOptions(threads=threads[i], reuse_cache=False), lock)
     QTimer.singleShot(600_000, done.quit)  # a stuck worker ends the run instead of hanging it
     done.exec()
     wall = time.perf_counter() - t0
@@ -118,13 +123,14 @@ def bench_depth(base: Path, depth: int, panes: list[int], tokens: int, repeats: 
     for i, step in enumerate(steps):
         directory = write_e7(base, depth, step=step, seed=i)
     hosts = []
+    n_params = 0
     for step in steps:
         # Loaded on this thread with the default thread count, as a worker thread would load it.
         loaded = load_model(directory, step, device="cpu", dtype="float32")
+        n_params = sum(p.numel() for p in loaded.model.parameters())
         host = WorkerHost()
-        host.worker.session = NanochatBackend(loaded, ByteTokenizer(loaded.config.vocab_size))
+        host.worker.backend = NanochatBackend(loaded, ByteTokenizer(loaded.config.vocab_size))
         hosts.append(host)
-    n_params = sum(p.numel() for p in hosts[0].worker.session.model.parameters())
     try:
         single, _ = run_panes(hosts[:1], "parallel", tokens)  # warm-up, then the one-pane baseline
         single = statistics.median(run_panes(hosts[:1], "parallel", tokens)[0] for _ in range(3))
@@ -157,9 +163,12 @@ def bench_depth(base: Path, depth: int, panes: list[int], tokens: int, repeats: 
         wins = sum(
             p < i for p, i in zip(walls["parallel"][n], walls["interleaved"][n], strict=True)
         )  # paired by repeat: both ran back to back
-        row["parallel_wins_paired"] = f"{wins}/{repeats}"
-        row["winner"] = min(MODES, key=lambda m: row[m]["median_s"])
-        result[f"{n}_panes"] = row
+        medians = {m: row[m]["median_s"] for m in MODES}
+        result[f"{n}_panes"] = {
+            **row,
+            "parallel_wins_paired": f"{wins}/{repeats}",
+            "winner": min(MODES, key=lambda m: medians[m]),
+        }
     return result
 
 
