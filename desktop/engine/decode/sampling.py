@@ -119,8 +119,13 @@ def next_token_probs(
         probs = F.softmax(vals / temperature, dim=-1)
         if not params.plain:
             probs = _filter_probs(probs, params.top_p, params.min_p)
-        return torch.zeros_like(logits).scatter(1, idx, _usable(probs, vals, on_greedy))
+        return torch.zeros_like(logits).scatter(1, idx, _normalised(_usable(probs, vals, on_greedy)))
     probs = F.softmax(logits / temperature, dim=-1)
     if not params.plain:
         probs = _filter_probs(probs, params.top_p, params.min_p)
-    return _usable(probs, logits, on_greedy)
+    return _normalised(_usable(probs, logits, on_greedy))
+
+
+def _normalised(probs: torch.Tensor) -> torch.Tensor:
+    """Rows scaled to sum to 1, as ``multinomial`` takes the filtered weights."""
+    return probs / probs.sum(dim=-1, keepdim=True)

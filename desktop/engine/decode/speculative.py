@@ -429,25 +429,26 @@ class _Speculation:
         proposal, qs = self._propose(k) if k else ([], [])
         rows = self._verify(proposal)
         decided: list[_Decided] = []
-        ended = False
         for i, (x, q) in enumerate(zip(proposal, qs, strict=True)):
             p = self._target_probs(rows[i], self.seq + proposal[:i])
             px, qx = float(p[x]), float(q[x])
             if float(torch.rand(1, generator=self.rng, device=self.device)) * qx < px:
                 decided.append(_Decided(x, "accepted", rows[i]))
                 _step_row(self.row, x, self.sp, self.tok, self.calculator)
-                ended = self.row.completed or bool(self.row.forced)
+                # The reply ended or a calculator call closed: nothing is sampled after it here
+                # (the draft stops proposing there; a result is then owed as a known block).
+                if self.row.completed or self.row.forced:
+                    break
                 continue
             residual = (p - q).clamp_min(0)
             # p == q to rounding: the rejection was rounding's; p itself is then the residual.
             final = self._draw(residual if float(residual.sum()) > 0 else p)
             decided.append(_Decided(final, "corrected", rows[i]))
             break
-        else:
-            if not ended:
-                j = len(proposal)
-                p = self._target_probs(rows[j], self.seq + proposal)
-                decided.append(_Decided(self._draw(p), "", rows[j]))
+        else:  # every proposal kept (or none made): one more token from the target
+            j = len(proposal)
+            p = self._target_probs(rows[j], self.seq + proposal)
+            decided.append(_Decided(self._draw(p), "", rows[j]))
         kept = sum(d.mark == "accepted" for d in decided)
         if proposal:
             self.stats.drafted += len(proposal)
