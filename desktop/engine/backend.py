@@ -224,9 +224,16 @@ class Backend(Protocol):
         ...
 
     def score(
-        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+        self,
+        prompt: Prompt,
+        reply_ids: Sequence[int],
+        top: int = 0,
+        skip: Sequence[bool] | None = None,
+        choices: Sequence[int] = (),
     ) -> dict[str, Any]:
-        """Teacher-forced log-probabilities of ``reply_ids`` after ``prompt`` (see engine.scoring)."""
+        """Teacher-forced log-probabilities of ``reply_ids`` after ``prompt`` (see engine.scoring);
+        with ``choices``, also those tokens' log-probabilities at the reply's first position (a
+        multiple-choice question's letters, in the same pass)."""
         ...
 
     def token_label(self, token_id: int) -> str:

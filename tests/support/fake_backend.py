@@ -112,13 +112,19 @@ class FakeBackend:
             yield replace(ev, logprob=-0.5, top=((ev.id, ev.text, -0.5),)) if options.logprobs else ev
 
     def score(
-        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+        self,
+        prompt: Prompt,
+        reply_ids: Sequence[int],
+        top: int = 0,
+        skip: Sequence[bool] | None = None,
+        choices: Sequence[int] = (),
     ) -> dict[str, Any]:
         return {
             "mean_logprob": -0.5,
             "bits_per_byte": 1.0,
             "tokens": len(reply_ids),
             "token_logprobs": [-0.5] * len(reply_ids),
+            **({"choice_logprobs": [-0.5] * len(choices)} if choices else {}),
         }
 
     def encode(self, text: str) -> list[int]:

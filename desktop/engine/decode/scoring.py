@@ -38,6 +38,7 @@ def score_reply(
     reply_ids: Sequence[int],
     top: int = 0,
     skip: Sequence[bool] | None = None,
+    choices: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Score ``reply_ids`` as the continuation of ``prompt_ids`` by teacher forcing.
 
@@ -45,7 +46,9 @@ def score_reply(
     non-special tokens; None when they decode to no bytes), ``tokens`` (scored), ``bytes``,
     ``token_logprobs`` (one per reply token, skipped ones included) and, when ``top`` > 0,
     ``top``: per token the ``top`` most likely tokens as ``[id, label, logprob]``. ``skip`` marks
-    reply tokens to leave out of the averages (forced ones). A prompt too long for the model's
+    reply tokens to leave out of the averages (forced ones). ``choices``: token ids whose
+    log-probabilities at the reply's first position come back as ``choice_logprobs`` (the
+    letters of a multiple-choice question, from the one pass). A prompt too long for the model's
     rotary table loses its oldest tokens; the reply itself is never cut.
     """
     import torch
@@ -67,6 +70,8 @@ def score_reply(
         target = torch.tensor(reply, dtype=torch.long, device=logprobs.device)
         chosen = logprobs.gather(1, target.unsqueeze(1))[:, 0].tolist()
         alternatives = logprobs.topk(min(top, logprobs.size(-1)), dim=-1) if top > 0 else None
+        vocab = logprobs.size(-1)
+        picked = [float(logprobs[0, c]) if 0 <= c < vocab else -math.inf for c in choices]
     skipped = list(skip) if skip is not None else [False] * len(reply)
     if len(skipped) != len(reply):
         raise ValueError(f"skip has {len(skipped)} flags for {len(reply)} reply tokens")
@@ -80,6 +85,8 @@ def score_reply(
         "bytes": n_bytes,
         "token_logprobs": chosen,
     }
+    if choices:
+        result["choice_logprobs"] = picked
     if alternatives is not None:
         values, indices = alternatives.values.tolist(), alternatives.indices.tolist()
         result["top"] = [

@@ -302,9 +302,16 @@ class HFBackend:
         return ready_draft(model, name, config.rope_len, new_cache, self.model, self._new_cache)  # type: ignore[arg-type]
 
     def score(
-        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+        self,
+        prompt: Prompt,
+        reply_ids: Sequence[int],
+        top: int = 0,
+        skip: Sequence[bool] | None = None,
+        choices: Sequence[int] = (),
     ) -> dict[str, Any]:
-        return score_reply(self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip)  # type: ignore[arg-type]
+        return score_reply(
+            self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip, choices=choices
+        )  # type: ignore[arg-type]
 
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""

@@ -256,9 +256,16 @@ class NanochatBackend:
         )
 
     def score(
-        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+        self,
+        prompt: Prompt,
+        reply_ids: Sequence[int],
+        top: int = 0,
+        skip: Sequence[bool] | None = None,
+        choices: Sequence[int] = (),
     ) -> dict[str, Any]:
-        return score_reply(self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip)
+        return score_reply(
+            self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip, choices=choices
+        )
 
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""

@@ -399,7 +399,12 @@ class RemoteBackend:
     # ----- the rest of the seam ------------------------------------------------------------------
 
     def score(
-        self, prompt: Prompt, reply_ids: Sequence[int], top: int = 0, skip: Sequence[bool] | None = None
+        self,
+        prompt: Prompt,
+        reply_ids: Sequence[int],
+        top: int = 0,
+        skip: Sequence[bool] | None = None,
+        choices: Sequence[int] = (),
     ) -> dict[str, Any]:
         raise RemoteError(f"{self._info.name}: {SCORING_REASON}")
 

@@ -142,9 +142,9 @@ def ask(backend: Backend, question: Question, letters: Sequence[int]) -> tuple[i
         prompt = backend.render([Message.of_text("user", question.text())], 1, chat=True)
     else:
         prompt = backend.render(question.text() + "\nAnswer:", 1, chat=False)
-    logprobs = tuple(
-        float(backend.score(prompt, [letters[i]])["token_logprobs"][0]) for i in range(len(question.choices))
-    )
+    mine = [letters[i] for i in range(len(question.choices))]
+    # One pass: every letter's log-probability at the answer position.
+    logprobs = tuple(float(lp) for lp in backend.score(prompt, mine[:1], choices=mine)["choice_logprobs"])
     chosen = max(range(len(logprobs)), key=lambda i: logprobs[i] if math.isfinite(logprobs[i]) else -math.inf)
     return chosen, logprobs
 

@@ -104,6 +104,16 @@ def test_top_alternatives_are_the_most_likely_tokens_in_order(session):
         assert all(label == (session.tok.special_name(i) or session.tok.decode([i])) for i, label, _ in row)
 
 
+def test_choices_get_the_first_positions_log_probabilities_from_the_same_pass(session):
+    prompt, reply = _reply(session, "choices", n=3)
+    top = score_reply(session.model, session.tok, prompt, reply, top=3)["top"][0]
+    ids = [i for i, _, _ in top]
+    result = score_reply(session.model, session.tok, prompt, reply[:1], choices=[*ids, 10**9])
+    # Each choice's log-probability is the one the top list gives it; an id past the vocabulary has none.
+    assert result["choice_logprobs"][:3] == pytest.approx([lp for _, _, lp in top], abs=1e-5)
+    assert result["choice_logprobs"][3] == -math.inf
+
+
 def test_a_prompt_too_long_keeps_its_end_and_the_whole_reply(session):
     prompt, reply = _reply(session, "short")
     limit = session.model.config.rope_len
