@@ -309,9 +309,9 @@ class HFBackend:
         skip: Sequence[bool] | None = None,
         choices: Sequence[int] = (),
     ) -> dict[str, Any]:
-        return score_reply(
-            self.model, self.tok, prompt.require_ids(), reply_ids, top=top, skip=skip, choices=choices
-        )  # type: ignore[arg-type]
+        ids = prompt.require_ids()
+        model: Any = self.model  # the GPT call interface, duck-typed
+        return score_reply(model, self.tok, ids, reply_ids, top=top, skip=skip, choices=choices)  # type: ignore[arg-type]
 
     def token_label(self, token_id: int) -> str:
         return token_label(self.tok, token_id) if token_id >= 0 else ""
