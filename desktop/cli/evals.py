@@ -188,10 +188,7 @@ def _plan_core(labels: list[str], args: argparse.Namespace, base: Path | None) -
     from desktop.engine.runs import core_bundle
     from desktop.store.eval_results import core_key
 
-    bundle = Path(args.data).expanduser() if args.data else core_bundle.bundle_of(base)
-    if bundle is None or not (bundle / "core.yaml").is_file():
-        where = bundle or Path(base or "$NANOCHAT_BASE_DIR") / core_bundle.BUNDLE_DIR
-        raise NanoscopeError(f"{where}: no eval_bundle (core.yaml); nanochat's base_eval downloads it")
+    bundle = core_bundle.find_bundle(Path(args.data).expanduser() if args.data else None, base)
     try:
         tasks, problems = core_bundle.read_tasks(bundle)
     except FileRefused as exc:
@@ -277,20 +274,12 @@ def _show_summary(planned: Planned, results: list[Any]) -> None:
 
 def _show_core(planned: list[Planned], results: dict[str, list[Any]]) -> None:
     """CORE per step (the mean centered accuracy) when every task of the bundle was asked."""
-    from desktop.engine.runs.core_bundle import core_metric
-    from desktop.engine.runs.grading import accuracy
+    from desktop.engine.runs.core_bundle import core_scores
 
     core = [p for p in planned if p.core is not None]
-    if not core:
-        return
-    per_step: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
-    for p in core:
-        for at, share in accuracy(results[p.task.name]).items():
-            per_step[at][p.core.label] = share
-    for (stage, step), shares in per_step.items():
-        metric = core_metric(shares, [p.core for p in core])
-        if metric is not None:
-            print(f"CORE over {len(core)} tasks, {stage} step {step}: {metric:.4f}")
+    answers = [a for p in core for a in results[p.task.name]]
+    for (stage, step), metric in core_scores(answers, [p.core for p in core]).items():
+        print(f"CORE over {len(core)} tasks, {stage} step {step}: {metric:.4f}")
 
 
 def _show_flips(planned: Planned, results: list[Any], as_json: bool) -> None:

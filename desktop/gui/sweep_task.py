@@ -7,6 +7,8 @@ runs at a time.
 * :class:`GradedSweepTask`: multiple choice from the user's JSONL (nanochat's categorical method),
   or the bundled problems whose replies are checked.
 * :class:`BitsSweepTask`: bits per byte of the user's text.
+* :class:`CoreSweepTask`: nanochat's CORE over its eval_bundle (every task, or the first N
+  examples of each, as its ``--max-per-task N``).
 """
 
 from __future__ import annotations
@@ -22,13 +24,22 @@ from desktop.config import paths
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.bounded import FileRefused
+from desktop.engine.runs import core_bundle
 from desktop.engine.runs.bits_per_byte import read_text
 from desktop.engine.runs.checked_answers import bundled_problems
 from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
 from desktop.engine.runs.grading import Graded, accuracy, what_flipped
 from desktop.engine.runs.multiple_choice import read_questions
+from desktop.engine.runs.sweep import tasks_sweep
 from desktop.engine.runs.timeline import Point
-from desktop.store.eval_results import kept_answers, kept_bits, kept_choices, shared_results
+from desktop.store.eval_results import (
+    StoreKeeper,
+    core_key,
+    kept_answers,
+    kept_bits,
+    kept_choices,
+    shared_results,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -170,3 +181,44 @@ class BitsSweepTask(SweepTask):
             self.kept.emit(read_back, len(scores))
 
         return self._launch("bits-sweep", work)
+
+
+class CoreSweepTask(SweepTask):
+    """Signals: scored("CORE …", {(stage, step): CORE}) as each step's every task is answered
+    (the curve grows step by step), as the CLI's ``--task core`` computes it."""
+
+    scored = Signal(str, object)
+
+    def start(self, points: Sequence[Point], bundle: Path | None, lite: int | None) -> bool:
+        """``bundle``: the eval_bundle folder (None: ``$NANOCHAT_BASE_DIR/eval_bundle``);
+        ``lite``: the first N examples of each task (None: all)."""
+        if not points:
+            return False
+        points = list(points)
+
+        def work(cancel: threading.Event, options: LoadOptions) -> None:
+            folder = core_bundle.find_bundle(bundle, paths.nanochat_base_dir())
+            tasks, problems = core_bundle.read_tasks(folder)
+            for problem in problems:
+                logger.warning("CORE: %s", problem)
+            asked, keys = [], {}
+            for task in tasks:
+                examples, _skipped = core_bundle.read_examples(task, lite)
+                one = core_bundle.core_task(task, examples)
+                asked.append(one)
+                keys[one.name] = core_key(task, examples, lite)
+            title = f"CORE (lite {lite})" if lite else "CORE"
+            total = len(points) * sum(len(one.items) for one in asked)
+            keeper = StoreKeeper(shared_results(), keys, cancel)
+            answers, shown = [], 0
+            sweep = tasks_sweep(points, asked, options=options, cancel=cancel, keeper=keeper)
+            for done, r in enumerate(sweep, start=1):
+                answers.append(r.result)
+                self.progress.emit(done, total)
+                scores = core_bundle.core_scores(answers, tasks)
+                if len(scores) > shown:
+                    shown = len(scores)
+                    self.scored.emit(title, scores)
+            self.kept.emit(len({(stage, step) for stage, step, _ in keeper.read_back}), len(points))
+
+        return self._launch("core-sweep", work)

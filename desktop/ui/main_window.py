@@ -34,7 +34,7 @@ from desktop.gui.chat_controller import ChatController
 from desktop.gui.compare.controller import CompareController
 from desktop.gui.hf_export_task import HFExportTask
 from desktop.gui.run_report_task import RunReportTask
-from desktop.gui.sweep_task import BitsSweepTask, GradedSweepTask, SampleSweepTask
+from desktop.gui.sweep_task import BitsSweepTask, CoreSweepTask, GradedSweepTask, SampleSweepTask
 from desktop.ui.chat_view import ChatView
 from desktop.ui.checkpoint_picker import CheckpointPicker
 from desktop.ui.compare_view import CompareView
@@ -42,7 +42,7 @@ from desktop.ui.error_banner import ErrorBanner
 from desktop.ui.history_sidebar import HistorySidebar
 from desktop.ui.input_box import InputBox
 from desktop.ui.model_picker import ModelPicker
-from desktop.ui.run_view import RunView
+from desktop.ui.run_view import CORE_LITE, RunView
 from desktop.ui.sampling_panel import SamplingPanel
 from desktop.ui.servers_dialog import ServersDialog
 from desktop.ui.shortcuts_dialog import ShortcutsDialog
@@ -126,6 +126,7 @@ class MainWindow(QMainWindow):
         self.sample_sweep = SampleSweepTask(self)
         self.graded_sweep = GradedSweepTask(self)
         self.bits_sweep = BitsSweepTask(self)
+        self.core_sweep = CoreSweepTask(self)
         self.run_report = RunReportTask(self.run_view.save_plots, self)
         self.tabs.addTab(self.run_view, "Run")
         self.setCentralWidget(self.tabs)
@@ -251,7 +252,7 @@ class MainWindow(QMainWindow):
         self.run_view.report_wanted.connect(self._write_run_report)
         view = self.run_view
         view.eval_wanted.connect(self._evaluate)
-        for task in (self.graded_sweep, self.bits_sweep):
+        for task in (self.graded_sweep, self.bits_sweep, self.core_sweep):
             view.eval_stopped.connect(task.stop)
             task.progress.connect(view.show_eval_progress)
             task.scored.connect(view.show_scores)
@@ -462,11 +463,12 @@ class MainWindow(QMainWindow):
             view.report_done("A report card is being written; wait for it to finish.")
 
     def _evaluate(self, kind: str, points: list, data: Path | None) -> None:
-        started = (
-            self.bits_sweep.start(points, data)
-            if kind == "bpb" and data is not None
-            else self.graded_sweep.start(points, data, kind)
-        )
+        if kind.startswith("core"):
+            started = self.core_sweep.start(points, data, CORE_LITE if kind == "core-lite" else None)
+        elif kind == "bpb" and data is not None:
+            started = self.bits_sweep.start(points, data)
+        else:
+            started = self.graded_sweep.start(points, data, kind)
         if not started:
             self.run_view.eval_done("another evaluation is running")
 
@@ -679,6 +681,7 @@ class MainWindow(QMainWindow):
             self.sample_sweep.stop(wait=30.0)  # it ends after the prompt being written
             self.graded_sweep.stop(wait=30.0)  # it ends after the question in hand
             self.bits_sweep.stop(wait=30.0)  # it ends after the window in hand
+            self.core_sweep.stop(wait=30.0)  # it ends after the example in hand
             self.run_report.stop(wait=30.0)  # it ends between two chunks of a file
             self.controller.shutdown()
         super().closeEvent(event)

@@ -54,6 +54,7 @@ EVAL_FILES = {
 PLOT_WIDTH = 1200  # pixels of a report's curve image
 STEPS = "saved steps"  # the "metric" of a run whose metas state no numbers: markers on one line
 MAX_COMPARED = 4
+CORE_LITE = 100  # examples per CORE task in the lite run (nanochat's --max-per-task)
 
 
 class RunView(QWidget):
@@ -108,6 +109,12 @@ class RunView(QWidget):
         self.eval_menu.addAction("Multiple choice…", lambda: self._pick_eval_file("mc"))
         self.eval_menu.addAction("Bits per byte…", lambda: self._pick_eval_file("bpb"))
         self.eval_menu.addAction("Arithmetic and spelling", lambda: self.evaluate("answers", None))
+        self.eval_menu.addSeparator()
+        self.eval_menu.addAction(
+            f"CORE, lite ({CORE_LITE} per task)", lambda: self.evaluate("core-lite", None)
+        )
+        self.eval_menu.addAction("CORE, every example", lambda: self.evaluate("core", None))
+        self.eval_menu.addAction("CORE from an eval_bundle folder…", self._pick_bundle)
         self.eval_btn.clicked.connect(self._on_eval_btn)
         self.evaluating = ""  # the running evaluation's kind, "" when none runs
         self._kept_note = ""  # what the running evaluation read back from kept results
@@ -250,17 +257,26 @@ class RunView(QWidget):
         if path:
             self.evaluate(kind, Path(path))
 
+    def _pick_bundle(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "nanochat's eval_bundle folder (core.yaml)")
+        if path:
+            self.evaluate("core-lite", Path(path))
+
     def evaluate(self, kind: str, data: Path | None) -> None:
         """Evaluate the marked steps (every step when none is marked): ``kind`` "mc" asks the
         questions in ``data``, "bpb" measures the text in it, "answers" checks the replies to
-        the bundled arithmetic and spelling problems (no file)."""
+        the bundled arithmetic and spelling problems (no file), "core" and "core-lite" score
+        nanochat's CORE on the eval_bundle folder ``data`` (None: the base dir's)."""
         if self.timeline is None or not self.timeline.points or self.evaluating:
             return
         self.evaluating = kind
         self._started = time.monotonic()
         self.eval_btn.setMenu(None)  # type: ignore[arg-type]  # Qt takes None: no menu
         self.eval_btn.setText("Stop evaluating")
-        self.status.setText(f"Reading {data.name}…" if data else "Asking the bundled problems…")
+        if kind.startswith("core"):
+            self.status.setText("Reading nanochat's eval_bundle…")
+        else:
+            self.status.setText(f"Reading {data.name}…" if data else "Asking the bundled problems…")
         self.eval_wanted.emit(kind, list(self.marked) or list(self.timeline.points), data)
 
     def choices_read(self, questions: list, problems: list) -> None:

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
 from support import REPO
+from support.eval_bundle import make_bundle
 from support.golden import GOLDEN
 from test_window_sequences import loop, start_with_base, windows  # noqa: F401
 
 from desktop.engine.runs.bits_per_byte import bpb_sweep
 from desktop.engine.runs.checked_answers import answer_sweep, bundled_problems
+from desktop.engine.runs.core_bundle import core_scores, core_sweep, read_examples, read_tasks
 from desktop.engine.runs.grading import accuracy, what_flipped
 from desktop.engine.runs.multiple_choice import mc_sweep, read_questions
 from desktop.engine.runs.report import cell
 from desktop.engine.runs.timeline import timeline_of
+from desktop.ui.run_view import CORE_LITE
 
 pytestmark = pytest.mark.gui
 WAIT = 60000
@@ -296,3 +300,63 @@ def test_an_experiment_run_shows_its_logged_curves_opens_a_step_and_races_three(
     assert win.tabs.currentWidget() is win.compare_view
     wanted = [(p.path, p.step) for p in view.timeline.points]
     qtbot.waitUntil(lambda: [p.loaded_key for p in compare.panes[:3]] == wanted, timeout=WAIT)
+
+
+def test_core_on_the_base_dirs_eval_bundle_fills_the_table_and_a_curve_and_is_kept(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+):
+    """Evaluate › CORE: nanochat's eval_bundle (in its layout) under $NANOCHAT_BASE_DIR, scored
+    on two marked demo steps as the engine scores it directly; asked again, read back."""
+    base = tmp_path / "base"
+    shutil.copytree(DEMO.parent.parent, base)  # the demo's base dir, with an eval_bundle beside it
+    bundle = make_bundle(base)
+    win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
+    run = base / "chatsft_checkpoints" / "demo"
+    view = show_run(qtbot, win, run)
+    points = view.timeline.points[:2]
+    for point in points:
+        view.click_point(point, Qt.KeyboardModifier.ShiftModifier)
+    tasks, _ = read_tasks(bundle)
+    lite = CORE_LITE
+    answers = [a for task in tasks for a in core_sweep(points, task, read_examples(task, lite)[0])]
+    want = core_scores(answers, tasks)
+    assert len(want) == 2
+
+    with qtbot.waitSignal(win.core_sweep.finished, timeout=WAIT) as ended:
+        core_action(view).trigger()
+    assert ended.args == [""]
+    title = f"CORE (lite {lite})"
+    assert view.evals.scores[title] == pytest.approx(want)
+    table = view.evals.table
+    assert title in [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())]
+    xs, ys = zip(*view.timeline.line(title), strict=True)
+    assert list(xs) == [float(p.x) for p in points]
+    assert list(ys) == pytest.approx([want[(p.stage, p.step)] for p in points])
+
+    with qtbot.waitSignal(win.core_sweep.finished, timeout=WAIT):
+        core_action(view).trigger()
+    assert f"{len(points)} of {len(points)} steps read from kept results" in view.status.text()
+    assert view.evals.scores[title] == pytest.approx(want)
+
+
+def test_core_without_an_eval_bundle_says_where_it_looked(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+):
+    win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
+    view = show_run(qtbot, win, DEMO)
+    with qtbot.waitSignal(win.core_sweep.finished, timeout=WAIT) as ended:
+        core_action(view).trigger()
+    assert "no eval_bundle (core.yaml)" in ended.args[0] and "eval_bundle" in view.status.text()
+    assert view.eval_btn.text() == "Evaluate"
+
+
+def core_action(view):
+    return next(a for a in view.eval_menu.actions() if a.text().startswith("CORE, lite"))

@@ -34,7 +34,7 @@ import io
 import math
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,16 @@ def bundle_of(base_dir: Path | None) -> Path | None:
         return None
     bundle = Path(base_dir) / BUNDLE_DIR
     return bundle if (bundle / "core.yaml").is_file() else None
+
+
+def find_bundle(folder: Path | None, base_dir: Path | None) -> Path:
+    """The eval_bundle to read: ``folder``, else the nanochat base dir's; one line when there
+    is none."""
+    bundle = folder or bundle_of(base_dir)
+    if bundle is None or not (bundle / "core.yaml").is_file():
+        where = bundle or Path(base_dir or "$NANOCHAT_BASE_DIR") / BUNDLE_DIR
+        raise NanoscopeError(f"{where}: no eval_bundle (core.yaml); nanochat's base_eval downloads it")
+    return bundle
 
 
 def read_tasks(bundle: Path) -> tuple[list[CoreTask], list[str]]:
@@ -356,3 +366,17 @@ def core_metric(accuracies: Mapping[str, float], tasks: Sequence[CoreTask]) -> f
     if not values or any(v is None for v in values):
         return None
     return sum(v for v in values if v is not None) / len(values)
+
+
+def core_scores(answers: Iterable[CoreAnswer], tasks: Sequence[CoreTask]) -> dict[tuple[str, int], float]:
+    """CORE per (stage, step), for the steps whose answers cover every one of ``tasks``."""
+    right: dict[tuple[str, int], dict[str, list[bool]]] = {}
+    for a in answers:
+        right.setdefault((a.stage, a.step), {}).setdefault(a.task, []).append(a.correct)
+    out = {}
+    for at, by_task in right.items():
+        shares = {label: sum(marks) / len(marks) for label, marks in by_task.items() if marks}
+        metric = core_metric(shares, tasks)
+        if metric is not None:
+            out[at] = metric
+    return out
