@@ -1,0 +1,227 @@
+"""Speculative decoding (issue #22): decode speed with a draft against exact-mode plain decoding,
+each ratio from the same run, the acceptance of every pair, the fallback's overhead when the
+draft is never right, and the peak memory. Writes the section ``speculative`` of
+docs/PERFORMANCE.md, naming the CPU.
+
+Pairs:
+
+* the int8 self-draft of random-weight d12 and d20 models (nanochat's current architecture,
+  vocabulary 32768), target in exact fp32;
+* the demo's four steps (one trained run): steps 300, 1000 and 1700 drafting for step 2400, and
+  step 2400's own int8 copy;
+* d12 with another random d12's int8 copy as the draft: acceptance about 0, the adaptive length
+  must fall back to plain decoding by itself.
+
+    python benchmarks/bench_speculative.py [--tokens 64] [--depths 12,20] [--out docs/PERFORMANCE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
+from make_checkpoint import write_e7  # noqa: E402
+from perf_report import write_section  # noqa: E402
+
+from desktop.engine.backend import GenerationStats, LoadOptions  # noqa: E402
+from desktop.engine.bench import IdsOnlyTokenizer, current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
+from desktop.engine.decode.drafts import DraftSpec  # noqa: E402
+from desktop.engine.decode.generation import stream_reply  # noqa: E402
+from desktop.engine.decode.kvcache import KVCache  # noqa: E402
+from desktop.engine.decode.speculative import Draft, ready_draft, stream_speculative  # noqa: E402
+from desktop.engine.kernels.tuning import machine_id  # noqa: E402
+from desktop.engine.messages import Message  # noqa: E402
+from desktop.engine.nanochat.drafts import make_draft  # noqa: E402
+from desktop.engine.nanochat.loader import LoadedModel, load_model  # noqa: E402
+from desktop.engine.params import CHAT_DEFAULTS, SamplingParams  # noqa: E402
+from desktop.engine.registry import open_backend  # noqa: E402
+
+DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
+VOCAB = 32768
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = CHAT_DEFAULTS  # T 0.8, top-k 50: what Chat starts with
+DEMO_PROMPTS = ("What is 12 times 7?", "How many r are in strawberry?", "Tell me about yourself.")
+
+
+@dataclass
+class Run:
+    tok_s: float
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    passes: int = 0  # target passes: rounds, each ending on a token the target sampled itself
+    kv: int = 0  # bytes of both caches at the end
+
+
+def _cache(model) -> KVCache:
+    return KVCache(model.config, 1, 64, model.device, model.compute_dtype)
+
+
+def plain(model, tok, prompt, params) -> Run:
+    started = time.perf_counter()
+    n = sum(1 for e in stream_reply(model, tok, prompt, params, cache=_cache(model)) if e.id >= 0)
+    return Run(n / (time.perf_counter() - started), tokens=n, passes=n)
+
+
+def speculative(model, tok, prompt, params, draft: Draft, k: int = 0) -> Run:
+    """As a backend streams with ``StreamOptions.draft``: plainly where no draft length pays."""
+    if not draft.pays(k):
+        return plain(model, tok, prompt, params)
+    stats = GenerationStats()
+    draft.cache = None
+    cache = _cache(model)
+    limit = model.config.rope_len
+    started = time.perf_counter()
+    events = stream_speculative(
+        model, tok, prompt, params, draft, cache=cache, limit=limit, stats=stats, draft_k=k
+    )
+    marks = [e.draft for e in events if e.id >= 0]
+    tok_s = len(marks) / (time.perf_counter() - started)
+    passes = sum(mark != "accepted" for mark in marks)
+    kv = cache.nbytes() + draft.cache.nbytes()
+    return Run(tok_s, stats.drafted, stats.accepted, len(marks), passes, kv)
+
+
+def compare(model, tok, prompts, params, draft: Draft, k: int = 0) -> dict:
+    """Plain and speculative replies to each prompt, alternated (after one of each untimed, for
+    first-call costs); speeds are medians."""
+    plain(model, tok, prompts[0], params)
+    speculative(model, tok, prompts[0], params, draft, k)
+    base, spec = [], []
+    for prompt in prompts:
+        base.append(plain(model, tok, prompt, params))
+        spec.append(speculative(model, tok, prompt, params, draft, k))
+    drafted, accepted = sum(r.drafted for r in spec), sum(r.accepted for r in spec)
+    return {
+        "plain": statistics.median(r.tok_s for r in base),
+        "spec": statistics.median(r.tok_s for r in spec),
+        "acceptance": accepted / drafted if drafted else None,
+        "per_pass": sum(r.tokens for r in spec) / max(1, sum(r.passes for r in spec)),
+        "drafted": drafted,
+        "tokens": sum(r.tokens for r in spec),
+    }
+
+
+def self_draft(loaded: LoadedModel, precision: str = "int8") -> Draft:
+    return make_draft(
+        loaded, IdsOnlyTokenizer(), DraftSpec(precision, precision), lambda *_: IdsOnlyTokenizer()
+    )
+
+
+def random_pair(tmp: Path, depth: int, tokens: int, rows: list, memory: list) -> None:
+    ckpt = write_e7(tmp / f"d{depth}", depth, vocab=VOCAB)
+    loaded = load_model(ckpt, dtype="float32")
+    tok = IdsOnlyTokenizer(VOCAB)
+    before = current_rss_bytes()
+    draft = self_draft(loaded)
+    own = current_rss_bytes() - before  # what the draft added: its packed matrices
+    prompts = [list(range(100 + 64 * i, 164 + 64 * i)) for i in range(2)]
+    for label, params in (("greedy", GREEDY), ("T 0.8, top-k 50", SAMPLED)):
+        row = compare(loaded.model, tok, prompts, params.with_values(max_tokens=tokens), draft)
+        rows.append((f"d{depth} random, int8 self-draft", label, draft, row))
+    reset_peak_rss()
+    run = speculative(loaded.model, tok, prompts[0], GREEDY.with_values(max_tokens=tokens), draft)
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    memory.append((f"d{depth}", peak_rss_bytes(), weights, own, run.kv))
+    if depth == 12:
+        # Another random d12 in int8: its proposals are about never right.
+        stranger = load_model(write_e7(tmp / "stranger", depth, seed=1, vocab=VOCAB), dtype="int8").model
+        limit = stranger.config.rope_len
+        wrong = ready_draft(
+            stranger,
+            "stranger",
+            limit,
+            lambda _n: _cache(stranger),
+            loaded.model,
+            lambda _n: _cache(loaded.model),
+        )
+        row = compare(loaded.model, tok, prompts, GREEDY.with_values(max_tokens=tokens), wrong)
+        rows.append(("d12 random, another d12's int8 copy", "greedy", wrong, row))
+
+
+def demo_pairs(tokens: int, rows: list) -> None:
+    backend = open_backend(DEMO, LoadOptions(dtype="float32"))
+    prompts = [list(backend.render([Message.of_text("user", q)], tokens).ids or ()) for q in DEMO_PROMPTS]
+    model, tok = backend.model, backend.tok
+    drafts = [(f"step {s} drafting for 2400", backend.draft(f"{DEMO}@{s}")) for s in (300, 1000, 1700)]
+    drafts.append(("step 2400's int8 copy", backend.draft("int8")))
+    for name, draft in drafts:
+        for label, params in (("greedy", GREEDY), ("T 0.8, top-k 50", SAMPLED)):
+            run = params.with_values(max_tokens=tokens)
+            rows.append((f"demo {name}, k=4", label, draft, compare(model, tok, prompts, run, draft, k=4)))
+        adaptive = compare(model, tok, prompts, GREEDY.with_values(max_tokens=tokens), draft)
+        rows.append((f"demo {name}, adaptive", "greedy", draft, adaptive))
+    backend.close()
+
+
+def report(rows: list, memory: list, tokens: int, seconds: float) -> str:
+    lines = [
+        f"Machine: {machine_id()}, {torch.get_num_threads()} threads. Target in exact fp32; "
+        f"replies of up to {tokens} tokens, two or three prompts each, plain and speculative alternated; "
+        "speeds are tokens per second of the whole reply, prompt included (median), each ratio from "
+        "the same run. *Acceptance*: drafted tokens "
+        "kept; *tokens/pass*: tokens streamed per target pass (1.0 is plain decoding). *cost* and "
+        "*verify*: the draft's measured step and each extra verified row, as shares of a target step. "
+        f"The whole run took {seconds:.0f} s.",
+        "",
+        "| pair | sampling | cost, verify | acceptance | tokens/pass | plain tok/s | speculative tok/s "
+        "| ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for pair, label, draft, r in rows:
+        acc = (
+            f"{100 * r['acceptance']:.0f}% of {r['drafted']}"
+            if r["acceptance"] is not None
+            else "none drafted"
+        )
+        lines.append(
+            f"| {pair} | {label} | {draft.cost:.2f}, {draft.verify_cost:.2f} | {acc} | {r['per_pass']:.2f} "
+            f"| {r['plain']:.1f} | {r['spec']:.1f} | {r['spec'] / r['plain']:.2f}x |"
+        )
+    lines += [
+        "",
+        "Peak memory while a speculative reply decodes (the process's, Python and torch included), "
+        "against the issue's bound: target + draft + both KV caches + 300 MB.",
+        "",
+        "| model | peak RSS | target weights | draft's own (packed) | both caches | under the bound by |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, peak, weights, packed, kv in memory:
+        budget = weights + packed + kv + (300 << 20)
+        lines.append(
+            f"| {name} | {peak / 2**20:.0f} MB | {weights / 2**20:.0f} MB | {packed / 2**20:.0f} MB "
+            f"| {kv / 2**20:.0f} MB | {(budget - peak) / 2**20:+.0f} MB |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--depths", default="12,20")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "PERFORMANCE.md")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows: list = []
+    memory: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for depth in map(int, args.depths.split(",")):
+            random_pair(Path(tmp), depth, args.tokens, rows, memory)
+    demo_pairs(args.tokens, rows)
+    body = report(rows, memory, args.tokens, time.perf_counter() - started)
+    print(body)
+    write_section(args.out, "speculative", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
