@@ -28,6 +28,14 @@ StepKey = tuple[str, int]  # (stage, step)
 MAX_SHOWN = 500  # flips listed; a count says how many more
 
 
+def shown_score(task: str, value: float) -> str:
+    """A score as the table shows it: bits per byte and CORE as numbers (CORE as nanochat prints
+    it), the shares of questions answered right as percentages."""
+    if task.startswith(("bits per byte", "CORE")):
+        return f"{value:.4f}"
+    return f"{value:.1%}"
+
+
 class EvalResults(QWidget):
     """Signals: compare_question([(folder, step), (folder, step)], text) when a flip is clicked."""
 
@@ -80,7 +88,7 @@ class EvalResults(QWidget):
         for r, key in enumerate(steps):
             for c, name in enumerate(tasks):
                 value = self.scores[name].get(key)
-                self.table.setItem(r, c, QTableWidgetItem("" if value is None else f"{value:.1%}"))
+                self.table.setItem(r, c, QTableWidgetItem("" if value is None else shown_score(name, value)))
 
     def set_flips(self, earlier: StepKey, later: StepKey, lost: list[int], gained: list[int]) -> None:
         """The questions that changed between two steps, each a click away from Compare."""

@@ -237,6 +237,8 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     }
     bits = f"bits per byte: {text.name}"
     assert view.evals.scores[bits] == pytest.approx(measured)
+    column = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())].index(bits)
+    assert [table.item(r, column).text() for r in range(2)] == [f"{measured[k]:.4f}" for k in keys]
     assert [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())] == [task, bits]
     xs, ys = zip(*view.timeline.line(bits), strict=True)
     assert list(xs) == [float(p.x) for p in points]
@@ -332,7 +334,12 @@ def test_core_on_the_base_dirs_eval_bundle_fills_the_table_and_a_curve_and_is_ke
     title = f"CORE (lite {lite})"
     assert view.evals.scores[title] == pytest.approx(want)
     table = view.evals.table
-    assert title in [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())]
+    headers = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())]
+    column = headers.index(title)
+    # CORE reads as nanochat prints it: a number, not a share.
+    assert [table.item(r, column).text() for r in range(2)] == [
+        f"{want[(p.stage, p.step)]:.4f}" for p in points
+    ]
     xs, ys = zip(*view.timeline.line(title), strict=True)
     assert list(xs) == [float(p.x) for p in points]
     assert list(ys) == pytest.approx([want[(p.stage, p.step)] for p in points])
