@@ -60,6 +60,11 @@ SMOOTHING = 0.3
 PROBE_K = 2
 PROBE_FIRST = 16
 MAX_PROBES = 3
+# A draft that has proposed this many tokens in a reply and had fewer than GIVE_UP_RATE of them
+# kept is unrelated to the target: it is not probed again (a probe costs the draft's catching up
+# on every token decoded meanwhile).
+GIVE_UP_AFTER = 8
+GIVE_UP_RATE = 0.1
 # Timing a draft: the rows of the timed verifying pass, and how many times each is timed.
 TIMED_ROWS = 5
 TIMINGS = 3
@@ -102,17 +107,21 @@ class Draft:
 
 
 def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int) -> float:
-    """The median time of ``model``'s pass over ``rows`` new rows after a short context (the first
-    pass is not timed: one-row products choose their routes on it)."""
+    """The median time of ``model``'s pass over ``rows`` new rows after a short context, each row's
+    distribution and a draw from it included (what a step costs besides the model: on a tiny model
+    that is a fair share). The first pass is not timed: one-row products choose their routes on it."""
     context = 16
     cache = make_cache(context + rows)
     ids = torch.zeros(1, context + rows, dtype=torch.long, device=model.device)
     model(ids[:, :context], cache, last_only=True)
+    plain = SamplingParams()
+    rng = torch.Generator(device=model.device)
     times = []
     for _ in range(TIMINGS + 1):
         start = time.perf_counter()
         with few_rows():
-            model(ids[:, :rows], cache, last_only=rows == 1)
+            logits = model(ids[:, :rows], cache, last_only=rows == 1)[0, -rows:]
+        torch.multinomial(next_token_probs(logits.float(), plain), 1, generator=rng)
         times.append(time.perf_counter() - start)
         cache.truncate(context)
     return sorted(times[1:])[TIMINGS // 2] * 1000
@@ -197,6 +206,7 @@ class DraftLength:
         self.wait = 0  # plain tokens left before the next probe
         self.probes = 0
         self.probing = False
+        self.drafted = self.accepted = 0  # in this reply
         # Where even a draft that is always right cannot pay, never draft.
         self.hopeless = self.best(1.0) == 0
 
@@ -217,7 +227,8 @@ class DraftLength:
         if self.probing:
             return PROBE_K
         k = self.best(self.acceptance)
-        if k == 0 and self.probes < MAX_PROBES:
+        unrelated = self.drafted >= GIVE_UP_AFTER and self.accepted < GIVE_UP_RATE * self.drafted
+        if k == 0 and self.probes < MAX_PROBES and not unrelated:
             self.wait = PROBE_FIRST << self.probes
             self.probes += 1
             self.probing = True
@@ -226,6 +237,8 @@ class DraftLength:
         return k
 
     def record(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
         rate = accepted / drafted
         if self.probing:
             self.acceptance, self.probing = rate, False

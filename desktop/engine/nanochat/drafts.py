@@ -22,6 +22,7 @@ from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import Tokenizer
 from desktop.engine.decode.speculative import Draft, ready_draft
 from desktop.engine.kernels.device import pick_precision
+from desktop.engine.kernels.memory import release_freed_memory
 from desktop.engine.kernels.tuning import tuner_for
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.nanochat.model import GPT
@@ -78,5 +79,6 @@ def make_draft(
         check_same_tokenizer(find_tokenizer(other.directory, cfg.vocab_size, cfg.is_fork), tok)
         model = other.model
         name = f"{other.directory.name} · step {other.step:,}"
+    release_freed_memory()  # conversions and tuning buffers, freed, go back to the OS
     target = loaded.model
     return ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
