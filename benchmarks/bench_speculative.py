@@ -5,8 +5,8 @@ docs/PERFORMANCE.md, naming the CPU.
 
 Pairs:
 
-* the int8 self-draft of random-weight d12 and d20 models (nanochat's current architecture,
-  vocabulary 32768), target in exact fp32;
+* the int8 self-draft, and ``auto`` (the cheaper of int8 and fp16 as timed), of random-weight d12
+  and d20 models (nanochat's current architecture, vocabulary 32768), target in exact fp32;
 * the demo's four steps (one trained run): steps 300, 1000 and 1700 drafting for step 2400, and
   step 2400's own int8 copy;
 * d12 with another random d12's int8 copy as the draft: acceptance about 0, the adaptive length
@@ -135,6 +135,10 @@ def random_pair(tmp: Path, depth: int, tokens: int, rows: list, memory: list) ->
     for label, params in (("greedy", GREEDY), ("T 0.8, top-k 50", SAMPLED)):
         row = compare(loaded.model, tok, prompts, params.with_values(max_tokens=tokens), draft)
         rows.append((f"d{depth} random, int8 self-draft", label, costs(draft), row))
+    auto = self_draft(loaded, "auto")  # the cheaper of the int8 and fp16 copies, as timed here
+    row = compare(loaded.model, tok, prompts, GREEDY.with_values(max_tokens=tokens), auto)
+    rows.append((f"d{depth} random, auto self-draft: {auto.name}", "greedy", costs(auto), row))
+    del auto
     release_freed_memory()
     reset_peak_rss()
     run = speculative(loaded.model, tok, prompts[0], GREEDY.with_values(max_tokens=tokens), draft)

@@ -159,6 +159,22 @@ def ready_draft(
     return draft
 
 
+def cheapest(makers: Sequence[Callable[[], Draft]]) -> Draft:
+    """The draft of least measured cost among those ``makers`` build, one after the other (the
+    others are dropped as soon as one costs less). Which reduced precision is fastest depends on
+    the CPU: on a 2-core AMD EPYC (AVX2) a depth-20 model's int8 step takes 0.86 of its exact fp32
+    step and its fp16 step 0.66; on CPUs with int8 dot-product instructions int8 may win."""
+    best: Draft | None = None
+    for make in makers:
+        draft = make()
+        if best is None or draft.cost < best.cost:
+            best = draft
+        del draft
+        release_freed_memory()
+    assert best is not None
+    return best
+
+
 class DraftSlot:
     """The draft a backend was last asked for, kept loaded (with its cache) until another is named."""
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer
 from desktop.engine.decode.generation import begin_reply, stream_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
-from desktop.engine.decode.speculative import Draft, DraftSlot, ready_draft, stream_speculative
+from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_speculative
 from desktop.engine.errors import CheckpointError, ContextError, DeviceError, TokenizerError
 from desktop.engine.hf.config import HFConfig, parse_config, token_ids
 from desktop.engine.hf.files import (
@@ -282,18 +283,20 @@ class HFBackend:
 
     def _make_draft(self, spec: DraftSpec) -> Draft:
         if spec.is_self:
-            kind = _self_kernels(self.model.device, spec.precision)
-            model, name = self.model.with_kernels(kind), f"self ({kind})"
-        else:
-            assert spec.checkpoint is not None
-            if spec.step is not None:
-                raise CheckpointError(f"{spec.checkpoint}: a Hugging Face folder has no steps")
-            opts = replace(
-                self.load_options, device=str(self.model.device), dtype=spec.precision, tokenizer=None
-            )
-            other = HFBackend.open(spec.checkpoint, opts)
-            check_same_tokenizer(other.tok, self.tok)
-            model, name = other.model, other.info().name
+            kinds = _self_kernels(self.model.device, spec.precision)
+            return cheapest([partial(self._self_draft, kind) for kind in kinds])
+        assert spec.checkpoint is not None
+        if spec.step is not None:
+            raise CheckpointError(f"{spec.checkpoint}: a Hugging Face folder has no steps")
+        opts = replace(self.load_options, device=str(self.model.device), dtype=spec.precision, tokenizer=None)
+        other = HFBackend.open(spec.checkpoint, opts)
+        check_same_tokenizer(other.tok, self.tok)
+        return self._ready(other.model, other.info().name)
+
+    def _self_draft(self, kind: str) -> Draft:
+        return self._ready(self.model.with_kernels(kind), f"self ({kind})")
+
+    def _ready(self, model: HFCausalLM, name: str) -> Draft:
         config = model.config
 
         def new_cache(capacity: int) -> KVCache:
@@ -327,14 +330,15 @@ class HFBackend:
             torch.cuda.empty_cache()
 
 
-def _self_kernels(device: torch.device, precision: str) -> str:
-    """The kernels of a self-draft at ``precision``: int8 or fp16 weights, which only a CPU has."""
+def _self_kernels(device: torch.device, precision: str) -> tuple[str, ...]:
+    """The kernels a self-draft at ``precision`` may take: int8 or fp16 weights, which only a CPU
+    has (``auto``: whichever of the two is timed cheaper)."""
     if device.type != "cpu":
         raise DeviceError(
             f"a self-draft needs the CPU's int8 or fp16 kernels; on {device.type.upper()} name another "
             "checkpoint as the draft"
         )
-    kinds = {"auto": "int8", "int8": "int8", "float16": "fp16", "fast": "fp16"}
+    kinds = {"auto": ("int8", "fp16"), "int8": ("int8",), "float16": ("fp16",), "fast": ("fp16",)}
     if precision not in kinds:
         raise DeviceError(f"a self-draft of a Hugging Face model is int8 or fp16, not {precision}")
     return kinds[precision]

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from desktop.engine.chat_template import message_dicts
 from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.scoring import score_reply, token_label
-from desktop.engine.decode.speculative import Draft, DraftSlot, ready_draft, stream_speculative
+from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_speculative
 from desktop.engine.errors import (
     ContextError,
     DeviceError,
@@ -380,20 +381,23 @@ class KempnerForgeBackend:
     def _make_draft(self, spec: DraftSpec) -> Draft:
         device = self.model.device
         if spec.is_self:
-            kinds = {"auto": "int8", "int8": "int8", "float16": "fp16", "fast": "fp16"}
+            kinds = {"auto": ("int8", "fp16"), "int8": ("int8",), "float16": ("fp16",), "fast": ("fp16",)}
             if device.type != "cpu" or spec.precision not in kinds:
                 raise DeviceError("a self-draft of a KempnerForge model is int8 or fp16, on a CPU")
-            model = self.model.with_kernels(kinds[spec.precision])
-            name = f"self ({kinds[spec.precision]})"
-        else:
-            assert spec.checkpoint is not None
-            opts = replace(
-                self.load_options, step=spec.step, device=str(device), dtype=spec.precision, config=None
-            )
-            other = KempnerForgeBackend.open(spec.checkpoint, opts)
-            check_same_tokenizer(other.tok, self.tok)
-            model, name = other.model, other.info().name
-        cfg = model.config
+            return cheapest([partial(self._self_draft, kind) for kind in kinds[spec.precision]])
+        assert spec.checkpoint is not None
+        opts = replace(
+            self.load_options, step=spec.step, device=str(device), dtype=spec.precision, config=None
+        )
+        other = KempnerForgeBackend.open(spec.checkpoint, opts)
+        check_same_tokenizer(other.tok, self.tok)
+        return self._ready(other.model, other.info().name)
+
+    def _self_draft(self, kind: str) -> Draft:
+        return self._ready(self.model.with_kernels(kind), f"self ({kind})")
+
+    def _ready(self, model: KFTransformer, name: str) -> Draft:
+        cfg, device = model.config, self.model.device
 
         def new_cache(capacity: int) -> KFCache:
             return KFCache(cfg, capacity, model.device, model.compute_dtype)

@@ -13,6 +13,7 @@ tokenizer gives ids the same meaning as the target's, compared by content.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from desktop.engine.decode.drafts import AUTO, DraftSpec, check_same_tokenizer
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import Tokenizer
-from desktop.engine.decode.speculative import Draft, ready_draft
+from desktop.engine.decode.speculative import Draft, cheapest, ready_draft
 from desktop.engine.kernels.device import pick_precision
 from desktop.engine.kernels.memory import release_freed_memory
 from desktop.engine.kernels.tuning import tuner_for
@@ -31,11 +32,12 @@ from desktop.engine.nanochat.model import GPT
 FindTokenizer = Callable[[Path, int, bool], Tokenizer]
 
 
-def self_precision(device: torch.device, name: str) -> str:
-    """``auto`` made concrete: int8 on a CPU, the fast 16-bit form elsewhere."""
+def self_precisions(device: torch.device, name: str) -> tuple[str, ...]:
+    """The precisions a self-draft named ``name`` may take: ``auto`` is the cheaper of int8 and
+    fp16 on a CPU (timed), the fast 16-bit form elsewhere."""
     if name != AUTO:
-        return name
-    return "int8" if device.type == "cpu" else "fast"
+        return (name,)
+    return ("int8", "fast") if device.type == "cpu" else ("fast",)
 
 
 def _shared(loaded: LoadedModel, precision: str, kernel_cache: Path | None) -> GPT | None:
@@ -54,6 +56,18 @@ def _cache_of(model: GPT) -> Callable[[int], KVCache]:
     return lambda capacity: KVCache(model.config, 1, capacity, model.device, model.compute_dtype)
 
 
+def _self_draft(loaded: LoadedModel, precision: str, kernel_cache: Path | None) -> Draft:
+    model = _shared(loaded, precision, kernel_cache)
+    if model is None:
+        model = load_model(
+            loaded.directory, loaded.step, str(loaded.device), precision, kernel_cache=kernel_cache
+        ).model
+    release_freed_memory()  # conversions and tuning buffers, freed, go back to the OS
+    target = loaded.model
+    name = f"self ({precision})"
+    return ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
+
+
 def make_draft(
     loaded: LoadedModel,
     tok: Tokenizer,
@@ -63,22 +77,17 @@ def make_draft(
 ) -> Draft:
     """The draft ``spec`` names for the target ``loaded`` (whose tokenizer is ``tok``)."""
     if spec.is_self:
-        precision = self_precision(loaded.device, spec.precision)
-        model = _shared(loaded, precision, kernel_cache)
-        if model is None:
-            model = load_model(
-                loaded.directory, loaded.step, str(loaded.device), precision, kernel_cache=kernel_cache
-            ).model
-        name = f"self ({precision})"
-    else:
-        assert spec.checkpoint is not None
-        other = load_model(
-            spec.checkpoint, spec.step, str(loaded.device), spec.precision, kernel_cache=kernel_cache
-        )
-        cfg = other.config
-        check_same_tokenizer(find_tokenizer(other.directory, cfg.vocab_size, cfg.is_fork), tok)
-        model = other.model
-        name = f"{other.directory.name} · step {other.step:,}"
-    release_freed_memory()  # conversions and tuning buffers, freed, go back to the OS
-    target = loaded.model
+        makers = [
+            partial(_self_draft, loaded, precision, kernel_cache)
+            for precision in self_precisions(loaded.device, spec.precision)
+        ]
+        return cheapest(makers)
+    assert spec.checkpoint is not None
+    other = load_model(
+        spec.checkpoint, spec.step, str(loaded.device), spec.precision, kernel_cache=kernel_cache
+    )
+    cfg = other.config
+    check_same_tokenizer(find_tokenizer(other.directory, cfg.vocab_size, cfg.is_fork), tok)
+    model, target = other.model, loaded.model
+    name = f"{other.directory.name} · step {other.step:,}"
     return ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
