@@ -69,9 +69,10 @@ def _cache(model) -> KVCache:
 
 
 def plain(model, tok, prompt, params) -> Run:
+    cache = _cache(model)
     started = time.perf_counter()
-    n = sum(1 for e in stream_reply(model, tok, prompt, params, cache=_cache(model)) if e.id >= 0)
-    return Run(n / (time.perf_counter() - started), tokens=n, passes=n)
+    n = sum(1 for e in stream_reply(model, tok, prompt, params, cache=cache) if e.id >= 0)
+    return Run(n / (time.perf_counter() - started), tokens=n, passes=n, kv=cache.nbytes())
 
 
 def speculative(model, tok, prompt, params, draft: Draft, k: int = 0) -> Run:
