@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from desktop.engine.backend import GenerationStats
+from desktop.engine.backend import GenerationStats, StreamOptions
 from desktop.engine.calculator import calculate
 from desktop.engine.decode.drafts import DraftSpec, parse_draft
-from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row
+from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row, stream_reply
 from desktop.engine.decode.protocols import DecodingModel, Tokenizer
 from desktop.engine.decode.sampling import GreedyFallback, next_token_probs
 from desktop.engine.decode.scoring import token_label
@@ -290,6 +290,58 @@ class _Decided:
     logits: torch.Tensor
     forced: bool = False
     given: bool = False
+
+
+def stream_decoded(
+    model: DecodingModel,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    options: StreamOptions,
+    draft: Draft | None,
+    *,
+    cache: Any,
+    limit: int,
+    cancel: threading.Event | None,
+    stats: GenerationStats | None,
+    said: int,
+    given: Sequence[int],
+) -> Iterator[TokenEvent]:
+    """A family's reply, decoded as ``options`` ask: speculatively when a ``draft`` was named
+    and drafting can pay, else the plain loop (generation.py). The one place the two meet."""
+    if draft is not None and draft.pays(options.draft_k):
+        if not options.reuse_cache:
+            draft.cache = None  # the target starts from nothing: so does its draft
+        yield from stream_speculative(
+            model,
+            tok,
+            prompt,
+            params,
+            draft,
+            cache=cache,
+            limit=limit,
+            cancel=cancel,
+            stats=stats,
+            logprobs=options.logprobs,
+            threads=options.threads,
+            said=said,
+            given=given,
+            draft_k=options.draft_k,
+        )
+        return
+    yield from stream_reply(
+        model,
+        tok,
+        prompt,
+        params,
+        cache=cache,
+        cancel=cancel,
+        stats=stats,
+        logprobs=options.logprobs,
+        threads=options.threads,
+        said=said,
+        given=given,
+    )
 
 
 def stream_speculative(

@@ -35,10 +35,10 @@ from desktop.engine.backend import (
 )
 from desktop.engine.chat_template import message_dicts
 from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer
-from desktop.engine.decode.generation import begin_reply, stream_reply
+from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
-from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_speculative
+from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_decoded
 from desktop.engine.errors import CheckpointError, ContextError, DeviceError, TokenizerError
 from desktop.engine.hf.config import HFConfig, parse_config, token_ids
 from desktop.engine.hf.files import (
@@ -241,36 +241,17 @@ class HFBackend:
             cap = min(self.config.rope_len, room)
             self._cache = self._new_cache(cap)
         draft = self.draft(options.draft) if options.draft else None
-        if draft is not None and draft.pays(options.draft_k):
-            if not options.reuse_cache:
-                draft.cache = None
-            yield from stream_speculative(
-                self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
-                self.tok,
-                ids,
-                params,
-                draft,
-                cache=self._cache,
-                limit=self.config.rope_len,
-                cancel=cancel,
-                stats=stats,
-                logprobs=options.logprobs,
-                threads=options.threads,
-                said=said,
-                given=given,
-                draft_k=options.draft_k,
-            )
-            return
-        yield from stream_reply(
+        yield from stream_decoded(
             self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
             self.tok,
             ids,
             params,
+            options,
+            draft,
             cache=self._cache,
+            limit=self.config.rope_len,
             cancel=cancel,
             stats=stats,
-            logprobs=options.logprobs,
-            threads=options.threads,
             said=said,
             given=given,
         )

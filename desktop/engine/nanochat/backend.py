@@ -26,10 +26,10 @@ from desktop.engine.backend import (
     Prompt,
     StreamOptions,
 )
-from desktop.engine.decode.generation import begin_reply, stream_reply
+from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
-from desktop.engine.decode.speculative import Draft, DraftSlot, stream_speculative
+from desktop.engine.decode.speculative import Draft, DraftSlot, stream_decoded
 from desktop.engine.discovery import PHASES, run_tag, source_of
 from desktop.engine.errors import NanoscopeError, TokenizerError
 from desktop.engine.kernels.tuning import shown_precision
@@ -210,36 +210,17 @@ class NanochatBackend:
             cap = min(cfg.rope_len, len(ids) + len(given) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
         draft = self.draft(options.draft) if options.draft else None
-        if draft is not None and draft.pays(options.draft_k):
-            if not options.reuse_cache:
-                draft.cache = None
-            yield from stream_speculative(
-                self.model,
-                self.tok,
-                ids,
-                params,
-                draft,
-                cache=self._cache,
-                limit=self.model.config.rope_len,
-                cancel=cancel,
-                stats=stats,
-                logprobs=options.logprobs,
-                threads=options.threads,
-                said=said,
-                given=given,
-                draft_k=options.draft_k,
-            )
-            return
-        yield from stream_reply(
+        yield from stream_decoded(
             self.model,
             self.tok,
             ids,
             params,
+            options,
+            draft,
             cache=self._cache,
+            limit=self.model.config.rope_len,
             cancel=cancel,
             stats=stats,
-            logprobs=options.logprobs,
-            threads=options.threads,
             said=said,
             given=given,
         )
