@@ -53,6 +53,12 @@ from desktop.engine.params import SamplingParams
 K_MAX = 6
 # What the acceptance rate is taken to be before a reply has drafted anything.
 PRIOR_ACCEPTANCE = 0.8
+# What a drafting round costs besides its passes, as a share of one target step: the draft
+# catching up on the tokens decoded since it last ran, the rounds' bookkeeping, the caches'
+# rollbacks. Without it, rounds the costs said would gain up to 14% lost 10-20% on a 2-core
+# AMD EPYC, and at 0.25 a draft that was never right still cost 18% in probes (docs/
+# PERFORMANCE.md, speculative); at 0.35 neither drafts there.
+ROUND_COST = 0.35
 # The weight of the latest round in the running acceptance rate.
 SMOOTHING = 0.3
 # After falling back to plain decoding, the draft is tried again (PROBE_K tokens) after
@@ -228,7 +234,8 @@ class DraftLength:
 
     def best(self, acceptance: float) -> int:
         def gain(k: int) -> float:
-            return expected_tokens(acceptance, k) / (1 + k * (self.cost + self.verify_cost))
+            spent = 1 + (ROUND_COST if k else 0.0) + k * (self.cost + self.verify_cost)
+            return expected_tokens(acceptance, k) / spent
 
         return max(range(K_MAX + 1), key=gain)  # the first best: ties go to the shorter draft
 
