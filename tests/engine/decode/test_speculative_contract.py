@@ -133,7 +133,8 @@ def test_each_position_is_distributed_as_the_targets_own_samples(models, name):
     params = SETTINGS[name]
     # A fixed length for half the settings, the adaptive one for the others: both must hold.
     counts, stats = speculative_samples(models, name, 2 if name in ("temperature", "min-p", "all") else 0)
-    assert stats.accepted > 0.2 * stats.drafted and stats.accepted < stats.drafted  # kept and rejected
+    # Both paths ran many times: proposals kept, and proposals rejected (then resampled).
+    assert min(stats.accepted, stats.drafted - stats.accepted) >= 100
     for position, (seen, want) in enumerate(zip(counts, marginals(models[0], params), strict=True)):
         assert sum(seen.values()) == RUNS
         p = chi_square_p(seen, want, RUNS)
