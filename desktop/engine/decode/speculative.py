@@ -313,9 +313,12 @@ def stream_decoded(
     stats: GenerationStats | None,
     said: int,
     given: Sequence[int],
+    probs: ProbsFn = next_token_probs,
+    plain: Callable[[], Iterator[TokenEvent]] | None = None,
 ) -> Iterator[TokenEvent]:
     """A family's reply, decoded as ``options`` ask: speculatively when a ``draft`` was named
-    and drafting can pay, else the plain loop (generation.py). The one place the two meet."""
+    and drafting can pay, else the plain loop (generation.py, or the family's own ``plain``
+    one). ``probs``: the family's sampling distribution. The one place the two meet."""
     if draft is not None and draft.pays(options.draft_k):
         if not options.reuse_cache:
             draft.cache = None  # the target starts from nothing: so does its draft
@@ -334,7 +337,11 @@ def stream_decoded(
             said=said,
             given=given,
             draft_k=options.draft_k,
+            probs=probs,
         )
+        return
+    if plain is not None:
+        yield from plain()
         return
     yield from stream_reply(
         model,

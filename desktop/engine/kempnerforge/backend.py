@@ -40,7 +40,7 @@ from desktop.engine.chat_template import message_dicts
 from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.scoring import score_reply, token_label
-from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_speculative
+from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_decoded
 from desktop.engine.errors import (
     ContextError,
     DeviceError,
@@ -345,32 +345,40 @@ class KempnerForgeBackend:
         want = min(cfg.max_seq_len, len(ids) + len(given) + (params.max_tokens or cfg.max_seq_len))
         if not options.reuse_cache or self._cache is None:
             self._cache = KFCache(cfg, want, self.model.device, self.model.compute_dtype)
+        cache = self._cache
         draft = self.draft(options.draft) if options.draft else None
-        if draft is not None and draft.pays(options.draft_k):
-            if not options.reuse_cache:
-                draft.cache = None
-            yield from stream_speculative(
-                self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
-                self.tok,  # type: ignore[arg-type]
-                ids,
-                params,
-                draft,
-                cache=self._cache,
-                limit=cfg.max_seq_len,
-                cancel=cancel,
-                stats=stats,
-                logprobs=options.logprobs,
-                threads=options.threads,
-                said=said,
-                given=given,
-                draft_k=options.draft_k,
-                probs=next_token_probs,
-            )
-            return
-        with torch_threads(options.threads):
-            yield from stream_kf(
-                self.model, self.tok, ids, params, self._cache, cancel, stats, options.logprobs, said, given
-            )
+
+        def plain() -> Iterator[TokenEvent]:  # KempnerForge's own sampler and loop
+            with torch_threads(options.threads):
+                yield from stream_kf(
+                    self.model,
+                    self.tok,
+                    ids,
+                    params,
+                    cache,
+                    cancel,
+                    stats,
+                    options.logprobs,
+                    said,
+                    given,
+                )
+
+        yield from stream_decoded(
+            self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
+            self.tok,  # type: ignore[arg-type]
+            ids,
+            params,
+            options,
+            draft,
+            cache=cache,
+            limit=cfg.max_seq_len,
+            cancel=cancel,
+            stats=stats,
+            said=said,
+            given=given,
+            probs=next_token_probs,
+            plain=plain,
+        )
 
     def draft(self, text: str) -> Draft:
         """The draft ``text`` names (engine/decode/drafts.py), made once and kept: the model's own
