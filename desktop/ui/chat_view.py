@@ -290,10 +290,9 @@ class ChatView(QWidget):
         """Show every message as its raw tokens (what each token read as, special ones by name)."""
         self.raw_mode = on
         for w in self.widgets:
-            if w is self.streaming:
-                w.set_raw_tokens([] if on else None)
-            else:
-                w.set_raw_tokens(self._raw_of(w.message) if on else None)
+            # A reply still streaming shows what it has so far, then grows.
+            shown = (self._raw_of(w.message) or ([] if w is self.streaming else None)) if on else None
+            w.set_raw_tokens(shown)
 
     def _raw_of(self, message: Message) -> list[TokenRecord] | None:
         trace = message.tokens

@@ -185,7 +185,7 @@ class MessageWidget(QFrame):
         self._pinned = False
         self._dark_rendered = theme.is_dark()
         self._segments: list[_Slot] = []
-        self._raw_tokens: list[TokenRecord] | None = None
+        self._raw = False  # the raw token view is offered (its tokens live in raw_view)
         self.edit_box: EditBox | None = None
         self.popup: ForkPopup | None = None
 
@@ -339,12 +339,11 @@ class MessageWidget(QFrame):
     def append_event(self, ev: TokenEvent) -> None:
         """The shown reply grew by ``ev`` (already added to ``self.message`` by its owner); the
         display catches up within RENDER_INTERVAL_MS."""
-        if self._raw_tokens is not None:
+        if self._raw:
             if ev.continues:
-                if self._raw_tokens:
-                    self._raw_tokens[-1].text += ev.text
+                self.raw_view.append_text(ev.text)
             else:
-                self._raw_tokens.append(record_of(ev))
+                self.raw_view.append_token(record_of(ev))
         if not self._timer.isActive():
             self._timer.start()
 
@@ -383,12 +382,9 @@ class MessageWidget(QFrame):
             slot.blank = segment.kind == TEXT and not segment.body.strip()
             self._update_segment(slot.widget, segment, force)
         self._drop_segments(len(segments))
-        raw_on = self._raw_tokens is not None and self.raw_btn.isChecked()
+        raw_on = self._raw and self.raw_btn.isChecked()
         if raw_on:
-            records = self._raw_tokens or []
-            if records != self.raw_view.tokens or force:
-                self.raw_view.set_tokens([replace(r) for r in records])
-            self.raw_summary.setText(raw_summary(records))
+            self.raw_summary.setText(raw_summary(self.raw_view.tokens))
         self.raw_view.setVisible(raw_on)
         self.raw_summary.setVisible(raw_on)
         for slot in self._segments:
@@ -456,7 +452,8 @@ class MessageWidget(QFrame):
     def set_raw_tokens(self, tokens: list[TokenRecord] | None) -> None:
         """Show the raw token stream (special tokens by name, probabilities where computed), or,
         with None, the rendered message again. An empty list shows tokens as they stream in."""
-        self._raw_tokens = list(tokens) if tokens is not None else None
+        self._raw = tokens is not None
+        self.raw_view.set_tokens(list(tokens or []))
         self.raw_btn.setVisible(tokens is not None)
         self.raw_btn.setChecked(tokens is not None)  # a change re-renders through _show_raw
         self.flush()
@@ -467,14 +464,14 @@ class MessageWidget(QFrame):
 
     def _open_popup(self, index: int, where: QPoint) -> None:
         """A click on token ``index``: its alternatives, each a fork."""
-        if self._raw_tokens is None or not 0 <= index < len(self._raw_tokens):
+        if not self._raw or not 0 <= index < len(self.raw_view.tokens):
             return
         refusal = ""
         if self.streaming:
             refusal = STREAMING_FORK
         if self.popup is not None:
             self.popup.close()
-        self.popup = ForkPopup(index, self._raw_tokens[index], refusal, race=True, parent=self)
+        self.popup = ForkPopup(index, self.raw_view.tokens[index], refusal, race=True, parent=self)
         self.popup.chosen.connect(
             lambda token, text, race: self.fork_requested.emit(index, token, text, race)
         )
