@@ -48,22 +48,29 @@ class Segment:
 FORK_MARK = "\ue042"
 
 
-def fork_marked(message: Message) -> Message:
-    """``message`` with :data:`FORK_MARK` where it forked (its meta's ``fork.at``, a token
-    index), for display: the reply up to the fork rebuilt from its own events says where in
-    which part that is. A reply that did not fork, or whose trace does not reach, is unchanged."""
+def fork_point(message: Message) -> tuple[int, str] | None:
+    """Where ``message`` forked (its meta's ``fork.at``, a token index), as (part index, the
+    part's text before the fork): the reply up to the fork rebuilt from its own events says so.
+    None for a reply that did not fork or whose trace does not reach. Computed once per message:
+    what comes before a fork does not change while the rest streams."""
     fork = message.meta.get("fork")
     at = fork.get("at") if isinstance(fork, dict) else None
-    if not isinstance(at, int) or not 0 < at <= len(message.tokens) or not message.parts:
-        return message
+    if not isinstance(at, int) or not 0 < at <= len(message.tokens):
+        return None
     before = Message(message.role)
     for ev in message.tokens.events(at):
         before.add_event(ev)
-    parts = [Part(p.kind, p.text) for p in message.parts]
-    index = len(before.parts) - 1
-    head = before.parts[-1].text if before.parts else ""
-    if not 0 <= index < len(parts) or not parts[index].text.startswith(head):
+    return (len(before.parts) - 1, before.parts[-1].text) if before.parts else None
+
+
+def fork_marked(message: Message, point: tuple[int, str] | None) -> Message:
+    """``message`` with :data:`FORK_MARK` at its ``point`` (:func:`fork_point`), for display."""
+    if point is None:
         return message
+    index, head = point
+    if not 0 <= index < len(message.parts) or not message.parts[index].text.startswith(head):
+        return message
+    parts = [Part(p.kind, p.text) for p in message.parts]
     parts[index].text = head + FORK_MARK + parts[index].text[len(head) :]
     return Message(message.role, parts, message.meta, message.tokens)
 

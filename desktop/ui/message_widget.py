@@ -43,6 +43,7 @@ from desktop.ui.message_blocks import (
     Segment,
     ToolCallBlock,
     fork_marked,
+    fork_point,
     group_parts,
 )
 from desktop.ui.token_view import FORK_GLYPH, TokenRecord, TokenView, record_of
@@ -188,6 +189,7 @@ class MessageWidget(QFrame):
         self._raw = False  # the raw token view is offered (its tokens live in raw_view)
         self.edit_box: EditBox | None = None
         self.popup: ForkPopup | None = None
+        self._fork_point = fork_point(message)
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 6, 0, 6)
@@ -333,6 +335,7 @@ class MessageWidget(QFrame):
     def set_message(self, message: Message) -> None:
         """Show ``message`` (same role) instead, re-rendering only the parts that differ."""
         self.message = message
+        self._fork_point = fork_point(message)
         self.flush()
         self.set_stats(message.meta.get("stats") or {})
 
@@ -370,7 +373,7 @@ class MessageWidget(QFrame):
         dark = theme.is_dark()
         force = dark != self._dark_rendered
         self._dark_rendered = dark
-        segments = group_parts(fork_marked(self.message))
+        segments = group_parts(fork_marked(self.message, self._fork_point))
         for i, segment in enumerate(segments):
             if i < len(self._segments) and self._segments[i].kind == segment.kind:
                 slot = self._segments[i]
