@@ -210,15 +210,17 @@ class CoreSweepTask(SweepTask):
             title = f"CORE (lite {lite})" if lite else "CORE"
             total = len(points) * sum(len(one.items) for one in asked)
             keeper = StoreKeeper(shared_results(), keys, cancel)
-            answers, shown = [], 0
+            answers: list[core_bundle.CoreAnswer] = []
             sweep = tasks_sweep(points, asked, options=options, cancel=cancel, keeper=keeper)
             for done, r in enumerate(sweep, start=1):
+                # Steps come one after another: a new one means the last is complete, and CORE
+                # is computed then (not after every answer: that grows with the square).
+                if answers and (r.result.stage, r.result.step) != (answers[-1].stage, answers[-1].step):
+                    self.scored.emit(title, core_bundle.core_scores(answers, tasks))
                 answers.append(r.result)
                 self.progress.emit(done, total)
-                scores = core_bundle.core_scores(answers, tasks)
-                if len(scores) > shown:
-                    shown = len(scores)
-                    self.scored.emit(title, scores)
+            if answers:
+                self.scored.emit(title, core_bundle.core_scores(answers, tasks))
             self.kept.emit(len({(stage, step) for stage, step, _ in keeper.read_back}), len(points))
 
         return self._launch("core-sweep", work)
