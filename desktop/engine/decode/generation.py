@@ -184,7 +184,9 @@ def generate_columns(
     rng.manual_seed(params.seed)
     sp = Specials.of(tok)
     cfg = model.config
-    budget = params.max_tokens if params.max_tokens is not None else cfg.sequence_len
+    # max_tokens counts the model's own tokens: the user's given ones come on top.
+    most = params.max_tokens + len(given) if params.max_tokens is not None else None
+    budget = most if most is not None else cfg.sequence_len
     if cache is None:
         cache = KVCache(cfg, 1, min(cfg.rope_len, len(prompt) + budget), device, model.compute_dtype)
     else:
@@ -206,7 +208,7 @@ def generate_columns(
             stats.greedy_fallbacks += 1
 
     while True:
-        if params.max_tokens is not None and generated >= params.max_tokens:
+        if most is not None and generated >= most:
             break
         if cancel is not None and cancel.is_set():
             break
@@ -228,9 +230,7 @@ def generate_columns(
         lp = _logprobs(logits, column, logprobs) if logprobs else None
         yield Column(column, forced, lp, gave)
         generated += 1
-        if all(r.completed for r in rows) or (
-            params.max_tokens is not None and generated >= params.max_tokens
-        ):
+        if all(r.completed for r in rows) or (most is not None and generated >= most):
             break
         ids = torch.tensor(column, dtype=torch.long, device=device).unsqueeze(1)
         logits = model(ids, cache)[:, -1, :]

@@ -430,6 +430,7 @@ class _Speculation:
         self.row = Row()
         self.length = DraftLength(draft.cost, draft.verify_cost, draft_k)
         self.generated = 0
+        self.budget: int | None = params.max_tokens
         # The target's logits for the next position when its cache holds all of ``seq``.
         self.next_logits: torch.Tensor | None = None
         self.tracker: PartTracker | None = None
@@ -438,6 +439,9 @@ class _Speculation:
         prompt = self.seq
         replay_row(self.row, prompt[len(prompt) - said :] if said else (), self.sp, self.tok, self.calculator)
         self.row.given.extend(given)
+        # max_tokens counts the model's own tokens: the user's given ones come on top.
+        if self.params.max_tokens is not None:
+            self.budget = self.params.max_tokens + len(given)
         self.tracker = PartTracker(self.tok, prompt, said)
         self.stats.prompt_tokens = len(prompt)
         if self.draft.cache is None:
@@ -582,7 +586,7 @@ class _Speculation:
         return ev
 
     def events(self, cancel: threading.Event | None) -> Iterator[TokenEvent]:
-        stats, budget = self.stats, self.params.max_tokens
+        stats, budget = self.stats, self.budget
         t0 = time.perf_counter()
         t_first = 0.0
         stats.stopped = "max_tokens"

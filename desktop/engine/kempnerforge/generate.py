@@ -145,7 +145,8 @@ def stream_kf(
     stats.prompt_tokens = len(prompt)
     stats.prefilled_tokens = reuse_prefix(cache, prompt)
     room = limit - len(prompt)
-    budget = room if params.max_tokens is None else min(params.max_tokens, room)
+    # max_tokens counts the model's own tokens: the user's given ones come on top.
+    budget = room if params.max_tokens is None else min(params.max_tokens + len(given), room)
     generator = torch.Generator(device=model.device)
     generator.manual_seed(params.seed)
     tracker = PartTracker(tok, prompt, said)
@@ -183,7 +184,7 @@ def stream_kf(
             stats.stopped = "stop_token"
             break
         if n == budget:
-            if budget == room and (params.max_tokens is None or params.max_tokens > room):
+            if budget == room and (params.max_tokens is None or params.max_tokens + len(given) > room):
                 stats.stopped = "context"
             break
         if cancel is not None and cancel.is_set():

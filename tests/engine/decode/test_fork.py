@@ -121,6 +121,21 @@ def test_typed_text_is_given_token_by_token_and_the_model_goes_on(demo) -> None:
     assert len(events) > len(given)
 
 
+@pytest.mark.parametrize("draft", ["", "int8"])
+def test_max_tokens_counts_the_models_own_tokens_not_the_users(demo, draft) -> None:
+    """Words longer than the reply's token limit are all given, and the model still says its
+    own max_tokens after them (plainly and speculatively)."""
+    prompt = ask(demo, "Say something.")
+    typed = "The answer to your question is that the sea is wide and deep"
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    options = StreamOptions(start=ReplyStart(given_text=typed), draft=draft, draft_k=2 if draft else 0)
+    events = [e for e in demo.stream(prompt, params, threading.Event(), options) if not e.continues]
+    given = [e for e in events if e.given]
+    assert [e.id for e in given] == demo.encode(typed) and len(given) > params.max_tokens
+    own = events[len(given) :]
+    assert len(own) == params.max_tokens or own[-1].special == "<|assistant_end|>"
+
+
 def test_a_fork_that_closes_a_calculator_call_gets_the_new_result(demo) -> None:
     prompt = ask(demo, "What is 12 times 7?")
     reply, _ = run(demo, prompt, SamplingParams(temperature=0.0, max_tokens=40))
