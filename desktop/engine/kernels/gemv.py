@@ -60,15 +60,18 @@ ALIGNMENT = 64
 PROBE_ROWS = 6
 
 Route = Callable[[torch.Tensor], torch.Tensor]
-# (product, thread count, candidate routes by name) -> the names, fastest first (kernel_tuning).
-Ranker = Callable[["ExactLinear", int, dict[str, Route]], list[str]]
+# (product, thread count, candidate routes by name, input rows) -> the names, fastest first
+# (kernel_tuning).
+Ranker = Callable[["ExactLinear", int, dict[str, Route], int], list[str]]
 
 # (device, dtype, shape, parts, weight alignment, route, threads, input alignment) -> the route
 # gives the plain path's bits. The summation order depends on these, not on the values.
 _verdicts: dict[tuple, bool] = {}
 
-# Within few_rows(): inputs of up to this many rows take the weight-block route, in this many blocks.
+# Within few_rows(): inputs of up to this many rows take the fastest few-row route; the routes are
+# timed (by kernel_tuning) with this many rows, a typical verifying pass.
 FEW_ROWS = 8
+FEW_ROWS_TIMED = 5
 FEW_ROWS_BLOCKS = 16
 _few_rows = threading.local()
 
@@ -76,22 +79,32 @@ _few_rows = threading.local()
 @contextmanager
 def few_rows() -> Iterator[None]:
     """Within this block (on this thread), an exact product of 2 to :data:`FEW_ROWS` input rows
-    multiplies blocks of the weight's rows by all the rows at once (one ``bmm``), so the weight
-    streams once, as for one row. torch's ``F.linear`` over a few rows runs a GEMM that may take
-    several times one row's product (MKL on a 2-core AMD EPYC, 377 MB of fp32 weights: one row
-    22 ms by split rows, two rows 57 ms by ``F.linear`` and 25 ms by blocks, five rows 67 and
-    33 ms; nine rows 73 and 48 ms, but on one thread blocks lose from nine rows on).
+    takes the fastest of :meth:`ExactLinear.few_row_routes` as timed on this machine, so that a
+    few rows cost about what one does: each streams the weight once.
 
-    The sums run in another order than ``F.linear``'s, so the bits are not the plain path's: it
-    is for speculative decoding's verification (decode/speculative.py), whose rows differ from
-    one-row steps' bits whichever way they are computed; nothing that promises nanochat's bits
-    runs in it."""
+    torch's ``F.linear`` over a few rows runs a GEMM whose packing and tiling make it compute
+    bound: on a 2-core AMD EPYC (AVX2), five rows of a d20 model's matrices take 2.6-3.6x one
+    row's time, and so does a ``bmm`` over blocks of the weight's rows. Multiplying the weight by
+    the rows' transpose (``weight @ rows.T``, a GEMM whose small operand is transposed) takes
+    1.1-1.7x there at two threads, yet loses to ``F.linear`` at four threads on the same cores;
+    so nothing is assumed.
+
+    The sums run in another order than ``F.linear``'s one-row products, so the bits are not the
+    plain path's: it is for speculative decoding's verification (decode/speculative.py), whose
+    rows differ from one-row steps' bits whichever way they are computed; nothing that promises
+    nanochat's bits runs in it."""
     before = getattr(_few_rows, "on", False)
     _few_rows.on = True
     try:
         yield
     finally:
         _few_rows.on = before
+
+
+def _transposed(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` as ``weight @ rows.T``: the rows are the GEMM's small operand."""
+    rows = x.reshape(-1, weight.shape[1])
+    return (weight @ rows.T).T.reshape(*x.shape[:-1], weight.shape[0]).contiguous()
 
 
 def _by_blocks(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -165,6 +178,7 @@ class ExactLinear:
             and self.weight_nbytes >= MIN_SPLIT_BYTES
         )
         self._routes: dict[tuple[int, int], Route] = {}  # (threads, input alignment) -> route
+        self._few_routes: dict[int, Route] = {}  # threads -> the few-row route
         self.chosen = "F.linear"  # the name of the route the last choice settled on
         self.rank: Ranker | None = None  # set by kernel_tuning: orders the routes by speed
 
@@ -181,7 +195,7 @@ class ExactLinear:
                 and x.numel() <= FEW_ROWS * self.in_features
                 and getattr(_few_rows, "on", False)
             ):
-                return _by_blocks(self.weight, x)
+                return self._few_route(torch.get_num_threads())(x)
             return self.plain(x)  # several rows (prefill): BLAS GEMM, already on every thread
         # Per call, not per model: torch's thread count is per thread, and may change between calls.
         key = (torch.get_num_threads(), alignment(x))
@@ -208,7 +222,7 @@ class ExactLinear:
         """The fastest candidate route (as measured by ``rank``) that gives the plain bits here."""
         routes = self.routes(threads)
         ranked = self.rank is not None and len(routes) > 1
-        names = self.rank(self, threads, routes) if self.rank is not None and ranked else list(routes)
+        names = self.rank(self, threads, routes, 1) if self.rank is not None and ranked else list(routes)
         # Exact by construction: F.linear is the plain path of an unfused weight, and the parts
         # are each their own ExactLinear. Every other route must prove itself.
         safe = "by parts" if self.parts else "F.linear"
@@ -216,6 +230,23 @@ class ExactLinear:
             name for name in names if name == safe or self._verdict(name, routes[name], threads, align)
         )
         return routes[self.chosen]
+
+    def few_row_routes(self) -> dict[str, Route]:
+        """The candidate routes for 2 to :data:`FEW_ROWS` rows within :func:`few_rows`, by name
+        (values as ``F.linear``'s within rounding; none gives its bits)."""
+        return {
+            "rows transposed": partial(_transposed, self.weight),
+            "blocks": partial(_by_blocks, self.weight),
+            "F.linear": self._linear,
+        }
+
+    def _few_route(self, threads: int) -> Route:
+        route = self._few_routes.get(threads)
+        if route is None:
+            routes = self.few_row_routes()
+            first = self.rank(self, threads, routes, FEW_ROWS_TIMED)[0] if self.rank else "F.linear"
+            route = self._few_routes[threads] = routes[first]
+        return route
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)

@@ -299,9 +299,12 @@ class KernelTuner:
 
     # ----- exact mode: order the routes that ExactLinear checks bit for bit ---------------------
 
-    def rank_routes(self, product: ExactLinear, threads: int, routes: dict[str, Route]) -> list[str]:
-        """``routes``' names, fastest first, timed at ``threads`` threads (the caller's count)."""
-        x = torch.randn(1, 1, product.in_features, dtype=product.weight.dtype)
+    def rank_routes(
+        self, product: ExactLinear, threads: int, routes: dict[str, Route], rows: int = 1
+    ) -> list[str]:
+        """``routes``' names, fastest first, timed at ``threads`` threads (the caller's count) on
+        ``rows`` input rows."""
+        x = torch.randn(1, rows, product.in_features, dtype=product.weight.dtype)
         calls = {name: bind(route, x) for name, route in routes.items()}
 
         def time_them(missing: list[str]) -> dict[str, float]:
@@ -309,7 +312,8 @@ class KernelTuner:
             flush = torch.empty(FLUSH_BYTES // 4).normal_() if big else None
             return best_us({name: calls[name] for name in missing}, flush)
 
-        timed = self._measure(_exact_entry(product), threads, list(routes), time_them)
+        entry = _exact_entry(product) + (f" {rows} rows" if rows > 1 else "")
+        timed = self._measure(entry, threads, list(routes), time_them)
         if not all(name in timed for name in routes):  # past the budget: the safe route first
             safe = "by parts" if "by parts" in routes else "F.linear"
             return [safe, *(name for name in routes if name != safe)]

@@ -16,7 +16,8 @@ from desktop.cli.main import EXIT_ERROR, main
 from desktop.engine.backend import LoadOptions
 from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, parse_draft
 from desktop.engine.errors import NanoscopeError, TokenizerError
-from desktop.engine.kernels.gemv import FEW_ROWS, ExactLinear, few_rows
+from desktop.engine.kernels.gemv import FEW_ROWS, few_rows
+from desktop.engine.kernels.tuning import tuner_for
 from desktop.engine.nanochat.tokenizer import load_tokenizer
 from desktop.engine.registry import open_backend
 
@@ -79,12 +80,14 @@ def test_a_self_draft_shares_the_models_tensors_and_packs_its_matrices():
 @pytest.mark.parametrize("rows", range(2, FEW_ROWS + 1))
 def test_a_few_rows_stream_the_weight_once_with_f_linears_values(rows):
     weight = torch.randn(512, 256, generator=torch.Generator().manual_seed(rows))
-    product = ExactLinear(weight)
+    product = tuner_for(None).exact(weight)  # the few-row route is the fastest timed here
     x = torch.randn(1, rows, 256, generator=torch.Generator().manual_seed(0))
     with few_rows():
-        blocks = product(x)
-    torch.testing.assert_close(blocks, F.linear(x, weight), rtol=1e-5, atol=1e-4)  # sums of 256 terms
+        fast = product(x)
+    torch.testing.assert_close(fast, F.linear(x, weight), rtol=1e-5, atol=1e-4)  # sums of 256 terms
     assert torch.equal(product(x), F.linear(x, weight))  # outside the block: the plain bits
+    for name, route in product.few_row_routes().items():  # whichever another machine times fastest
+        torch.testing.assert_close(route(x), F.linear(x, weight), rtol=1e-5, atol=1e-4, msg=name)
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
