@@ -32,6 +32,7 @@ from desktop.gui.compare.run import PaneRun
 from desktop.ui import theme, widgets
 from desktop.ui.checkpoint_picker import entry_name, human_params
 from desktop.ui.fork_popup import ForkPopup
+from desktop.ui.message_widget import SPECULATIVE_NOTE, speculative_line
 from desktop.ui.token_view import TokenView, record_of, records_of
 
 SHARED = "shared"
@@ -41,7 +42,8 @@ NONE_FOUND = "No checkpoints found: use Open folder… in the chat view"
 
 
 def format_pane_stats(stats: dict) -> str:
-    """ "31.2 tok/s · TTFT 120 ms · 64 tokens · stopped" (or the error)."""
+    """ "31.2 tok/s · TTFT 120 ms · 64 tokens · stopped" (or the error), and speculative
+    decoding's draft and how much of it was kept."""
     if stats.get("error"):
         return f"⚠ {stats['error']}"
     bits = []
@@ -54,6 +56,8 @@ def format_pane_stats(stats: dict) -> str:
     reason = {"cancelled": "stopped", "max_tokens": "max tokens", "context": "context full"}
     if stats.get("stopped") in reason:
         bits.append(reason[stats["stopped"]])
+    if stats.get("draft"):
+        bits.append(speculative_line(str(stats["draft"]), stats))
     return "  ·  ".join(bits)
 
 
@@ -413,7 +417,15 @@ class ComparePane(QFrame):
             self.view.append_token(record_of(ev))
 
     def finish(self, stats: dict) -> None:
+        self._show_stats(stats)
+
+    def _show_stats(self, stats: dict) -> None:
         self.stats.setText(format_pane_stats(stats))
+        self.stats.setToolTip(SPECULATIVE_NOTE if stats.get("draft") else "")
+
+    def set_draft_colours(self, on: bool) -> None:
+        """Colour speculative decoding's kept drafts and corrections instead of probabilities."""
+        self.view.set_drafts_shown(on)
 
     def show_run(self, run: PaneRun) -> None:
         """Redraw from a PaneRun (reopened comparison, probabilities filled in afterwards)."""
@@ -422,7 +434,7 @@ class ComparePane(QFrame):
             self.view.set_tokens(records)
         else:
             self.view.clear_tokens("The reply appears here.")
-        self.stats.setText(format_pane_stats(run.stats) if run.stats else "")
+        self._show_stats(run.stats)
 
     def set_score(self, source: str, result: dict) -> None:
         """Pane ``source``'s reply was scored under this pane's checkpoint."""

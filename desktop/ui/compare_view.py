@@ -44,6 +44,7 @@ from desktop.ui.compare_pane import ComparePane
 from desktop.ui.error_banner import ErrorBanner
 from desktop.ui.input_box import InputBox
 from desktop.ui.sampling_panel import SEED_MAX
+from desktop.ui.speculative_box import SELF_DRAFTS
 from desktop.ui.token_view import ProbabilityLegend
 
 PANE_MIN_WIDTH = 270  # two panes fit an 800 px window; more scroll sideways there
@@ -77,6 +78,7 @@ class CompareView(QWidget):
         self.entries: list = []
         self._scanned = False  # until the first scan answers, panes say they are looking
         self._system_prompt = ""
+        self.draft_colours = False  # the panes colour drafts, not probabilities
 
         self.toolbar = self._build_toolbar()
         self.memory_banner = ErrorBanner()
@@ -205,6 +207,14 @@ class CompareView(QWidget):
         self.seed.setRange(0, SEED_MAX)
         self.seed.setToolTip("Seed shared by every pane: same seed, same random draws")
         self.dice = widgets.flat_button("dice", "New random seed")
+        self.speed = QComboBox()
+        for name, spec in SELF_DRAFTS:
+            self.speed.addItem(name, spec)
+        self.speed.setToolTip(
+            "Speculative decoding in every pane that can: each pane's own copy drafts, its model checks.\n"
+            "Each reply keeps its model's distribution, but a seed repeats Nanoscope's own stream.\n"
+            "The draft length is Chat's (Parameters › Speed)."
+        )
         title = QLabel("Shared sampling")
         title.setObjectName("SectionTitle")
         lay = widgets.FlowLayout(row, spacing=12)
@@ -215,6 +225,7 @@ class CompareView(QWidget):
             ("Top-k", self.top_k),
             ("Max tokens", self.max_tokens),
             ("Seed", self.seed),
+            ("Speculative", self.speed),
         ):
             label = QLabel(text)
             label.setObjectName("Muted")
@@ -250,6 +261,7 @@ class CompareView(QWidget):
         c.saved.connect(self._on_saved)
         c.same_model_reported.connect(self._on_same_model)
         self.same_btn.clicked.connect(self.check_same_model)
+        self.speed.currentIndexChanged.connect(self._on_speed)
 
         self.add_btn.clicked.connect(c.add_pane)
         self.temps_btn.clicked.connect(c.temperature_sweep)
@@ -288,6 +300,20 @@ class CompareView(QWidget):
         if "system_prompt" in values:
             self._system_prompt = str(values["system_prompt"] or "")
 
+    def set_draft(self, draft: str) -> None:
+        """Pre-fill the speculative choice (Chat's Speed choice; a draft that names another
+        checkpoint is Chat's own, so Compare starts plain)."""
+        self.speed.setCurrentIndex(max(0, self.speed.findData(draft)))
+
+    def _on_speed(self) -> None:
+        self.controller.draft = str(self.speed.currentData() or "")
+
+    def set_draft_colours(self, on: bool) -> None:
+        """Colour every pane's kept drafts and corrections instead of probabilities."""
+        self.draft_colours = on
+        for pane in self.panes:
+            pane.set_draft_colours(on)
+
     def shared_params(self) -> SamplingParams:
         """The shared sampling values every pane starts from."""
         return SamplingParams(
@@ -305,6 +331,7 @@ class CompareView(QWidget):
         if self._scanned:
             pane.set_entries(self.entries)
         pane.view.set_overlay(self.overlay_box.isChecked())
+        pane.set_draft_colours(self.draft_colours)
         self.panes.insert(index, pane)
         self.splitter.insertWidget(index, pane)
         pane.selection_changed.connect(self._pane_selection_changed)

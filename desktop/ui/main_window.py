@@ -377,6 +377,7 @@ class MainWindow(QMainWindow):
         """Entering Compare starts from the chat's sampling values (each pane can override them)."""
         if self.compare_view is not None and self.tabs.widget(index) is self.compare_view:
             self.compare_view.set_sampling(self.sampling.values())
+            self.compare_view.set_draft(self.sampling.speculative.value()[0])
         self._sync_sidebar()
 
     def _on_summary(self, summary) -> None:
@@ -619,9 +620,11 @@ class MainWindow(QMainWindow):
 
     def _toggle_draft_colours(self) -> None:
         """Colour what speculative decoding drafted and kept, and what the model corrected (in
-        the raw token view, instead of the probabilities)."""
+        Chat's raw token view and Compare's panes, instead of the probabilities)."""
         on = not self.chat.draft_colours
         self.chat.set_draft_colours(on)
+        if self.compare_view is not None:
+            self.compare_view.set_draft_colours(on)
         if on and not self.chat.raw_mode:
             self.chat.set_raw_mode(True)
 

@@ -66,6 +66,15 @@ def copy_text(message: Message) -> str:
     return message.plain_text() or "".join(p.text for p in message.parts)
 
 
+def speculative_line(draft: str, stats: dict) -> str:
+    """ "speculative (int8) · 92% of 48 drafted kept": on, with which draft, how much was kept."""
+    drafted = stats.get("drafted") or 0
+    if not drafted:
+        return f"speculative ({draft})"
+    kept = 100 * (stats.get("accepted") or 0) / drafted
+    return f"speculative ({draft}) · {kept:.0f}% of {drafted} drafted kept"
+
+
 def raw_summary(records: list[TokenRecord]) -> str:
     """The line under the token view: how many tokens, and of which sort."""
     special = sum(r.special is not None for r in records)
@@ -100,14 +109,8 @@ def format_stats(meta: dict) -> tuple[str, str]:
         bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if stats.get("stopped") in STOP_REASONS:
         bits.append(STOP_REASONS[stats["stopped"]])
-    if meta.get("draft"):  # speculative decoding: on, with which draft, and how much it was kept
-        drafted = stats.get("drafted") or 0
-        kept = (
-            f" · {100 * (stats.get('accepted') or 0) / drafted:.0f}% of {drafted} drafted kept"
-            if drafted
-            else ""
-        )
-        bits.append(f"speculative ({meta['draft']}){kept}")
+    if meta.get("draft"):
+        bits.append(speculative_line(str(meta["draft"]), stats))
     if stats.get("greedy_fallbacks"):  # the distribution degenerated (e.g. a tiny temperature)
         bits.append(f"⚠ {stats['greedy_fallbacks']} token(s) taken greedily")
     sampling = meta.get("sampling") or {}

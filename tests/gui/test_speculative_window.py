@@ -1,8 +1,10 @@
-"""Chat with speculative decoding on, through the real window (issue #22): the Parameters
+"""Chat and Compare with speculative decoding on, through the real window (issue #22): the Parameters
 panel's speed section picks the demo's own int8 copy as the draft; a reply streams with every
 token marked kept or corrected, the footer says speculative decoding was on and how much of the
 draft was kept, Stop ends a reply mid-stream, a regeneration drafts again, and View › Draft
-colours paints kept and corrected tokens apart.
+colours paints kept and corrected tokens apart. In Compare, every pane drafts with its own copy,
+colours, stops, and its marks and footer come back from history; switched off, panes decode
+plainly.
 """
 
 from __future__ import annotations
@@ -12,7 +14,16 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from test_fork_window import DEMO_BASE, last
-from test_window_sequences import WAIT, action, loop, send, start_with_base, windows  # noqa: F401
+from test_window_sequences import (  # noqa: F401
+    WAIT,
+    action,
+    click_row,
+    loop,
+    restart,
+    send,
+    start_with_base,
+    windows,
+)
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("This plugin does not support")]
 
@@ -66,3 +77,74 @@ def test_chat_streams_stops_and_regenerates_with_a_draft_and_colours_it(qtbot, w
     assert last(win).branch_label.text() == "2 / 2"
     assert again.meta["draft"] == "int8" and again.meta["stats"]["drafted"] > 0
     assert Path(win.controller.model_info.path).name == "demo"
+
+
+def test_compare_panes_draft_colour_stop_reopen_then_decode_plainly(qtbot, windows, loop, monkeypatch):  # noqa: F811
+    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
+    box = win.sampling.speculative
+    box.draft.setCurrentIndex(box.draft.findData("int8"))
+    box.k.setValue(3)  # Compare's draft length is Chat's
+    view, compare = win.compare_view, win.compare
+    win.tabs.setCurrentWidget(view)
+    assert view.speed.currentData() == "int8"  # Compare starts from Chat's choice
+    for pane in view.panes:
+        with qtbot.waitSignal(compare.pane_loaded, timeout=WAIT):
+            qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)
+    view.temperature.setValue(0.8)
+    view.max_tokens.setValue(40)
+    with qtbot.waitSignal(compare.busy_changed, timeout=WAIT, check_params_cb=lambda busy: not busy):
+        view.input.editor.setPlainText("What is 12 times 7? Tell me about the sea.")
+        qtbot.keyClick(view.input.editor, Qt.Key.Key_Return)
+    for pane, shown in zip(compare.panes, view.panes, strict=True):
+        run = pane.run
+        assert run.stats["drafted"] > 0 and run.stats["accepted"] == run.trace.drafts.count("accepted")
+        assert "accepted" in run.trace.drafts
+        assert "speculative (int8)" in shown.stats.text() and "drafted kept" in shown.stats.text()
+        assert "Nanoscope's own speculative stream" in shown.stats.toolTip()
+
+    # View › Draft colours paints every pane's kept drafts apart from the rest.
+    action(win, "Draft colours").trigger()
+    shown = view.panes[0]
+    drafts = compare.panes[0].run.trace.drafts
+    assert shown.view.drafts_shown
+    plain = next((i for i, d in enumerate(drafts) if d != "accepted"), None)
+    if plain is not None:
+        assert shown.view.background(drafts.index("accepted")) != shown.view.background(plain)
+
+    # Stop mid-stream: every pane keeps what it drafted and says it stopped.
+    view.max_tokens.setValue(400)
+    with qtbot.waitSignal(compare.busy_changed, timeout=WAIT, check_params_cb=lambda busy: not busy):
+        view.input.editor.setPlainText("Tell me a long story about the sea and the ships.")
+        qtbot.keyClick(view.input.editor, Qt.Key.Key_Return)
+        qtbot.waitUntil(lambda: all(len(p.run.trace) >= 3 for p in compare.panes), timeout=WAIT)
+        qtbot.mouseClick(view.input.stop_btn, Qt.MouseButton.LeftButton)
+    stopped = [p.run for p in compare.panes]
+    assert all(r.stats["stopped"] == "cancelled" and r.stats["draft"] == "int8" for r in stopped)
+    with qtbot.waitSignal(compare.saved, timeout=WAIT) as saved:
+        qtbot.mouseClick(view.save_btn, Qt.MouseButton.LeftButton)
+
+    # Restart and reopen: the marks and the footers come back from history.
+    win = restart(qtbot, windows, fake=False)
+    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
+        win.background.scan()
+    win.controller.refresh_list()
+    click_row(qtbot, win, saved.args[0])
+    view, compare = win.compare_view, win.compare
+    assert win.tabs.currentWidget() is view
+    for run, shown, before in zip((p.run for p in compare.panes), view.panes, stopped, strict=True):
+        assert run.trace.drafts == before.trace.drafts
+        assert "speculative (int8)" in shown.stats.text() and "stopped" in shown.stats.text()
+
+    # Speculative off: the next comparison decodes plainly, with nothing marked.
+    view.speed.setCurrentIndex(view.speed.findData(""))
+    for i, pane in enumerate(view.panes):  # a reopened comparison's panes load on demand
+        if compare.panes[i].info is None:
+            with qtbot.waitSignal(compare.pane_loaded, timeout=WAIT):
+                qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)
+    view.max_tokens.setValue(12)
+    with qtbot.waitSignal(compare.busy_changed, timeout=WAIT, check_params_cb=lambda busy: not busy):
+        view.input.editor.setPlainText("What is 12 times 7?")
+        qtbot.keyClick(view.input.editor, Qt.Key.Key_Return)
+    for pane, shown in zip(compare.panes, view.panes, strict=True):
+        assert not any(pane.run.trace.drafts) and "draft" not in pane.run.stats
+        assert "speculative" not in shown.stats.text() and not shown.stats.toolTip()

@@ -143,6 +143,7 @@ class CompareController(QObject):
         self.prompt = ""
         self.system_prompt = ""
         self.shared = SamplingParams()
+        self.draft = ""  # speculative decoding's draft for every pane that can (StreamOptions.draft)
         self.messages: list[Message] = []
         self.overlay = False
         self.diff_pair: tuple[int, int] | None = None
@@ -292,6 +293,7 @@ class CompareController(QObject):
             self.messages.insert(0, Message.of_text("system", self.system_prompt))
         self.conv_id = None
         schedule = self._schedule(ready)
+        self._say_plain(ready)
         for i, pane in enumerate(self.panes):
             pane.run = PaneRun()
             self.pane_refreshed.emit(i)
@@ -300,6 +302,9 @@ class CompareController(QObject):
             assert pane.info is not None
             pane.run = PaneRun(params, pane.info.reply_meta(), dict(pane.overrides), running=True)
             options, lock = schedule[pane]
+            if self.draft and not pane.info.capabilities.why_not("draft"):
+                pane.run.reply.meta["draft"] = self.draft  # its footer says so
+                options = replace(options, draft=self.draft, draft_k=self.settings.get("draft_k"))
             if fork is not None:
                 # Each pane's reply holds what the fork said, with no probabilities: those were
                 # the source model's, not this pane's.
@@ -313,6 +318,16 @@ class CompareController(QObject):
         self._update_diff()
         self._update_busy()
         return True
+
+    def _say_plain(self, ready: list[Pane]) -> None:
+        """With speculative decoding on, name the panes that decode plainly, and why."""
+        if not self.draft:
+            return
+        why = {LETTERS[self.panes.index(p)]: p.info.capabilities.why_not("draft") for p in ready if p.info}
+        plain = {letter: reason for letter, reason in why.items() if reason}
+        if plain:
+            lines = "; ".join(f"pane {letter}: {reason}" for letter, reason in plain.items())
+            self.notice.emit("info", "Not every pane decodes speculatively", lines)
 
     def fork_pane(
         self,
@@ -449,6 +464,8 @@ class CompareController(QObject):
         run = pane.run
         run.running = False
         run.stats = dict(stats) if error is None else {"error": error}
+        if error is None and run.reply.meta.get("draft"):
+            run.stats["draft"] = run.reply.meta["draft"]
         run.error = error
         if (i := self._index(pane)) is None:
             return
