@@ -8,7 +8,8 @@ Pairs:
 * the int8 self-draft, and ``auto`` (the cheaper of int8 and fp16 as timed), of random-weight d12
   and d20 models (nanochat's current architecture, vocabulary 32768), target in exact fp32;
 * the demo's four steps (one trained run): steps 300, 1000 and 1700 drafting for step 2400, and
-  step 2400's own int8 copy;
+  step 2400's own int8 copy; and the demo miniseries' depth-2 model (demo-d2, same data and
+  tokenizer) drafting for its depth-4 one;
 * d12 with another random d12's int8 copy as the draft: acceptance about 0, the adaptive length
   must fall back to plain decoding by itself.
 
@@ -48,6 +49,7 @@ from desktop.engine.params import CHAT_DEFAULTS, SamplingParams  # noqa: E402
 from desktop.engine.registry import open_backend  # noqa: E402
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
+DEMO_D2 = DEMO.parent / "demo-d2"  # the miniseries' smaller depth: same data, same tokenizer
 VOCAB = 32768
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = CHAT_DEFAULTS  # T 0.8, top-k 50: what Chat starts with
@@ -167,6 +169,7 @@ def demo_pairs(tokens: int, rows: list) -> None:
     model, tok = backend.model, backend.tok
     drafts = [(f"step {s} drafting for 2400", backend.draft(f"{DEMO}@{s}")) for s in (300, 1000, 1700)]
     drafts.append(("step 2400's int8 copy", backend.draft("int8")))
+    drafts.append(("depth 2 (demo-d2) drafting for depth 4", backend.draft(str(DEMO_D2))))
     for name, draft in drafts:
         for label, params in (("greedy", GREEDY), ("T 0.8, top-k 50", SAMPLED)):
             run = params.with_values(max_tokens=tokens)
@@ -233,7 +236,7 @@ def main() -> int:
     rows: list = []
     memory: list = []
     with tempfile.TemporaryDirectory() as tmp:
-        for depth in map(int, args.depths.split(",")):
+        for depth in (int(d) for d in args.depths.split(",") if d):  # --depths "": the demo only
             random_pair(Path(tmp), depth, args.tokens, rows, memory)
             gc.collect()  # the previous pair's models go before the next loads
             release_freed_memory()

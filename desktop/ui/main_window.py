@@ -60,6 +60,7 @@ def _qapp() -> QApplication:
 FOLD_PANEL_BELOW = 1100  # window width (px) below which the Parameters panel folds by itself
 SIDEBAR_WIDTH, PANEL_WIDTH = 240, 300  # their widths when there is room
 CHAT_ROOM = 360  # the conversation's width the side panels leave it when they can
+MAX_OTHER_RUN_DRAFTS = 8  # other runs of a base dir the speed section offers as drafts
 
 
 class MainWindow(QMainWindow):
@@ -572,12 +573,24 @@ class MainWindow(QMainWindow):
         self.settings.set("draft_k", k)
 
     def _offer_drafts(self, info: ModelInfo) -> None:
-        """The drafts the speed section offers: the model's own copies, and its run's other steps."""
+        """The drafts the speed section offers: the model's own copies, its run's other steps,
+        and the latest step of the other runs in its base dir (a miniseries' smaller depths share
+        its tokenizer; whether one does is checked by content when it is picked)."""
         box = self.sampling.speculative
         box.set_unavailable(info.capabilities.why_not("draft"))
-        entry = next((e for e in self.model_picker.entries if Path(e.path) == Path(info.path)), None)
+        here = Path(info.path)
+        entry = next((e for e in self.model_picker.entries if Path(e.path) == here), None)
         steps = [s for s in (entry.steps if entry is not None else []) if s != info.step]
-        box.set_steps([(f"Step {s:,} of this run", f"{info.path}@{s}") for s in sorted(steps)])
+        offered = [(f"Step {s:,} of this run", f"{info.path}@{s}") for s in sorted(steps)]
+        if entry is not None and entry.source != "folder":
+            base = here.parent.parent  # $NANOCHAT_BASE_DIR/<phase>_checkpoints/<tag>
+            same_base = (e for e in self.model_picker.entries if Path(e.path).parent.parent == base)
+            others = [e for e in same_base if e.steps and e.source != "folder" and Path(e.path) != here]
+            offered += [
+                (f"{e.source}/{e.tag}, step {e.steps[-1]:,}", f"{e.path}@{e.steps[-1]}")
+                for e in others[:MAX_OTHER_RUN_DRAFTS]
+            ]
+        box.set_steps(offered)
 
     def _show_context(self, used: int, total: int) -> None:
         self.status.set_context(used, total)

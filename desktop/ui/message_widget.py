@@ -66,13 +66,24 @@ def copy_text(message: Message) -> str:
     return message.plain_text() or "".join(p.text for p in message.parts)
 
 
+def draft_label(draft: str) -> str:
+    """How a footer names a draft: ``int8`` as it is, another checkpoint by its folder and step
+    (``demo-d2@1200``), not its whole path."""
+    precision, sep, rest = draft.partition(":")
+    if not sep or "/" in precision:
+        precision, rest = "", draft
+    if "/" not in rest:
+        return draft
+    return f"{precision} {rest.rstrip('/').rsplit('/', 1)[-1]}".strip()
+
+
 def speculative_line(draft: str, stats: dict) -> str:
     """ "speculative (int8) · 92% of 48 drafted kept": on, with which draft, how much was kept."""
     drafted = stats.get("drafted") or 0
     if not drafted:
-        return f"speculative ({draft})"
+        return f"speculative ({draft_label(draft)})"
     kept = 100 * (stats.get("accepted") or 0) / drafted
-    return f"speculative ({draft}) · {kept:.0f}% of {drafted} drafted kept"
+    return f"speculative ({draft_label(draft)}) · {kept:.0f}% of {drafted} drafted kept"
 
 
 def raw_summary(records: list[TokenRecord]) -> str:
@@ -141,7 +152,7 @@ def format_stats(meta: dict) -> tuple[str, str]:
     if stats.get("prompt_tokens"):
         tip_lines.append(f"prompt tokens: {stats['prompt_tokens']}")
     if meta.get("draft"):
-        tip_lines.append(SPECULATIVE_NOTE)
+        tip_lines += [f"draft: {meta['draft']}", SPECULATIVE_NOTE]
     return "  ·  ".join(bits), "\n".join(tip_lines)
 
 

@@ -21,7 +21,7 @@ from desktop.ui.history_sidebar import HistorySidebar, relative_time
 from desktop.ui.input_box import MAX_VISIBLE_LINES, InputBox
 from desktop.ui.markdown_render import COPY_CODE_SCHEME
 from desktop.ui.message_blocks import FoldBlock, RichText, ToolCallBlock
-from desktop.ui.message_widget import MessageWidget
+from desktop.ui.message_widget import MessageWidget, draft_label
 from desktop.ui.sampling_panel import BUILTIN_PRESETS, SamplingPanel
 from desktop.ui.shortcuts_dialog import SHORTCUTS, ShortcutsDialog
 from desktop.ui.status_bar import StatusBar
@@ -616,3 +616,9 @@ def test_shortcuts_dialog_lists_every_shortcut(qtbot):
         "Ctrl+Shift+C",
     ):
         assert keys in shown
+
+
+def test_a_footer_names_a_checkpoint_draft_by_its_folder_and_step_not_its_path():
+    assert draft_label("int8") == "int8" and draft_label("auto") == "auto"
+    assert draft_label("/home/me/runs/sft_checkpoints/d6@1200") == "d6@1200"
+    assert draft_label("float16:/home/me/runs/sft_checkpoints/d6/") == "float16 d6"

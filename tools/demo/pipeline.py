@@ -101,5 +101,5 @@ def run_training(s: RunSettings, corpus: Corpus) -> TrainingLog:
         logger.info("saved %s (chat val loss %.4f)", path, losses["chat"][0])
         return losses
 
-    snapshots.clear(s.out)
+    snapshots.clear(s)
     return train(model, train_set, evaluate, s, tok.bos_id, on_snapshot)

@@ -39,7 +39,7 @@ def loss_table(log: TrainingLog, marks: Sequence[int]) -> str:
 
 def grade_steps(s: RunSettings, corpus: Corpus) -> tuple[str, dict[int, Grades]]:
     """Grade every saved step through the engine; the markdown tables and the grades per step."""
-    directory = snapshots.checkpoint_dir(s.out)
+    directory = snapshots.checkpoint_dir(s)
     steps = model_steps(directory)
     chats = held_out_chats(s, corpus)
     results: dict[int, Grades] = {}
@@ -82,7 +82,7 @@ def grade_steps(s: RunSettings, corpus: Corpus) -> tuple[str, dict[int, Grades]]
 
 def check_twelve_times_seven(s: RunSettings) -> None:
     """The app's smoke test asks this of the last step; refuse to ship a model that fails it."""
-    directory = snapshots.checkpoint_dir(s.out)
+    directory = snapshots.checkpoint_dir(s)
     backend = open_step(directory, model_steps(directory)[-1])
     grades = grade_chats(backend, [[SHOWCASE[0]]])
     backend.close()

@@ -6,12 +6,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-TAG = "demo"  # chatsft_checkpoints/<TAG>/
-
 
 @dataclass(frozen=True)
 class RunSettings:
     out: Path = Path("resources/demo")
+    tag: str = "demo"  # chatsft_checkpoints/<tag>/
     seed: int = 1337
     threads: int = 2  # part of the result: matmul sums are split by thread
     # Data
@@ -48,14 +47,24 @@ class RunSettings:
         return [round(self.first_snapshot + span * i / (self.snapshots - 1)) for i in range(self.snapshots)]
 
     def for_meta(self) -> dict[str, Any]:
-        """The ``user_config`` block of the meta: the settings, with the output folder left out
-        (a copy trained elsewhere must write the same bytes)."""
-        return {k: v for k, v in asdict(self).items() if k != "out"}
+        """The ``user_config`` block of the meta: the settings, with where they are written left
+        out (a copy trained elsewhere must write the same bytes)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("out", "tag")}
 
 
-# A seconds-long run with the same code paths, for tests and for trying changes.
+# A seconds-long run with the same code paths, for tests and for trying changes; and the demo's
+# speculative draft, a smaller depth of the same miniseries: the same data and seed, so the same
+# tokenizer (compared by content when it drafts), half the layers, half the steps.
 PRESETS: dict[str, RunSettings] = {
     "full": RunSettings(),
+    "draft": RunSettings(
+        tag="demo-d2",
+        n_layer=2,
+        steps=1200,
+        snapshots=1,
+        grade_chats=20,
+        require_showcase=False,  # a draft proposes tokens; the depth-4 model answers
+    ),
     "tiny": RunSettings(
         conversations=300,
         max_exchanges=4,

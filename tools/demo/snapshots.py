@@ -16,12 +16,12 @@ import torch
 
 from desktop.engine.nanochat.model import GPT
 
-from .settings import TAG, RunSettings
+from .settings import RunSettings
 from .training import Losses, model_config_meta
 
 
-def checkpoint_dir(out: Path) -> Path:
-    return out / "chatsft_checkpoints" / TAG
+def checkpoint_dir(s: RunSettings) -> Path:
+    return s.out / "chatsft_checkpoints" / s.tag
 
 
 def shipped_state(model: GPT) -> dict[str, torch.Tensor]:
@@ -41,16 +41,16 @@ def as_shipped(model: GPT) -> GPT:
     return twin
 
 
-def clear(out: Path) -> None:
+def clear(s: RunSettings) -> None:
     """Remove the model and meta files of an earlier run, so no stale step is left for the app."""
-    directory = checkpoint_dir(out)
+    directory = checkpoint_dir(s)
     for old in [*directory.glob("model_*.pt"), *directory.glob("meta_*.json")]:
         old.unlink()
 
 
 def save(model: GPT, step: int, losses: Losses, s: RunSettings) -> Path:
     """``model_<step>.pt`` + ``meta_<step>.json`` as nanochat's chat_sft writes them."""
-    directory = checkpoint_dir(s.out)
+    directory = checkpoint_dir(s)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"model_{step:06d}.pt"
     torch.save(shipped_state(model), path)
