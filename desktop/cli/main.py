@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft",
         default="",
         help="speculative decoding (the model's own distribution, not nanochat's seeded stream): "
-        "auto, int8 or fp16 (the model's own copy), or [PRECISION:]CHECKPOINT[@STEP] with the same "
+        "auto, int8 or fp16 (the model's own copy), mtp (the nanochat fork's multi-token-prediction "
+        "head, where the checkpoint has one), or [PRECISION:]CHECKPOINT[@STEP] with the same "
         "tokenizer (a directory or SOURCE/TAG/STEP)",
     )
     p_gen.add_argument(

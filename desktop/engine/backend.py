@@ -34,6 +34,7 @@ class Capabilities:
     sampling: frozenset[str] = frozenset(SAMPLING_KEYS)  # the knobs it honours
     scoring: bool = True  # teacher-forced scoring of a given reply
     chat: bool = True  # renders conversations; False: completion of plain text
+    draft_head: bool = False  # its own multi-token-prediction head can draft (the draft "mtp")
     # (capability, why it is missing) for what a backend cannot do, e.g. ("scoring", "the server …").
     unavailable: tuple[tuple[str, str], ...] = ()
 

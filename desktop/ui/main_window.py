@@ -573,11 +573,13 @@ class MainWindow(QMainWindow):
         self.settings.set("draft_k", k)
 
     def _offer_drafts(self, info: ModelInfo) -> None:
-        """The drafts the speed section offers: the model's own copies, its run's other steps,
-        and the latest step of the other runs in its base dir (a miniseries' smaller depths share
-        its tokenizer; whether one does is checked by content when it is picked)."""
+        """The drafts the speed section offers: the model's own copies and MTP head (where it has
+        one), its run's other steps, and the latest step of the other runs in its base dir (a
+        miniseries' smaller depths share its tokenizer; whether one does is checked by content
+        when it is picked)."""
         box = self.sampling.speculative
         box.set_unavailable(info.capabilities.why_not("draft"))
+        box.set_head(info.capabilities.draft_head)
         here = Path(info.path)
         entry = next((e for e in self.model_picker.entries if Path(e.path) == here), None)
         steps = [s for s in (entry.steps if entry is not None else []) if s != info.step]

@@ -3,7 +3,8 @@
 A draft proposes a few tokens and the model checks them in one pass; the reply keeps the
 model's own distribution (engine/decode/speculative.py), but not nanochat's seeded stream, so
 this is a named choice, off by default. The drafts offered: the model's own int8 or 16-bit
-copy, and the other saved steps of its run (same tokenizer). The draft length is adaptive
+copy, its multi-token-prediction head where the checkpoint has one (the nanochat fork's, one token
+a round), and the other saved steps of its run (same tokenizer). The draft length is adaptive
 unless the user fixes it.
 """
 
@@ -19,6 +20,7 @@ SELF_DRAFTS = (
     ("Own int8 copy", "int8"),
     ("Own 16-bit copy", "fast"),
 )
+HEAD_DRAFT = ("Own MTP head (one token a round)", "mtp")
 
 
 class SpeculativeBox(QWidget):
@@ -55,6 +57,7 @@ class SpeculativeBox(QWidget):
         lay.addLayout(row)
         lay.addWidget(self.note)
         self._steps: list[tuple[str, str]] = []
+        self._head = False
         self._fill("")
         self.draft.currentIndexChanged.connect(self._emit)
         self.k.valueChanged.connect(self._emit)
@@ -62,7 +65,7 @@ class SpeculativeBox(QWidget):
     def _fill(self, current: str) -> None:
         self.draft.blockSignals(True)
         self.draft.clear()
-        for label, spec in (*SELF_DRAFTS, *self._steps):
+        for label, spec in (*SELF_DRAFTS, *([HEAD_DRAFT] if self._head else []), *self._steps):
             self.draft.addItem(label, spec)
         if current and self.draft.findData(current) < 0:
             self.draft.addItem(current, current)  # a draft named elsewhere (settings, CLI)
@@ -72,6 +75,11 @@ class SpeculativeBox(QWidget):
     def set_steps(self, steps: list[tuple[str, str]]) -> None:
         """Other checkpoints of the loaded model's run, as (label, draft name)."""
         self._steps = list(steps)
+        self._fill(self.value()[0])
+
+    def set_head(self, available: bool) -> None:
+        """Whether the loaded model's own MTP head is offered (``Capabilities.draft_head``)."""
+        self._head = available
         self._fill(self.value()[0])
 
     def set_value(self, draft: str, k: int) -> None:

@@ -1,9 +1,11 @@
 """How a draft for speculative decoding is named (``StreamOptions.draft``, ``--draft``), torch-free.
 
 * ``auto``: the target's own weights at the cheapest precision its family has on this device
-  (int8 on a CPU);
+  (int8 on a CPU), or its MTP head where it has one and that yields more per unit of cost;
 * ``int8``, ``fp16``, ``bf16``, ``fast`` (or any ``--dtype`` name): the target's own weights at
   that precision, a *self-draft*;
+* ``mtp``: the target's own multi-token-prediction head (the nanochat fork's, trained with
+  ``mtp_enabled``), proposing the next token from the target's last hidden state;
 * ``[PRECISION:]PATH[@STEP]``: another checkpoint whose tokenizer is the target's (compared by
   content, not by name), e.g. an earlier step or a smaller depth of the run, at PRECISION
   (default: as ``--dtype auto`` loads it) and STEP (default: the latest).
@@ -19,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from desktop.engine.errors import NanoscopeError, TokenizerError
+from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError
 from desktop.engine.kernels.device import PRECISIONS
 
 AUTO = "auto"
+MTP = "mtp"
 # Short names for the precisions a self-draft is usually asked in.
 ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 _STEP = re.compile(r"^(?P<path>.+)@(?P<step>\d+)$")
@@ -30,17 +33,19 @@ _STEP = re.compile(r"^(?P<path>.+)@(?P<step>\d+)$")
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """A parsed draft name: the target itself (``checkpoint`` None) at ``precision``, or a
-    checkpoint at ``precision`` and ``step`` (None: the latest)."""
+    """A parsed draft name: the target itself (``checkpoint`` None) at ``precision``, its MTP
+    head (``head``), or a checkpoint at ``precision`` and ``step`` (None: the latest)."""
 
     text: str
     precision: str = AUTO
     checkpoint: Path | None = None
     step: int | None = None
+    head: bool = False
 
     @property
     def is_self(self) -> bool:
-        return self.checkpoint is None
+        """The target's own weights at some precision (not its head, not another checkpoint)."""
+        return self.checkpoint is None and not self.head
 
 
 def _precision(name: str) -> str | None:
@@ -52,7 +57,9 @@ def parse_draft(text: str) -> DraftSpec:
     """The draft ``text`` names; one readable line when it names none."""
     text = text.strip()
     if not text:
-        raise NanoscopeError("the draft is empty: name a precision (int8, fp16, auto) or a checkpoint")
+        raise NanoscopeError("the draft is empty: name a precision (int8, fp16, auto), mtp or a checkpoint")
+    if text.lower() == MTP:
+        return DraftSpec(text, head=True)
     alone = _precision(text)
     if alone is not None:
         return DraftSpec(text, alone)
@@ -65,6 +72,14 @@ def parse_draft(text: str) -> DraftSpec:
     if found and not Path(rest).expanduser().exists():
         rest, step = found["path"], int(found["step"])
     return DraftSpec(text, precision, Path(rest).expanduser(), step)
+
+
+def no_head(where: object) -> CheckpointError:
+    """The one line for ``mtp`` where the model has no multi-token-prediction head."""
+    return CheckpointError(
+        f"{where} has no multi-token-prediction head (mtp.* weights, the nanochat fork's "
+        "mtp_enabled): pick another draft"
+    )
 
 
 def check_same_tokenizer(draft: Any, target: Any) -> None:

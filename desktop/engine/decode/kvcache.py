@@ -6,7 +6,9 @@ rollbacks exact (docs/ARCHITECTURE.md, Eras):
 
 * E7 smear needs the *pre-smear* embedding of the previous token;
 * E4 bigram needs the previous token id;
-* Engram needs the last ``max_order - 1`` bottleneck activations of each engram layer.
+* Engram needs the last ``max_order - 1`` bottleneck activations of each engram layer;
+* the fork's MTP head, drafting, reads the trunk's final hidden state at each position
+  (:meth:`keep_hidden`; off unless a draft asks, so plain decoding writes nothing more).
 
 Keeping whole histories (not ring buffers) lets :meth:`truncate` roll back to any position,
 which the prefix cache uses when a conversation is edited or a reply regenerated.
@@ -46,6 +48,20 @@ class KVCache:
             i: torch.zeros(batch, capacity, cfg.engram_dim, device=device, dtype=dtype)
             for i in cfg.engram_layers
         }
+        self.hidden: torch.Tensor | None = None  # (B, capacity, n_embd) when kept
+
+    def keep_hidden(self, keep: bool) -> None:
+        """Keep each position's final hidden state from now on (the model writes it), or stop.
+
+        Positions held before have none, so turning it on forgets them: the next pass prefills."""
+        import torch
+
+        if not keep:
+            self.hidden = None
+        elif self.hidden is None:
+            shape = (self.batch, self.capacity, self.cfg.n_embd)
+            self.hidden = torch.zeros(shape, device=self.device, dtype=self.dtype)
+            self.pos = 0
 
     def _split_layers(self) -> None:
         # Per-layer views made once: indexing ``k[layer]`` would make a new view every step.
@@ -55,6 +71,8 @@ class KVCache:
         out = {"k": self.k, "v": self.v, "tokens": self.tokens}
         if self.embeds is not None:
             out["embeds"] = self.embeds
+        if self.hidden is not None:
+            out["hidden"] = self.hidden
         return out
 
     def ensure_capacity(self, needed: int) -> None:
@@ -78,6 +96,8 @@ class KVCache:
         self.tokens = grown(self.tokens, 1)
         if self.embeds is not None:
             self.embeds = grown(self.embeds, 1)
+        if self.hidden is not None:
+            self.hidden = grown(self.hidden, 1)
         self.engram = {i: grown(z, 1) for i, z in self.engram.items()}
         self.capacity = new_cap
 
@@ -96,6 +116,10 @@ class KVCache:
         other.tokens[:, :p] = self.tokens[:1, :p]
         if self.embeds is not None and other.embeds is not None:
             other.embeds[:, :p] = self.embeds[:1, :p]
+        if self.hidden is not None:
+            other.keep_hidden(True)
+            assert other.hidden is not None
+            other.hidden[:, :p] = self.hidden[:1, :p]
         for i, z in self.engram.items():
             other.engram[i][:, :p] = z[:1, :p]
         other.pos = p

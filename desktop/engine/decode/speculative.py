@@ -21,6 +21,10 @@ they go through the target as a block (for their probabilities); the draft stops
 a token that would end the reply or close a calculator call (``generation``'s state machine, run
 on a copy of the row). After a rejection both caches roll back with ``truncate`` (exact for every
 era: the caches keep per-position histories).
+
+A draft may read the target's own states (the fork's MTP head reads the target's last hidden
+state, ``Draft.follow``); such a draft proposes one token a round (``Draft.cap``), since the
+state at the token it proposes is the verifying pass's to compute.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from desktop.engine.backend import GenerationStats, StreamOptions
 from desktop.engine.calculator import calculate
 from desktop.engine.decode.drafts import DraftSpec, parse_draft
 from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row, stream_reply
+from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import DecodingModel, Tokenizer
 from desktop.engine.decode.sampling import GreedyFallback, next_token_probs
 from desktop.engine.decode.scoring import token_label
@@ -48,8 +53,8 @@ from desktop.engine.kernels.threads import torch_threads
 from desktop.engine.messages import TokenEvent
 from desktop.engine.params import SamplingParams
 
-# The most tokens drafted in one round (with the pending token, the verifying pass stays within
-# kernels.gemv.FEW_ROWS rows).
+# The most tokens drafted in one adaptive round (with the pending token, the verifying pass stays
+# within kernels.gemv.FEW_ROWS rows); a draft's own cap (Draft.cap) may be lower.
 K_MAX = 6
 # What the acceptance rate is taken to be before a reply has drafted anything.
 PRIOR_ACCEPTANCE = 0.8
@@ -96,7 +101,14 @@ class Draft:
     ``new_cache(capacity)`` makes its cache, which is kept between requests like the target's
     (prefix reuse). ``cost``: one draft step as a share of one target step; ``verify_cost``:
     each row a target pass has beyond the first, as a share of one target step (both measured
-    on this machine by :func:`measure_costs` when the draft is made)."""
+    on this machine by :func:`measure_costs` when the draft is made).
+
+    ``cap``: the most tokens it can propose in a round, whatever is asked (None: as many as
+    asked). ``needs``: the fewest tokens the sequence must hold before it can propose.
+    ``follow(cache, target_cache)``: for a draft that reads the target's own states, called when
+    a reply starts (before either cache is trimmed) and when its costs are measured. The fork's
+    MTP head has all three: it reads the target's hidden state at the token before the last, so
+    it proposes one token a round, and only after the sequence's second token."""
 
     model: DecodingModel
     name: str
@@ -105,11 +117,20 @@ class Draft:
     cost: float = 1.0
     verify_cost: float = 1.0
     cache: Any = None
+    cap: int | None = None
+    needs: int = 1
+    follow: Callable[[Any, Any], None] | None = None
 
     def pays(self, draft_k: int = 0) -> bool:
         """Whether drafting can beat plain decoding: some ``k`` must pay even when every proposal
         is kept (else the backend decodes plainly); a fixed ``draft_k`` always drafts."""
-        return draft_k > 0 or not DraftLength(self.cost, self.verify_cost).hopeless
+        return draft_k > 0 or not DraftLength(self.cost, self.verify_cost, cap=self.cap).hopeless
+
+    def rate(self) -> float:
+        """Tokens per unit of cost (one target step is 1) at the acceptance rate a reply starts
+        with, drafting the best length its cap allows: how :func:`cheapest` ranks drafts."""
+        length = DraftLength(self.cost, self.verify_cost, cap=self.cap)
+        return length.gain(PRIOR_ACCEPTANCE, length.best(PRIOR_ACCEPTANCE))
 
 
 def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int) -> float:
@@ -146,9 +167,27 @@ def measure_costs(target: DecodingModel, target_cache: Callable[[int], Any], dra
     depth-12 model streams a quarter of the bytes and takes two thirds of the time (per-call
     quantisation and Python overheads), and a pass over five rows is not the one row's time."""
     step = _timed_ms(target, target_cache, 1)
-    draft.cost = _rounded(_timed_ms(draft.model, draft.new_cache, 1) / step)
+    draft_cache = draft.new_cache if draft.follow is None else _following(target, target_cache, draft)
+    draft.cost = _rounded(_timed_ms(draft.model, draft_cache, 1) / step)
     wide = _timed_ms(target, target_cache, TIMED_ROWS)
     draft.verify_cost = _rounded((wide / step - 1) / (TIMED_ROWS - 1))
+
+
+def _following(
+    target: DecodingModel, target_cache: Callable[[int], Any], draft: Draft
+) -> Callable[[int], Any]:
+    """Caches for timing a draft that reads the target's states: each follows a target cache
+    that holds them for every position it is timed at (the target's pass is not timed)."""
+    follow = draft.follow
+    assert follow is not None
+
+    def make(capacity: int) -> Any:
+        cache, held = draft.new_cache(capacity), target_cache(capacity)
+        follow(cache, held)
+        target(torch.zeros(1, capacity, dtype=torch.long, device=target.device), held, last_only=True)
+        return cache
+
+    return make
 
 
 def ready_draft(
@@ -166,14 +205,17 @@ def ready_draft(
 
 
 def cheapest(makers: Sequence[Callable[[], Draft]]) -> Draft:
-    """The draft of least measured cost among those ``makers`` build, one after the other (the
-    others are dropped as soon as one costs less). Which reduced precision is fastest depends on
-    the CPU: on a 2-core AMD EPYC (AVX2) a depth-20 model's int8 step takes 0.86 of its exact fp32
-    step and its fp16 step 0.66; on CPUs with int8 dot-product instructions int8 may win."""
+    """The draft that yields the most tokens per unit of measured cost (:meth:`Draft.rate`; of
+    equal rates, the cheaper step) among those ``makers`` build, one after the other (the others
+    are dropped as soon as one does better). Of drafts that may propose as many tokens, that is
+    the one of least cost. Which reduced precision is fastest depends on the CPU: on a 2-core AMD
+    EPYC (AVX2) a depth-20 model's int8 step takes 0.86 of its exact fp32 step and its fp16 step
+    0.66; on CPUs with int8 dot-product instructions int8 may win. The fork's MTP head costs one
+    block and the head, but proposes one token a round."""
     best: Draft | None = None
     for make in makers:
         draft = make()
-        if best is None or draft.cost < best.cost:
+        if best is None or (draft.rate(), -draft.cost) > (best.rate(), -best.cost):
             best = draft
         del draft
         release_freed_memory()
@@ -218,12 +260,14 @@ class DraftLength:
     acceptance rate seen so far (raised while proposals are kept, lowered when they are not);
     0, plain decoding, when no ``k`` pays, with a few later probes in case the draft recovers.
     It depends on the acceptance only (and the draft's measured costs), so a seed repeats its
-    reply. ``fixed`` > 0 drafts that many every round, whatever is kept."""
+    reply. ``fixed`` > 0 drafts that many every round, whatever is kept. ``cap``: the draft's own
+    most (:attr:`Draft.cap`), which bounds both."""
 
-    def __init__(self, cost: float, verify_cost: float, fixed: int = 0) -> None:
+    def __init__(self, cost: float, verify_cost: float, fixed: int = 0, cap: int | None = None) -> None:
         self.cost = cost
         self.verify_cost = verify_cost
-        self.fixed = fixed
+        self.fixed = fixed if cap is None else min(fixed, cap)
+        self.longest = K_MAX if cap is None else min(K_MAX, cap)
         self.acceptance = PRIOR_ACCEPTANCE
         self.wait = 0  # plain tokens left before the next probe
         self.probes = 0
@@ -232,12 +276,14 @@ class DraftLength:
         # Where even a draft that is always right cannot pay, never draft.
         self.hopeless = self.best(1.0) == 0
 
-    def best(self, acceptance: float) -> int:
-        def gain(k: int) -> float:
-            spent = 1 + (ROUND_COST if k else 0.0) + k * (self.cost + self.verify_cost)
-            return expected_tokens(acceptance, k) / spent
+    def gain(self, acceptance: float, k: int) -> float:
+        """Tokens per unit of cost of a round drafting ``k``."""
+        spent = 1 + (ROUND_COST if k else 0.0) + k * (self.cost + self.verify_cost)
+        return expected_tokens(acceptance, k) / spent
 
-        return max(range(K_MAX + 1), key=gain)  # the first best: ties go to the shorter draft
+    def best(self, acceptance: float) -> int:
+        # the first best: ties go to the shorter draft
+        return max(range(self.longest + 1), key=lambda k: self.gain(acceptance, k))
 
     def next(self) -> int:
         if self.fixed:
@@ -248,7 +294,7 @@ class DraftLength:
             self.wait -= 1
             return 0
         if self.probing:
-            return PROBE_K
+            return min(PROBE_K, self.longest)
         k = self.best(self.acceptance)
         unrelated = self.drafted >= GIVE_UP_AFTER and self.accepted < GIVE_UP_RATE * self.drafted
         if k == 0 and self.probes < MAX_PROBES and not unrelated:
@@ -319,6 +365,9 @@ def stream_decoded(
     """A family's reply, decoded as ``options`` ask: speculatively when a ``draft`` was named
     and drafting can pay, else the plain loop (generation.py, or the family's own ``plain``
     one). ``probs``: the family's sampling distribution. The one place the two meet."""
+    following = draft is not None and draft.follow is not None and draft.pays(options.draft_k)
+    if isinstance(cache, KVCache) and not following:
+        cache.keep_hidden(False)  # kept for a draft that read them; a plain pass need not write them
     if draft is not None and draft.pays(options.draft_k):
         if not options.reuse_cache:
             draft.cache = None  # the target starts from nothing: so does its draft
@@ -428,7 +477,7 @@ class _Speculation:
         self.rng.manual_seed(params.seed)
         self.sp = Specials.of(tok)
         self.row = Row()
-        self.length = DraftLength(draft.cost, draft.verify_cost, draft_k)
+        self.length = DraftLength(draft.cost, draft.verify_cost, draft_k, draft.cap)
         self.generated = 0
         self.budget: int | None = params.max_tokens
         # The target's logits for the next position when its cache holds all of ``seq``.
@@ -446,6 +495,8 @@ class _Speculation:
         self.stats.prompt_tokens = len(prompt)
         if self.draft.cache is None:
             self.draft.cache = self.draft.new_cache(min(self.draft.limit, len(prompt) + 64))
+        if self.draft.follow is not None:
+            self.draft.follow(self.draft.cache, self.cache)
         keep_common_prefix(self.cache, prompt)
         keep_common_prefix(self.draft.cache, prompt)
         self.stats.prefilled_tokens = len(prompt) - self.cache.pos
@@ -569,7 +620,7 @@ class _Speculation:
         else:
             n = len(self.seq)
             k = min(self.length.next(), room - 1, self.limit - n - 1, self.draft.limit - n)
-            decided = self._draft_round(max(k, 0))
+            decided = self._draft_round(max(k, 0) if n >= self.draft.needs else 0)
         self.seq.extend(d.token for d in decided)
         return decided
 

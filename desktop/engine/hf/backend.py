@@ -34,7 +34,7 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.chat_template import message_dicts
-from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer
+from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, no_head
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
@@ -263,6 +263,8 @@ class HFBackend:
         return self._draft.get(text, self._make_draft)
 
     def _make_draft(self, spec: DraftSpec) -> Draft:
+        if spec.head:
+            raise no_head(self.info().name)
         if spec.is_self:
             kinds = _self_kernels(self.model.device, spec.precision)
             return cheapest([partial(self._self_draft, kind) for kind in kinds])

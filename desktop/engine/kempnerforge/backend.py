@@ -37,7 +37,7 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.chat_template import message_dicts
-from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer
+from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, no_head
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_decoded
@@ -388,6 +388,8 @@ class KempnerForgeBackend:
 
     def _make_draft(self, spec: DraftSpec) -> Draft:
         device = self.model.device
+        if spec.head:
+            raise no_head(self.info().name)
         if spec.is_self:
             kinds = {"auto": ("int8", "fp16"), "int8": ("int8",), "float16": ("fp16",), "fast": ("fp16",)}
             if device.type != "cpu" or spec.precision not in kinds:

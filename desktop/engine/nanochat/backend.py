@@ -136,7 +136,7 @@ class NanochatBackend:
             device=str(loaded.device),
             device_name=loaded.device_name,
             precision=loaded.precision.name,
-            capabilities=Capabilities(chat=self.chat_mode),
+            capabilities=Capabilities(chat=self.chat_mode, draft_head=cfg.has_mtp),
             era=cfg.era,
             attention=loaded.attention,
             tokenizer=str(self.tok.path),

@@ -310,7 +310,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, Shape]:
 
 
 def is_ignorable(key: str, cfg: ModelConfig) -> bool:
-    """Keys we accept but never use: the fork's training-only MTP head and the DSA indexer."""
+    """Keys the model leaves out: the fork's MTP head (read only to draft, mtp.py) and the DSA indexer."""
     return (cfg.has_mtp and key.startswith("mtp.")) or (bool(cfg.dsa_layers) and ".attn.indexer." in key)
 
 

@@ -58,7 +58,7 @@ class ModelConfig:
     mhc_epsilon: float = 1e-6
     mhc_blend_alpha: float = 1.0
     dsa_layers: tuple[int, ...] = ()  # layers with an (ignored) DSA indexer: dense at decode
-    has_mtp: bool = False  # training-only head; keys accepted, never used
+    has_mtp: bool = False  # the fork's MTP head: left out of the model, read when it drafts (mtp.py)
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property

@@ -6,6 +6,10 @@ tensors and only the packed forms are new (an int8 draft of d20 costs about a qu
 target's matrices, nothing of its embeddings). Otherwise (the target is itself packed, or the
 draft computes in another dtype) the checkpoint is loaded again at the draft's precision.
 
+The MTP draft is the fork's multi-token-prediction head (:mod:`.mtp`), where the checkpoint has
+one: it reads the target's own hidden states and proposes one token a round. ``auto`` weighs it
+with the self-drafts by measured tokens per unit of cost.
+
 A checkpoint draft is another nanochat checkpoint (an earlier step, a smaller depth) whose
 tokenizer gives ids the same meaning as the target's, compared by content.
 """
@@ -18,26 +22,31 @@ from pathlib import Path
 
 import torch
 
-from desktop.engine.decode.drafts import AUTO, DraftSpec, check_same_tokenizer
+from desktop.engine.decode.drafts import AUTO, MTP, DraftSpec, check_same_tokenizer, no_head
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import Tokenizer
-from desktop.engine.decode.speculative import Draft, cheapest, ready_draft
+from desktop.engine.decode.speculative import Draft, cheapest, measure_costs, ready_draft
 from desktop.engine.kernels.device import pick_precision
 from desktop.engine.kernels.memory import release_freed_memory
 from desktop.engine.kernels.tuning import tuner_for
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.nanochat.model import GPT
+from desktop.engine.nanochat.mtp import HeadDraft, follow, load_head
 
 # (checkpoint directory, its vocab size, whether it is a fork) -> its tokenizer
 FindTokenizer = Callable[[Path, int, bool], Tokenizer]
 
 
-def self_precisions(device: torch.device, name: str) -> tuple[str, ...]:
-    """The precisions a self-draft named ``name`` may take: ``auto`` is the cheaper of int8 and
-    fp16 on a CPU (timed), the fast 16-bit form elsewhere."""
-    if name != AUTO:
-        return (name,)
-    return ("int8", "fast") if device.type == "cpu" else ("fast",)
+def self_candidates(loaded: LoadedModel, spec: DraftSpec) -> tuple[str, ...]:
+    """What a draft of the target itself named ``spec`` may be: precisions of its own weights, or
+    ``mtp``, its MTP head. ``auto`` is the best (as timed) of int8 and fp16 on a CPU, the fast
+    16-bit form elsewhere, and the head where the checkpoint has one."""
+    if spec.head:
+        return (MTP,)
+    if spec.precision != AUTO:
+        return (spec.precision,)
+    own = ("int8", "fast") if loaded.device.type == "cpu" else ("fast",)
+    return (*own, MTP) if loaded.config.has_mtp else own
 
 
 def _shared(loaded: LoadedModel, precision: str, kernel_cache: Path | None) -> GPT | None:
@@ -68,6 +77,18 @@ def _self_draft(loaded: LoadedModel, precision: str, kernel_cache: Path | None) 
     return ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
 
 
+def _head_draft(loaded: LoadedModel) -> Draft:
+    """The checkpoint's MTP head reading the target's hidden states, its costs measured."""
+    if not loaded.config.has_mtp:
+        raise no_head(loaded.model_file)
+    target = loaded.model
+    model = HeadDraft(target, load_head(loaded))
+    release_freed_memory()  # the mapped file's pages and the conversions go back to the OS
+    draft = Draft(model, "MTP head", target.config.rope_len, model.new_cache, cap=1, needs=2, follow=follow)
+    measure_costs(target, _cache_of(target), draft)
+    return draft
+
+
 def make_draft(
     loaded: LoadedModel,
     tok: Tokenizer,
@@ -76,10 +97,10 @@ def make_draft(
     kernel_cache: Path | None = None,
 ) -> Draft:
     """The draft ``spec`` names for the target ``loaded`` (whose tokenizer is ``tok``)."""
-    if spec.is_self:
+    if spec.checkpoint is None:
         makers = [
-            partial(_self_draft, loaded, precision, kernel_cache)
-            for precision in self_precisions(loaded.device, spec.precision)
+            partial(_head_draft, loaded) if made == MTP else partial(_self_draft, loaded, made, kernel_cache)
+            for made in self_candidates(loaded, spec)
         ]
         return cheapest(makers)
     assert spec.checkpoint is not None

@@ -493,11 +493,17 @@ class GPT(nn.Module):
             cache.tokens[:, pos : pos + T] = idx
             cache.pos = pos + T
         x = norm(x)
+        if cache is not None and cache.hidden is not None:  # the MTP head reads them (nanochat/mtp.py)
+            cache.hidden[:, pos : pos + T] = x
         if last_only:
             x = x[:, -1:]
+        return self.logits_of(x)
+
+    def logits_of(self, x: torch.Tensor) -> torch.Tensor:
+        """The head on final-normed states: float32 logits, sliced to the real vocab, softcapped."""
         logits = (self._lm_head or self.lm_head)(x)
-        if logits.size(-1) != cfg.vocab_size:
-            logits = logits[..., : cfg.vocab_size]
+        if logits.size(-1) != self.config.vocab_size:
+            logits = logits[..., : self.config.vocab_size]
         logits = logits.float()
         return self.softcap * torch.tanh(logits / self.softcap)
 
