@@ -72,6 +72,20 @@ def test_demo_ships_several_steps_of_one_run_in_nanochat_layout() -> None:
     assert metas[0]["val_loss"] > 1.5 * metas[-1]["val_loss"]
 
 
+def test_demo_ships_a_smaller_depth_of_its_miniseries_as_a_draft() -> None:
+    """The draft for speculative decoding: the same data, seed and tokenizer, fewer layers."""
+    draft = CKPT.parent / "demo-d2"
+    (step,) = model_steps(draft)
+    meta = json.loads((draft / f"meta_{step:06d}.json").read_text(encoding="utf-8"))
+    target = json.loads((CKPT / f"meta_{model_steps(CKPT)[-1]:06d}.json").read_text(encoding="utf-8"))
+    assert meta["model_config"]["n_layer"] < target["model_config"]["n_layer"]
+    same = {k: v for k, v in target["model_config"].items() if k != "n_layer"}
+    assert {k: meta["model_config"][k] for k in same} == same
+    data = ("seed", "conversations", "max_exchanges", "documents", "vocab_size")
+    assert all(meta["user_config"][k] == target["user_config"][k] for k in data)
+    assert {k: v for k, v in meta["user_config"].items() if k != "trainer"} == PRESETS["draft"].for_meta()
+
+
 def test_matrices_are_stored_in_bfloat16_and_scalars_in_float32() -> None:
     sd = load_state_dict(CKPT / f"model_{model_steps(CKPT)[-1]:06d}.pt")
     assert {t.dtype for t in sd.values() if t.ndim >= 2} == {torch.bfloat16}

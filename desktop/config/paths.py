@@ -164,6 +164,15 @@ def demo_checkpoint() -> Path | None:
     return path if path.is_dir() else None
 
 
+def demo_runs() -> list[Path]:
+    """The bundled demo's runs: the chat model first, then the smaller depth of its miniseries
+    (trained on the same data with the same tokenizer: a draft for speculative decoding)."""
+    demo = demo_checkpoint()
+    if demo is None:
+        return []
+    return [demo, *sorted(p for p in demo.parent.iterdir() if p.is_dir() and p != demo)]
+
+
 def is_demo(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` is the bundled demo checkpoint (however it is spelled)."""
     demo = demo_checkpoint()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from desktop.config.paths import demo_checkpoint, nanochat_base_dir
+from desktop.config.paths import demo_runs, nanochat_base_dir
 from desktop.engine.discovery import (
     CheckpointEntry,
     CheckpointSummary,
@@ -83,9 +83,10 @@ class Background(QObject):
     async def _scan(self, base_dir: Path) -> None:
         loop = asyncio.get_running_loop()
         entries = await loop.run_in_executor(None, discover, base_dir, list(self.extra_dirs))
-        demo = demo_checkpoint()
-        if demo is not None and all(e.path != demo for e in entries):
-            entries.append(CheckpointEntry("demo", "demo", demo, model_steps(demo)))
+        known = {e.path for e in entries}
+        for run in demo_runs():
+            if run not in known and (steps := model_steps(run)):
+                entries.append(CheckpointEntry("demo", run.name, run, steps))
         self.checkpoints_found.emit(entries)
         if self.servers:  # local checkpoints first: a slow server must not hold them back
             listed = await asyncio.gather(*(loop.run_in_executor(None, s.entries) for s in self.servers))

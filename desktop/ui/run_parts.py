@@ -36,7 +36,7 @@ def run_targets(entries: list[CheckpointEntry]) -> list[tuple[str, Path]]:
             key = (Path(e.path).parent.parent, e.tag) if e.source != "folder" else (Path(e.path), "")
             runs.setdefault(key, (e.tag if e.source != "folder" else f"{e.tag} (folder)", Path(e.path)))
         elif e.source == "demo":
-            runs.setdefault((Path(e.path), ""), ("demo (bundled)", Path(e.path)))
+            runs.setdefault((Path(e.path), ""), (f"{e.tag} (bundled)", Path(e.path)))
         elif e.source == "kempnerforge":
             runs.setdefault((Path(e.path), ""), (f"{e.tag} (KempnerForge)", Path(e.path)))
     return list(runs.values())

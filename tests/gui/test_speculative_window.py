@@ -148,3 +148,21 @@ def test_compare_panes_draft_colour_stop_reopen_then_decode_plainly(qtbot, windo
     for pane, shown in zip(compare.panes, view.panes, strict=True):
         assert not any(pane.run.trace.drafts) and "draft" not in pane.run.stats
         assert "speculative" not in shown.stats.text() and not shown.stats.toolTip()
+
+
+def test_the_demo_miniseries_smaller_depth_is_offered_and_drafts_for_it(qtbot, windows, loop, monkeypatch):  # noqa: F811
+    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
+    box = win.sampling.speculative
+    offered = {box.draft.itemText(i): box.draft.itemData(i) for i in range(box.draft.count())}
+    d2 = next(spec for label, spec in offered.items() if "demo-d2" in label)
+    assert any("of this run" in label for label in offered)  # the run's other steps, too
+    box.draft.setCurrentIndex(box.draft.findData(d2))
+    box.k.setValue(3)
+    win.sampling.set_values({**win.sampling.values(), "temperature": 0.0, "max_tokens": 32})
+    send(qtbot, win, "How many r are in strawberry?")
+    reply = win.controller.path[-1][1]
+    stats = reply.meta["stats"]
+    assert reply.meta["draft"] == d2 and stats["drafted"] > 0 and stats["accepted"] > 0
+    footer = last(win).footer
+    assert f"speculative ({Path(d2).name})" in footer.text()
+    assert f"draft: {d2}" in footer.toolTip()
