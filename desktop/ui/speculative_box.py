@@ -10,7 +10,7 @@ unless the user fixes it.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 MAX_K = 8  # engine/decode/speculative.py's K_MAX
@@ -20,7 +20,11 @@ SELF_DRAFTS = (
     ("Own int8 copy", "int8"),
     ("Own 16-bit copy", "fast"),
 )
-HEAD_DRAFT = ("Own MTP head (one token a round)", "mtp")
+HEAD_DRAFT = ("Own MTP head", "mtp")
+HEAD_TIP = (
+    "The checkpoint's multi-token-prediction head (the nanochat fork's): it reads the model's own\n"
+    "last hidden state and proposes one token a round, whatever k says."
+)
 
 
 class SpeculativeBox(QWidget):
@@ -67,6 +71,8 @@ class SpeculativeBox(QWidget):
         self.draft.clear()
         for label, spec in (*SELF_DRAFTS, *([HEAD_DRAFT] if self._head else []), *self._steps):
             self.draft.addItem(label, spec)
+        if self._head:
+            self.draft.setItemData(len(SELF_DRAFTS), HEAD_TIP, Qt.ItemDataRole.ToolTipRole)
         if current and self.draft.findData(current) < 0:
             self.draft.addItem(current, current)  # a draft named elsewhere (settings, CLI)
         self.draft.setCurrentIndex(max(0, self.draft.findData(current)))

@@ -363,6 +363,18 @@ def reference_logits(
     or more than ``10*sequence_len`` tokens (nanochat's RoPE table size).
     """
     m = _prepare(sd, meta_cfg, era)
+    x = reference_hidden(sd, meta_cfg, era, ids)
+    logits = m.linear(x, "lm_head.weight")[:, : m.vocab].float()
+    cap = m.math.softcap if softcap is None else float(softcap)
+    return cap * torch.tanh(logits / cap)
+
+
+def reference_hidden(
+    sd: dict[str, torch.Tensor], meta_cfg: dict[str, Any], era: str, ids: Sequence[int]
+) -> torch.Tensor:
+    """The trunk's output after its final norm ``[T, C]``: what the head (and the fork's MTP head)
+    reads. Raises as :func:`reference_logits` does."""
+    m = _prepare(sd, meta_cfg, era)
     T = len(ids)
     max_positions = 10 * int(meta_cfg["sequence_len"])
     if not 0 < T <= max_positions:
@@ -396,11 +408,7 @@ def reference_logits(
             backout_source = x
     if backout_source is not None:
         x = x - m.w["backout_lambda"] * backout_source
-    x = norm(x)
-
-    logits = m.linear(x, "lm_head.weight")[:, : m.vocab].float()
-    cap = m.math.softcap if softcap is None else float(softcap)
-    return cap * torch.tanh(logits / cap)
+    return norm(x)
 
 
 def reference_greedy(

@@ -34,6 +34,7 @@ GOLDEN = ROOT / "tests" / "golden"
         ("fp16", DraftSpec("fp16", "float16")),
         ("BF16", DraftSpec("BF16", "bfloat16")),
         ("auto", DraftSpec("auto", "auto")),
+        ("mtp", DraftSpec("mtp", head=True)),
         ("/runs/d20@300", DraftSpec("/runs/d20@300", "auto", Path("/runs/d20"), 300)),
         ("int8:/runs/d12", DraftSpec("int8:/runs/d12", "int8", Path("/runs/d12"), None)),
         ("fast:/runs/d12@7", DraftSpec("fast:/runs/d12@7", "fast", Path("/runs/d12"), 7)),
