@@ -59,19 +59,19 @@ def chi_square_p(observed: Counter, expected: torch.Tensor, n: int) -> float:
 
 
 @torch.inference_mode()
-def marginals(model, params: SamplingParams) -> list[torch.Tensor]:
+def marginals(model, params: SamplingParams, prompt: list[int] = PROMPT) -> list[torch.Tensor]:
     """The exact distribution of the token at each position under the plain sampler: every path
     to that position weighted by its probability (the repetition penalty sees the whole path)."""
     out = []
     paths: list[tuple[list[int], float]] = [([], 1.0)]
     for _ in range(POSITIONS):
-        seqs = torch.tensor([PROMPT + p for p, _ in paths])
+        seqs = torch.tensor([prompt + p for p, _ in paths])
         probs = next_token_probs(model(seqs)[:, -1], params, seqs).double()
         weights = torch.tensor([w for _, w in paths], dtype=torch.float64)
         out.append((weights[:, None] * probs).sum(0))
         paths = [
             ([*p, t], w * float(probs[i, t]))
-            for (i, (p, w)), t in itertools.product(enumerate(paths), range(VOCAB))
+            for (i, (p, w)), t in itertools.product(enumerate(paths), range(probs.size(-1)))
             if probs[i, t] > 0
         ]
     return out
