@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from desktop.engine.decode.drafts import AUTO, MTP, DraftSpec, check_same_tokenizer, no_head
+from desktop.engine.decode.drafts import AUTO, MTP, DraftSpec, check_same_tokenizer
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import Tokenizer
 from desktop.engine.decode.speculative import Draft, cheapest, measure_costs, ready_draft
@@ -78,9 +78,8 @@ def _self_draft(loaded: LoadedModel, precision: str, kernel_cache: Path | None) 
 
 
 def _head_draft(loaded: LoadedModel) -> Draft:
-    """The checkpoint's MTP head reading the target's hidden states, its costs measured."""
-    if not loaded.config.has_mtp:
-        raise no_head(loaded.model_file)
+    """The checkpoint's MTP head reading the target's hidden states, its costs measured (one line
+    where it has none)."""
     target = loaded.model
     model = HeadDraft(target, load_head(loaded))
     release_freed_memory()  # the mapped file's pages and the conversions go back to the OS
@@ -103,7 +102,6 @@ def make_draft(
             for made in self_candidates(loaded, spec)
         ]
         return cheapest(makers)
-    assert spec.checkpoint is not None
     other = load_model(
         spec.checkpoint, spec.step, str(loaded.device), spec.precision, kernel_cache=kernel_cache
     )

@@ -325,3 +325,34 @@ def test_a_checkpoint_without_the_head_is_one_line_and_exit_2_on_the_command_lin
     lines = [line for line in err.splitlines() if line.startswith("nanoscope: error:")]
     assert len(lines) == 1 and "draft mtp: " in lines[0] and "has no multi-token-prediction head" in lines[0]
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("spoil", "says"),
+    [
+        (
+            lambda sd: sd.pop("mtp.block.mlp.c_gate.weight"),
+            r"the MTP head does not fit the model: mtp\.block\.mlp\.c_gate",
+        ),
+        (
+            lambda sd: sd.__setitem__("mtp.proj.weight", torch.zeros(3, 3)),
+            r"does not fit the model: mtp\.proj\.weight",
+        ),
+    ],
+    ids=["missing", "wrong-shape"],
+)
+def test_a_spoiled_head_is_one_line_naming_the_file(tmp_path, spoil, says):
+    """The loader leaves the head's keys out, so the model loads; the draft reads and checks them."""
+    m = manifest(CASE)
+    sd, _ = raw_checkpoint(m)
+    spoil(sd)
+    folder = tmp_path / "chatsft_checkpoints" / m["tag"]
+    folder.mkdir(parents=True)
+    name = f"{m['step']:06d}"
+    torch.save(sd, folder / f"model_{name}.pt")
+    source = CASE / "chatsft_checkpoints" / m["tag"] / f"meta_{name}.json"
+    (folder / f"meta_{name}.json").write_bytes(source.read_bytes())
+    backend = NanochatBackend.open(folder, LoadOptions(device="cpu", dtype="float32", base_dir=CASE))
+    with pytest.raises(CheckpointError, match=rf"^draft mtp: {tmp_path}.*model_{name}\.pt: .*{says}"):
+        backend.draft("mtp")
+    backend.close()
