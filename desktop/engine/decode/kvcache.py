@@ -12,11 +12,16 @@ rollbacks exact (docs/ARCHITECTURE.md, Eras):
 
 Keeping whole histories (not ring buffers) lets :meth:`truncate` roll back to any position,
 which the prefix cache uses when a conversation is edited or a reply regenerated.
+
+On the CPU every tensor takes memory as positions are written (``zeros_on_demand``): a cache
+made for a whole reply holds the positions reached so far, not all of them from the start.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from desktop.engine.kernels.memory import zeros_on_demand
 
 if TYPE_CHECKING:
     import torch
@@ -37,30 +42,24 @@ class KVCache:
         self.dtype = dtype
         self.pos = 0  # a Python int: reading it never syncs with the device
         shape = (cfg.n_layer, batch, capacity, cfg.n_kv_head, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k = zeros_on_demand(shape, dtype, device)
+        self.v = zeros_on_demand(shape, dtype, device)
         self._split_layers()
-        self.tokens = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.embeds = (
-            torch.zeros(batch, capacity, cfg.n_embd, device=device, dtype=dtype) if cfg.has_smear else None
-        )
-        self.engram = {
-            i: torch.zeros(batch, capacity, cfg.engram_dim, device=device, dtype=dtype)
-            for i in cfg.engram_layers
-        }
+        self.tokens = zeros_on_demand((batch, capacity), torch.long, device)
+        self.embeds = zeros_on_demand((batch, capacity, cfg.n_embd), dtype, device) if cfg.has_smear else None
+        engram = (batch, capacity, cfg.engram_dim)
+        self.engram = {i: zeros_on_demand(engram, dtype, device) for i in cfg.engram_layers}
         self.hidden: torch.Tensor | None = None  # (B, capacity, n_embd) when kept
 
     def keep_hidden(self, keep: bool) -> None:
         """Keep each position's final hidden state from now on (the model writes it), or stop.
 
         Positions held before have none, so turning it on forgets them: the next pass prefills."""
-        import torch
-
         if not keep:
             self.hidden = None
         elif self.hidden is None:
             shape = (self.batch, self.capacity, self.cfg.n_embd)
-            self.hidden = torch.zeros(shape, device=self.device, dtype=self.dtype)
+            self.hidden = zeros_on_demand(shape, self.dtype, self.device)
             self.pos = 0
 
     def _split_layers(self) -> None:
@@ -79,14 +78,12 @@ class KVCache:
         """Grow (doubling) so that ``needed`` positions fit; existing content is kept."""
         if needed <= self.capacity:
             return
-        import torch
-
         new_cap = max(needed, 2 * self.capacity)
 
         def grown(t: torch.Tensor, time_dim: int) -> torch.Tensor:
             shape = list(t.shape)
             shape[time_dim] = new_cap
-            out = torch.zeros(shape, dtype=t.dtype, device=t.device)
+            out = zeros_on_demand(shape, t.dtype, t.device)
             out.narrow(time_dim, 0, self.pos).copy_(t.narrow(time_dim, 0, self.pos))
             return out
 

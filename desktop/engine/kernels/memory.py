@@ -1,4 +1,5 @@
-"""How much memory the machine has free, and whether a set of checkpoints fits in it.
+"""How much memory the machine has free, whether a set of checkpoints fits in it, and memory the
+engine takes only as it is written (:func:`zeros_on_demand`) or gives back (:func:`release_freed_memory`).
 
 The Compare view loads one model per pane, so a user picking four 1.9B checkpoints should hear
 *before* loading that they need ~30 GB. Estimates come from :class:`CheckpointSummary` (meta and
@@ -12,13 +13,17 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import math
+import mmap
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import psutil
 
 if TYPE_CHECKING:
+    import torch
+
     from desktop.engine.discovery import CheckpointSummary
 
 logger = logging.getLogger(__name__)
@@ -62,6 +67,38 @@ def release_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+# Below this, zeros come from torch.zeros: a mapping of its own costs a system call and an entry in
+# the process's memory map, which a few kilobytes are not worth.
+ON_DEMAND_FROM = 1 << 20
+
+
+def zeros_on_demand(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor whose memory is taken as it is written.
+
+    ``torch.zeros`` writes every byte at once, so a KV cache made for a whole reply was resident
+    from the start: streaming 2,048 positions after a 1,024-token prompt held the 1,024 positions
+    the reply had not yet reached while the prompt's activations were at their peak, 205 MB at
+    depth 20 (docs/PERFORMANCE.md, Loading and memory). On the CPU the tensor lives in an
+    anonymous private mapping instead, which every OS fills with zeros a page at a time, on
+    first touch; the values are the same zeros. Elsewhere (a GPU's own memory), and for small
+    tensors, it is ``torch.zeros``."""
+    import torch
+
+    count = math.prod(shape)
+    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes < ON_DEMAND_FROM:
+        return torch.zeros(tuple(shape), dtype=dtype, device=device)
+    # Private: a child process started later (a fork) must not share the cache's pages.
+    private = {} if sys.platform == "win32" else {"flags": mmap.MAP_PRIVATE}
+    try:
+        pages = mmap.mmap(-1, nbytes, **private)
+    except (OSError, ValueError) as error:  # the OS refused the mapping: the plain allocation
+        logger.info("no on-demand mapping of %d bytes (%s); zeros written up front", nbytes, error)
+        return torch.zeros(tuple(shape), dtype=dtype, device=device)
+    # The tensor holds a reference to the mapping, which is unmapped when the last view goes.
+    return torch.frombuffer(pages, dtype=dtype, count=count).view(tuple(shape))
 
 
 def available_vram() -> int | None:
