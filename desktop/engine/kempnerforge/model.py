@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from desktop.engine.kempnerforge.config import KFModelConfig
 from desktop.engine.kernels.gemv import Kernel
+from desktop.engine.kernels.memory import zeros_on_demand
 from desktop.engine.kernels.tuning import Choice, KernelTuner
 
 QK_NORM_EPS = 1e-5  # Attention builds RMSNorm(head_dim) with the default eps, not model.norm_eps
@@ -87,8 +88,9 @@ class KFCache:
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.capacity = capacity
         shape = (1, cfg.n_kv_heads, capacity, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+        # Memory as positions are written, as nanochat's cache takes it (kernels.memory).
+        self.k = [zeros_on_demand(shape, dtype, device) for _ in range(cfg.n_layers)]
+        self.v = [zeros_on_demand(shape, dtype, device) for _ in range(cfg.n_layers)]
         self.pos = 0
         self.tokens: list[int] = []
 

@@ -19,6 +19,8 @@ from support.golden import CASES, MAX_NEW, check, manifest, reference
 
 from desktop.engine.backend import LoadOptions
 from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.kempnerforge.config import KFModelConfig
+from desktop.engine.kempnerforge.model import KFCache
 from desktop.engine.kernels import memory
 from desktop.engine.nanochat.backend import NanochatBackend
 from desktop.engine.nanochat.config import e7_config
@@ -92,5 +94,21 @@ def test_a_cache_holds_the_memory_of_the_positions_written_not_of_its_capacity()
     cache.k[:, :, : capacity // 2] = 1.0  # the keys of the first half of the positions
     written = _rss()
     assert half_of_keys * 0.9 < written - made < half_of_keys + 8 * MB
+    del cache
+    assert _rss() - before < 8 * MB, "a dropped cache keeps its pages"
+
+
+def test_a_kempnerforge_cache_too_holds_only_the_positions_written():
+    # 4 layers, 4 KV heads of 64 channels, 16,384 positions: 64 MB of keys and as much of values.
+    cfg = KFModelConfig(256, 4, 4, 4, 1024, 1024, "rmsnorm", 1e-5, "silu", 16384, 1e4, False, False, "math")
+    capacity = 16384
+    before = _rss()
+    cache = KFCache(cfg, capacity, torch.device("cpu"), torch.float32)
+    made = _rss()
+    assert made - before < 8 * MB, "a fresh cache is resident"
+    # zeros, as torch.zeros gave (read at both ends: reading every page would map them all)
+    assert all(not t[:, :, [0, -1]].any() for t in (*cache.k, *cache.v))
+    cache.reserve(capacity * 2)  # growing keeps the written positions and takes no new pages
+    assert _rss() - before < 16 * MB
     del cache
     assert _rss() - before < 8 * MB, "a dropped cache keeps its pages"
