@@ -365,10 +365,10 @@ def stream_decoded(
     """A family's reply, decoded as ``options`` ask: speculatively when a ``draft`` was named
     and drafting can pay, else the plain loop (generation.py, or the family's own ``plain``
     one). ``probs``: the family's sampling distribution. The one place the two meet."""
-    following = draft is not None and draft.follow is not None and draft.pays(options.draft_k)
-    if isinstance(cache, KVCache) and not following:
+    drafting = draft is not None and draft.pays(options.draft_k)
+    if isinstance(cache, KVCache) and not (drafting and draft is not None and draft.follow is not None):
         cache.keep_hidden(False)  # kept for a draft that read them; a plain pass need not write them
-    if draft is not None and draft.pays(options.draft_k):
+    if drafting and draft is not None:
         if not options.reuse_cache:
             draft.cache = None  # the target starts from nothing: so does its draft
         yield from stream_speculative(

@@ -87,7 +87,7 @@ def zeros_on_demand(shape: Sequence[int], dtype: torch.dtype, device: torch.devi
     import torch
 
     count = math.prod(shape)
-    nbytes = count * torch.empty((), dtype=dtype).element_size()
+    nbytes = count * dtype.itemsize
     if torch.device(device).type != "cpu" or nbytes < ON_DEMAND_FROM:
         return torch.zeros(tuple(shape), dtype=dtype, device=device)
     # Private: a child process started later (a fork) must not share the cache's pages.
