@@ -43,11 +43,25 @@ from desktop.ui.checkpoint_picker import entry_name
 from desktop.ui.compare_pane import ComparePane
 from desktop.ui.error_banner import ErrorBanner
 from desktop.ui.input_box import InputBox
+from desktop.ui.message_widget import draft_label
 from desktop.ui.sampling_panel import SEED_MAX
 from desktop.ui.speculative_box import SELF_DRAFTS
 from desktop.ui.token_view import ProbabilityLegend
 
 PANE_MIN_WIDTH = 270  # two panes fit an 800 px window; more scroll sideways there
+SPEED_TIP = (
+    "Speculative decoding in every pane that can: a draft proposes tokens, each pane's model checks\n"
+    "them in one pass. Each reply keeps its model's distribution, but a seed repeats Nanoscope's own\n"
+    "stream. The draft length is Chat's (Parameters › Speed).\n"
+    "Own copy: each pane's int8 or 16-bit copy drafts for it.\n"
+    "Pane X's checkpoint: that pane's checkpoint drafts for every other pane (it answers plainly).\n"
+    "Each other pane's footer then says how much of the draft it kept: a live measure of how alike\n"
+    "the two checkpoints are (they must share a tokenizer)."
+)
+PANE_DRAFT_TIP = (
+    "Pane {letter}'s checkpoint drafts for every other pane; each footer's kept share is how often\n"
+    "their model agrees with it"
+)
 
 
 def diff_marks(spans: list[DiffSpan]) -> tuple[dict[int, str], dict[int, str]]:
@@ -208,13 +222,10 @@ class CompareView(QWidget):
         self.seed.setToolTip("Seed shared by every pane: same seed, same random draws")
         self.dice = widgets.flat_button("dice", "New random seed")
         self.speed = QComboBox()
+        self.speed.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         for name, spec in SELF_DRAFTS:
             self.speed.addItem(name, spec)
-        self.speed.setToolTip(
-            "Speculative decoding in every pane that can: each pane's own copy drafts, its model checks.\n"
-            "Each reply keeps its model's distribution, but a seed repeats Nanoscope's own stream.\n"
-            "The draft length is Chat's (Parameters › Speed)."
-        )
+        self.speed.setToolTip(SPEED_TIP)
         title = QLabel("Shared sampling")
         title.setObjectName("SectionTitle")
         lay = widgets.FlowLayout(row, spacing=12)
@@ -306,7 +317,33 @@ class CompareView(QWidget):
         self.speed.setCurrentIndex(max(0, self.speed.findData(draft)))
 
     def _on_speed(self) -> None:
-        self.controller.draft = str(self.speed.currentData() or "")
+        # A pane's entry holds its index (an int), the others their draft name.
+        chosen = self.speed.currentData()
+        if isinstance(chosen, int):
+            self.controller.choose_draft(pane=chosen)
+        else:
+            self.controller.choose_draft(str(chosen or ""))
+
+    def _fill_speed(self) -> None:
+        """The Speculative choices: the panes' own copies, then each pane whose loaded checkpoint
+        can draft for the others. The choice stays with its pane; when that pane's checkpoint
+        goes (unloaded, removed), it falls back to Off."""
+        c = self.controller
+        want: int | str = c.panes.index(c.drafter) if c.drafter in c.panes else c.draft
+        self.speed.blockSignals(True)
+        self.speed.clear()
+        for name, spec in SELF_DRAFTS:
+            self.speed.addItem(name, spec)
+        for index, draft in c.drafters():
+            letter = LETTERS[index]
+            self.speed.addItem(f"Pane {letter}'s checkpoint ({draft_label(draft)})", index)
+            tip = PANE_DRAFT_TIP.format(letter=letter)
+            self.speed.setItemData(self.speed.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
+        # Compared by Python's ==, not Qt's: a pane's index is never taken for a draft name.
+        rows = (i for i in range(self.speed.count()) if self.speed.itemData(i) == want)
+        self.speed.setCurrentIndex(next(rows, 0))
+        self.speed.blockSignals(False)
+        self._on_speed()
 
     def set_draft_colours(self, on: bool) -> None:
         """Colour every pane's kept drafts and corrections instead of probabilities."""
@@ -350,6 +387,7 @@ class CompareView(QWidget):
         pane.setParent(None)
         pane.deleteLater()
         self._relabel()
+        self._fill_speed()
 
     def _sender_index(self) -> int:
         """Which pane widget sent the signal being handled."""
@@ -404,6 +442,7 @@ class CompareView(QWidget):
 
     def _on_pane_unloaded(self, index: int) -> None:
         self.panes[index].set_unloaded()
+        self._fill_speed()
 
     def _on_pane_started(self, index: int, _params: SamplingParams) -> None:
         # A raced fork's reply already holds what the fork said: it shows before the rest streams.
@@ -421,6 +460,7 @@ class CompareView(QWidget):
     def _on_pane_loaded(self, index: int, info: ModelInfo) -> None:
         self.panes[index].set_loaded(info)
         self._update_actions()
+        self._fill_speed()
 
     def _on_pane_refreshed(self, index: int) -> None:
         pane, run = self.panes[index], self.controller.panes[index].run

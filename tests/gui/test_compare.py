@@ -357,3 +357,58 @@ def test_step_sweep_and_temperature_switch_set_up_the_panes(qtbot, controller, v
     qtbot.waitUntil(lambda: all(p.loaded_key == (path, 10) for p in controller.panes), timeout=LOAD_MS)
     assert [p.overrides for p in controller.panes] == [{"temperature": t} for t in (0.0, 0.6, 1.0)]
     assert [p.overrides()["temperature"] for p in view.panes] == [0.0, 0.6, 1.0]
+
+
+def speed_choices(view: CompareView) -> list[str]:
+    return [view.speed.itemText(i) for i in range(view.speed.count())]
+
+
+def pane_drafts(view: CompareView) -> list[str]:
+    """The Speculative choices that name a pane's checkpoint."""
+    return [t for t in speed_choices(view) if t.startswith("Pane")]
+
+
+def test_one_panes_checkpoint_drafts_for_the_others_and_the_choice_follows_the_panes(
+    qtbot, controller, view, ckpts
+):
+    controller.settings.set("draft_k", 3)  # Chat's fixed draft length: this small a model drafts
+    load(qtbot, controller, ckpts["a10"], ckpts["a20"])
+    a_path = ckpts["a10"][0]
+    offered = pane_drafts(view)
+    assert offered == [f"Pane A's checkpoint ({a_path.name}@10)", f"Pane B's checkpoint ({a_path.name}@20)"]
+    view.speed.setCurrentIndex(speed_choices(view).index(offered[0]))
+    plain = "Not every pane decodes speculatively"
+    with qtbot.waitSignal(
+        controller.notice, check_params_cb=lambda _level, title, _msg: title == plain
+    ) as said:
+        run(qtbot, controller, {"temperature": 0.0, "top_k": 0, "max_tokens": 24, "seed": 7})
+    assert said.args[2] == "pane A: it is the draft"
+    a, b = (p.run for p in controller.panes)
+    assert "draft" not in a.stats and not any(a.trace.drafts)
+    assert b.stats["draft"] == f"{a_path}@10" and b.stats["drafted"] > 0
+    assert f"speculative ({a_path.name}@10)" in view.panes[1].stats.text()
+    assert "drafted kept" in view.panes[1].stats.text()
+    # Greedy with a draft is the target's own greedy reply.
+    session = NanochatBackend.open(a_path, LoadOptions(step=20, device="cpu"))
+    prompt = list(session.render([Message.of_text("user", PROMPT)], 24).ids)
+    assert b.tokens == backend_helpers.reply_ids(
+        session, prompt, SamplingParams(temperature=0.0, max_tokens=24)
+    )
+
+    # A third pane loads: it is offered too, and the choice stays with pane A.
+    assert controller.add_pane()
+    with qtbot.waitSignal(controller.pane_loaded, timeout=LOAD_MS):
+        controller.load(2, *ckpts["b10"])
+    assert len(pane_drafts(view)) == 3
+    assert view.speed.currentText() == offered[0]
+    # Pane A goes: what was pane B moves up to A, and the choice falls back to Off.
+    assert controller.remove_pane(0)
+    assert view.speed.currentText() == "Off" and controller.drafter is None and controller.draft == ""
+    moved = offered[1].replace("Pane B", "Pane A")
+    assert pane_drafts(view)[0] == moved
+    # A pane unloaded is no longer offered, and a choice of it falls back to Off.
+    view.speed.setCurrentIndex(speed_choices(view).index(f"Pane B's checkpoint ({ckpts['b10'][0].name}@10)"))
+    assert controller.drafter is controller.panes[1]
+    controller.unload(1)
+    assert view.speed.currentText() == "Off" and controller.drafter is None
+    assert pane_drafts(view) == [moved]

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from desktop.engine.backend import ModelInfo
 from desktop.engine.files.bounded import FileRefused, open_regular
 from desktop.engine.params import SamplingParams
 
@@ -129,6 +130,24 @@ def same_tokenizer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     if not ta or not tb or a.get("vocab_size") != b.get("vocab_size"):
         return False
     return ta == tb or _file_digest(ta) == _file_digest(tb)
+
+
+def draft_reader(family: str) -> str:
+    """Whose loader reads a checkpoint as a draft: nanochat's reads the fork's too, and one Hugging
+    Face backend reads every architecture it knows; a backend drafts only with its own's."""
+    if family.startswith("nanochat"):
+        return "nanochat"
+    return "hf" if family.startswith("hf-") else family
+
+
+def checkpoint_draft(info: ModelInfo) -> str:
+    """A pane's loaded checkpoint as another pane's draft (engine/decode/drafts.py's
+    ``PATH@STEP``; a Hugging Face folder has no steps), or "" for a served model."""
+    if info.family == "remote":
+        return ""
+    if info.step is None or draft_reader(info.family) == "hf":
+        return info.path
+    return f"{info.path}@{info.step}"
 
 
 def draft_agreement(reply: Sequence[int], skip: Sequence[bool], top: Sequence[Sequence[Any]]) -> float | None:

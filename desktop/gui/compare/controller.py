@@ -33,9 +33,11 @@ from desktop.gui.compare.analysis import (
     MIN_PANES,
     OVERRIDE_KEYS,
     DiffSpan,
+    checkpoint_draft,
     cpu_cores,
     cpu_threads,
     draft_agreement,
+    draft_reader,
     effective_params,
     first_divergence,
     same_tokenizer,
@@ -144,6 +146,7 @@ class CompareController(QObject):
         self.system_prompt = ""
         self.shared = SamplingParams()
         self.draft = ""  # speculative decoding's draft for every pane that can (StreamOptions.draft)
+        self.drafter: Pane | None = None  # or: this pane's checkpoint drafts for the others
         self.messages: list[Message] = []
         self.overlay = False
         self.diff_pair: tuple[int, int] | None = None
@@ -190,6 +193,8 @@ class CompareController(QObject):
         if len(self.panes) <= MIN_PANES or not 0 <= index < len(self.panes):
             return False
         pane = self.panes.pop(index)
+        if pane is self.drafter:
+            self.drafter = None  # its checkpoint went with it: speculative decoding is off
         pane.shutdown()
         pane.deleteLater()
         self.pane_removed.emit(index)
@@ -221,6 +226,8 @@ class CompareController(QObject):
     def unload(self, index: int) -> None:
         """Free pane ``index``'s model; its last reply stays on screen."""
         self.panes[index].unload()
+        if self.panes[index] is self.drafter:
+            self.drafter = None
         self.pane_unloaded.emit(index)
         self.memory.check()
 
@@ -257,6 +264,34 @@ class CompareController(QObject):
             self.set_overrides(i, {"temperature": SWEEP_TEMPERATURES[i]})
             self.load(i, *base)
         return True
+
+    # ----- speculative decoding --------------------------------------------------------------
+
+    def choose_draft(self, draft: str = "", pane: int | None = None) -> None:
+        """Speculative decoding for the next replies: ``draft`` in every pane that can (a self-draft,
+        "" off), or pane ``pane``'s loaded checkpoint drafting for every other pane."""
+        self.drafter = self.panes[pane] if pane is not None else None
+        self.draft = "" if pane is not None else draft
+
+    def drafters(self) -> list[tuple[int, str]]:
+        """(pane, draft name) of every pane whose loaded checkpoint can draft for the others."""
+        named = [(i, checkpoint_draft(p.info)) for i, p in enumerate(self.panes) if p.info is not None]
+        return [(i, name) for i, name in named if name]
+
+    def _draft_for(self, pane: Pane) -> tuple[str, str]:
+        """The draft ``pane`` streams with, or why it decodes plainly ("" both: speculative
+        decoding is off)."""
+        source = self.drafter.info if self.drafter is not None else None
+        draft = checkpoint_draft(source) if source is not None else self.draft
+        if not draft or pane.info is None:
+            return "", ""
+        if pane is self.drafter:
+            return "", "it is the draft"
+        if why := pane.info.capabilities.why_not("draft"):
+            return "", why
+        if source is not None and draft_reader(source.family) != draft_reader(pane.info.family):
+            return "", f"a {pane.info.family} model cannot draft with a {source.family} checkpoint"
+        return draft, ""
 
     # ----- generation ------------------------------------------------------------------------
 
@@ -302,9 +337,10 @@ class CompareController(QObject):
             assert pane.info is not None
             pane.run = PaneRun(params, pane.info.reply_meta(), dict(pane.overrides), running=True)
             options, lock = schedule[pane]
-            if self.draft and not pane.info.capabilities.why_not("draft"):
-                pane.run.reply.meta["draft"] = self.draft  # its footer says so
-                options = replace(options, draft=self.draft, draft_k=self.settings.get("draft_k"))
+            draft, _plain = self._draft_for(pane)
+            if draft:
+                pane.run.reply.meta["draft"] = draft  # its footer says so
+                options = replace(options, draft=draft, draft_k=self.settings.get("draft_k"))
             if fork is not None:
                 # Each pane's reply holds what the fork said, with no probabilities: those were
                 # the source model's, not this pane's.
@@ -321,9 +357,7 @@ class CompareController(QObject):
 
     def _say_plain(self, ready: list[Pane]) -> None:
         """With speculative decoding on, name the panes that decode plainly, and why."""
-        if not self.draft:
-            return
-        why = {LETTERS[self.panes.index(p)]: p.info.capabilities.why_not("draft") for p in ready if p.info}
+        why = {LETTERS[self.panes.index(p)]: self._draft_for(p)[1] for p in ready}
         plain = {letter: reason for letter, reason in why.items() if reason}
         if plain:
             lines = "; ".join(f"pane {letter}: {reason}" for letter, reason in plain.items())
