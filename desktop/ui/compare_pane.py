@@ -41,11 +41,11 @@ PICK = "Pick a checkpoint and press Load"
 NONE_FOUND = "No checkpoints found: use Open folder… in the chat view"
 
 
-def format_pane_stats(stats: dict) -> str:
-    """ "31.2 tok/s · TTFT 120 ms · 64 tokens · stopped" (or the error), and speculative
-    decoding's draft and how much of it was kept."""
+def format_pane_stats(stats: dict) -> list[str]:
+    """ "31.2 tok/s · TTFT 120 ms · 64 tokens · stopped" (or the error), then on a line of its
+    own speculative decoding's draft and how much of it was kept (it must not be elided away)."""
     if stats.get("error"):
-        return f"⚠ {stats['error']}"
+        return [f"⚠ {stats['error']}"]
     bits = []
     if stats.get("decode_tok_s"):
         bits.append(f"{stats['decode_tok_s']:.1f} tok/s")
@@ -56,9 +56,8 @@ def format_pane_stats(stats: dict) -> str:
     reason = {"cancelled": "stopped", "max_tokens": "max tokens", "context": "context full"}
     if stats.get("stopped") in reason:
         bits.append(reason[stats["stopped"]])
-    if stats.get("draft"):
-        bits.append(speculative_line(str(stats["draft"]), stats))
-    return "  ·  ".join(bits)
+    drafted = [speculative_line(str(stats["draft"]), stats)] if stats.get("draft") else []
+    return ["  ·  ".join(bits), *drafted]
 
 
 def format_score(source: str, result: dict) -> str:
@@ -83,17 +82,21 @@ def _override_box(box: QAbstractSpinBox, tip: str, width: int) -> None:
     box.setAlignment(Qt.AlignmentFlag.AlignRight)
 
 
-class _ScoreLines(QWidget):
-    """The cross-score lines of a pane, each elided on its own; ``text()`` is all of them."""
+class _Lines(QWidget):
+    """Lines of a pane (its footer, its cross-scores), each elided on its own; ``text()`` is all
+    of them."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self._box = QVBoxLayout(self)
         self._box.setContentsMargins(0, 0, 0, 0)
         self._box.setSpacing(2)
         self._labels: list[widgets.ElidedLabel] = []
 
-    def set_lines(self, lines: list[str]) -> None:
+    def set_lines(self, lines: list[str], tip: str | None = None) -> None:
+        """Show ``lines``; ``tip``, when given, is the tooltip, after a line's whole text where
+        that line is long enough to be elided."""
         while len(self._labels) < len(lines):
             label = widgets.ElidedLabel()
             label.setObjectName("Muted")
@@ -104,7 +107,11 @@ class _ScoreLines(QWidget):
             self._box.removeWidget(label)
             label.deleteLater()
         for label, line in zip(self._labels, lines, strict=True):
-            label.setText(line)
+            label.setText(line)  # a long line is its own tooltip
+            if tip is not None:
+                label.setToolTip("\n".join(t for t in (label.toolTip(), tip) if t))
+        if tip is not None:
+            self.setToolTip(tip)
         self.setVisible(bool(lines))
 
     def text(self) -> str:
@@ -177,11 +184,10 @@ class ComparePane(QFrame):
         self.view.token_clicked.connect(self._open_popup)
         self.popup: ForkPopup | None = None
         self.busy = False  # Compare is replying: a fork waits until every pane is done
-        self.stats = widgets.ElidedLabel()
-        self.stats.setObjectName("Muted")
-        self.stats.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.stats = _Lines()
+        self.stats.set_lines([""])  # the footer keeps its line before the first reply
         # One line per reply scored under this pane's checkpoint ("A's reply here: …").
-        self.score = _ScoreLines()
+        self.score = _Lines()
         self.score.setToolTip(
             "Teacher-forced score of a reply under this pane's checkpoint: lower bits per byte "
             "means this checkpoint finds the reply more likely."
@@ -407,7 +413,7 @@ class ComparePane(QFrame):
         self.view.clear_tokens()
         if said is not None and len(said):
             self.view.set_tokens(records_of(said))
-        self.stats.setText("…")
+        self.stats.set_lines(["…"], "")
         self.set_scores({})
 
     def append(self, index: int, ev: TokenEvent) -> None:
@@ -420,8 +426,7 @@ class ComparePane(QFrame):
         self._show_stats(stats)
 
     def _show_stats(self, stats: dict) -> None:
-        self.stats.setText(format_pane_stats(stats))
-        self.stats.setToolTip(SPECULATIVE_NOTE if stats.get("draft") else "")
+        self.stats.set_lines(format_pane_stats(stats), SPECULATIVE_NOTE if stats.get("draft") else "")
 
     def set_draft_colours(self, on: bool) -> None:
         """Colour speculative decoding's kept drafts and corrections instead of probabilities."""

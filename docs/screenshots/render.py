@@ -4,8 +4,9 @@
         [--size 1360x860]
 
 Runs the real app on the bundled demo model: the empty chat, a chat, a load error, and Compare
-with three steps of the demo run (probabilities on, diff A vs C) and with its first and last
-steps side by side. ``--size 800x600`` shows the narrow layout.
+with three steps of the demo run (probabilities on, diff A vs C), with its first and last
+steps side by side, and with an earlier step drafting for the latest (speculative decoding, draft
+colours on). ``--size 800x600`` shows the narrow layout.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import qasync
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QApplication
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +116,17 @@ async def scenario(window, out: Path, theme: str, size: tuple[int, int]) -> None
     view.diff_box.setChecked(False)
     await compare_steps([steps[0], steps[-1]], "What is 1234 plus 5678?")
     window.grab().save(str(out / f"compare-2-panes-{theme}.png"))
+
+    # Pane A's checkpoint drafts for pane B: B's footer says how much of A's draft it kept.
+    view.overlay_box.setChecked(False)
+    window.sampling.speculative.k.setValue(3)  # Compare's draft length is Chat's
+    await compare_steps([steps[0], steps[-1]], "What is 12 times 7?")  # loads the panes
+    view.speed.setCurrentIndex(view.speed.findData(0))  # the first pane's checkpoint
+    next(a for a in window.findChildren(QAction) if a.text() == "Draft colours").trigger()
+    await compare_steps(
+        [steps[0], steps[-1]], "How many r are in strawberry? Tell me about the sea.", temperature=0.8
+    )
+    window.grab().save(str(out / f"compare-pane-draft-{theme}.png"))
     window.close()
 
 
@@ -124,7 +137,7 @@ def main() -> int:
     parser.add_argument("--size", default="1360x860", help="window size, WIDTHxHEIGHT")
     args = parser.parse_args()
     width, height = (int(n) for n in args.size.lower().split("x"))
-    from desktop import paths
+    from desktop.config import paths
 
     paths.set_home(tempfile.mkdtemp(prefix="nanoscope-shots-"))
     _app = QApplication.instance() or QApplication(sys.argv[:1])  # kept alive while rendering

@@ -4,7 +4,8 @@ token marked kept or corrected, the footer says speculative decoding was on and 
 draft was kept, Stop ends a reply mid-stream, a regeneration drafts again, and View › Draft
 colours paints kept and corrected tokens apart. In Compare, every pane drafts with its own copy,
 colours, stops, and its marks and footer come back from history; switched off, panes decode
-plainly.
+plainly. One pane's checkpoint drafts for the others: a pane of another tokenizer says so in one
+line while the rest answer to the end.
 """
 
 from __future__ import annotations
@@ -19,13 +20,22 @@ from test_window_sequences import (  # noqa: F401
     action,
     click_row,
     loop,
+    open_folder,
     restart,
     send,
     start_with_base,
     windows,
 )
 
+from desktop.gui.compare.controller import CompareController
+from desktop.ui.compare_pane import ComparePane
+
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("This plugin does not support")]
+DEMO_RUN = DEMO_BASE / "chatsft_checkpoints" / "demo"
+# A nanochat chat checkpoint the tool's own code wrote, with its own 300-token tokenizer.
+OTHER_TOKENIZER = (
+    Path(__file__).resolve().parents[1] / "golden" / "nanochat" / "E7" / "chatsft_checkpoints" / "d2"
+)
 
 
 def test_chat_streams_stops_and_regenerates_with_a_draft_and_colours_it(qtbot, windows, loop, monkeypatch):  # noqa: F811
@@ -166,3 +176,74 @@ def test_the_demo_miniseries_smaller_depth_is_offered_and_drafts_for_it(qtbot, w
     footer = last(win).footer
     assert f"speculative ({Path(d2).name})" in footer.text()
     assert f"draft: {d2}" in footer.toolTip()
+
+
+def pick(qtbot, compare: CompareController, pane: ComparePane, path: Path, step: int) -> None:
+    """The user picks a checkpoint and a step in a pane's two lists and presses Load."""
+    pane.checkpoint.setCurrentIndex(pane.checkpoint.findData(str(path)))
+    pane.step.setCurrentIndex(pane.step.findData(step))
+    with qtbot.waitSignal(compare.pane_loaded, timeout=WAIT):
+        qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)
+
+
+def ask(qtbot, view, compare: CompareController, text: str) -> None:
+    with qtbot.waitSignal(compare.busy_changed, timeout=WAIT, check_params_cb=lambda busy: not busy):
+        view.input.editor.setPlainText(text)
+        qtbot.keyClick(view.input.editor, Qt.Key.Key_Return)
+
+
+def test_a_pane_drafts_for_the_others_one_of_another_tokenizer_fails_alone_then_all_answer_plainly(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+):
+    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT):
+        open_folder(qtbot, win, OTHER_TOKENIZER, monkeypatch)  # listed for the panes, too
+    win.sampling.speculative.k.setValue(3)  # Compare's draft length is Chat's
+    view, compare = win.compare_view, win.compare
+    win.tabs.setCurrentWidget(view)
+    assert view.speed.currentText() == "Off"
+    qtbot.mouseClick(view.add_btn, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: view.panes[2].checkpoint.findData(str(OTHER_TOKENIZER)) >= 0, timeout=WAIT)
+    picks = ((DEMO_RUN, 300), (DEMO_RUN, 1000), (OTHER_TOKENIZER, 20))
+    for pane, (path, step) in zip(view.panes, picks, strict=True):
+        pick(qtbot, compare, pane, path, step)
+
+    # Pane A's checkpoint drafts for B and C; C's tokenizer is another, so C says so, and B runs on.
+    view.speed.setCurrentIndex(view.speed.findText("Pane A's checkpoint (demo@300)"))
+    view.temperature.setValue(0.8)
+    view.max_tokens.setValue(40)
+    ask(qtbot, view, compare, "What is 12 times 7? Tell me about the sea.")
+    a, b, c = (p.run for p in compare.panes)
+    assert a.trace.ids and not a.error and "draft" not in a.stats and not any(a.trace.drafts)
+    assert not b.error and b.stats["draft"] == f"{DEMO_RUN}@300" and b.stats["drafted"] > 0
+    assert b.stats["new_tokens"] == len(b.trace) and b.stats["stopped"] != "cancelled"
+    footer = view.panes[1].stats.text()
+    assert "tok/s" in footer and "speculative (demo@300)" in footer and "drafted kept" in footer
+    line = view.panes[2].stats.text()
+    assert c.error and line.startswith("⚠") and "\n" not in line
+    assert "demo@300" in line and "tokenizer" in line and "Traceback" not in line
+    assert "speculative" not in view.panes[0].stats.text()
+    with qtbot.waitSignal(compare.saved, timeout=WAIT) as saved:
+        qtbot.mouseClick(view.save_btn, Qt.MouseButton.LeftButton)
+
+    # Speculative off: every pane answers plainly, pane C too.
+    view.speed.setCurrentIndex(view.speed.findData(""))
+    ask(qtbot, view, compare, "What is 12 times 7?")
+    for run, shown in zip((p.run for p in compare.panes), view.panes, strict=True):
+        assert run.trace.ids and not run.error and "draft" not in run.stats and not any(run.trace.drafts)
+        assert "tok/s" in shown.stats.text() and "speculative" not in shown.stats.text()
+
+    # Restart and reopen the drafted comparison: pane B's footer comes back from history.
+    win = restart(qtbot, windows, fake=False)
+    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
+        win.background.scan()
+    win.controller.refresh_list()
+    click_row(qtbot, win, saved.args[0])
+    view, compare = win.compare_view, win.compare
+    assert win.tabs.currentWidget() is view
+    reopened = view.panes[1].stats.text()
+    assert compare.panes[1].run.stats["draft"] == f"{DEMO_RUN}@300"
+    assert "speculative (demo@300)" in reopened and "drafted kept" in reopened
