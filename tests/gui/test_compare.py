@@ -7,6 +7,7 @@ direct forward pass and log-softmax), never read back from the code under test.
 from __future__ import annotations
 
 import math
+import shutil
 import threading
 from pathlib import Path
 
@@ -412,3 +413,21 @@ def test_one_panes_checkpoint_drafts_for_the_others_and_the_choice_follows_the_p
     controller.unload(1)
     assert view.speed.currentText() == "Off" and controller.drafter is None
     assert pane_drafts(view) == [moved]
+
+
+def test_a_draft_checkpoint_cut_short_after_it_was_picked_fails_in_one_line_and_the_drafter_answers(
+    qtbot, controller, view, ckpts, tmp_path
+):
+    controller.settings.set("draft_k", 3)
+    base = shutil.copytree(ckpts["a10"][0].parents[1], tmp_path / "base")
+    a = base / ckpts["a10"][0].relative_to(ckpts["a10"][0].parents[1])
+    load(qtbot, controller, (a, 10), (a, 20))
+    view.speed.setCurrentIndex(speed_choices(view).index(f"Pane A's checkpoint ({a.name}@10)"))
+    weights = a / "model_000010.pt"
+    weights.write_bytes(weights.read_bytes()[:4096])  # the file A loaded is cut short on disk
+    run(qtbot, controller, {"temperature": 0.8, "top_k": 0, "max_tokens": 16, "seed": 7})
+    drafter, target = (p.run for p in controller.panes)
+    assert not drafter.error and drafter.trace.ids  # A answers from the weights it holds
+    line = view.panes[1].stats.text()
+    assert target.error and line.startswith("⚠") and "\n" not in line
+    assert "model_000010.pt" in line and "Traceback" not in line
