@@ -172,15 +172,12 @@ class _Machine:
         self.stack: list[_Item] = []
         self.marks: list[int] = []
         self.memo: dict[int, _Item] = {}
-        self.handlers: dict[str, Callable[[object], None]] = {
-            name[3:]: getattr(self, name) for name in dir(self) if name.startswith("op_")
-        }
 
     def run(self, data: bytes, start: int = 0) -> _Item:
         # Length-prefixed strings, small ints and memo reads/writes are most of a pickle (a
         # tokenizer is ~3 of them per token), so they are decoded here directly; every other
         # opcode is decoded by pickletools' own argument readers and goes to its op_ method.
-        stack, marks, memo, handlers = self.stack, self.marks, self.memo, self.handlers
+        stack, marks, memo, handlers = self.stack, self.marks, self.memo, _HANDLERS
         max_ops, max_stack, max_memo = self.policy.max_ops, self.policy.max_stack, self.policy.max_memo
         reader = io.BytesIO(data)
         pos, end, ops = start, len(data), 0
@@ -265,7 +262,7 @@ class _Machine:
                 if handler is None:
                     raise PickleRefused("corrupt", f"opcode {name} at byte {at} is not allowed")
                 try:
-                    handler(arg)
+                    handler(self, arg)
                 except IndexError:
                     raise PickleRefused("corrupt", f"{name} at byte {at} finds too few items") from None
         except PickleRefused:
@@ -657,6 +654,13 @@ def _genops_reason(exc: Exception) -> str:
     if "digits" in text:
         return "the pickle holds a number with thousands of digits"
     return f"the pickle is malformed ({text[:160]})"
+
+
+# opcode name -> its method. A table of the class's functions, not of each machine's bound methods:
+# those would hold the machine in a reference cycle, and its memo until the cyclic collector ran.
+_HANDLERS: dict[str, Callable[[_Machine, object], None]] = {
+    name[3:]: function for name, function in vars(_Machine).items() if name.startswith("op_")
+}
 
 
 # --- the files ------------------------------------------------------------------------------------

@@ -107,6 +107,15 @@ def _transposed(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (weight @ rows.T).T.reshape(*x.shape[:-1], weight.shape[0]).contiguous()
 
 
+def _linear(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, weight)
+
+
+def _by_parts(products: Sequence[ExactLinear], x: torch.Tensor) -> torch.Tensor:
+    """A fused matrix's product as its parts' own products, side by side."""
+    return torch.cat([product(x) for product in products], -1)
+
+
 def _by_blocks(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)`` for a few rows: each block of the weight's rows times all rows."""
     n, c = weight.shape
@@ -213,9 +222,9 @@ class ExactLinear:
             for blocks in _split_counts(n, threads):
                 view = self.weight.view(blocks, n // blocks, c).mT
                 found[f"split into {blocks}"] = partial(_split, view)
-        found["F.linear"] = self._linear
+        found["F.linear"] = partial(_linear, self.weight)
         if self.parts:  # each part by its own fastest route that gives F.linear's bits
-            found["by parts"] = self._by_parts
+            found["by parts"] = partial(_by_parts, self._part_products)
         return found
 
     def _choose(self, threads: int, align: int) -> Route:
@@ -237,7 +246,7 @@ class ExactLinear:
         return {
             "rows transposed": partial(_transposed, self.weight),
             "blocks": partial(_by_blocks, self.weight),
-            "F.linear": self._linear,
+            "F.linear": partial(_linear, self.weight),
         }
 
     def _few_route(self, threads: int) -> Route:
@@ -247,12 +256,6 @@ class ExactLinear:
             first = self.rank(self, threads, routes, FEW_ROWS_TIMED)[0] if self.rank else "F.linear"
             route = self._few_routes[threads] = routes[first]
         return route
-
-    def _linear(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
-
-    def _by_parts(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([product(x) for product in self._part_products], -1)
 
     def _verdict(self, name: str, route: Route, threads: int, align: int) -> bool:
         w = self.weight
