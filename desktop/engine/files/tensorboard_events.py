@@ -93,10 +93,12 @@ class TagSeries:
         self.walls.append(wall)
         self.values.append(value)
         if len(self.steps) >= 2 * self.cap:
+            # An even count: the newest point is at an odd index, off the new grid. It stays the
+            # newest value shown until the next one comes.
+            self._newest = (step, wall, value)
             self.steps, self.walls, self.values = self.steps[::2], self.walls[::2], self.values[::2]
             self.stride *= 2
-            # the newest kept point was dropped: count from the one before it, so the next
-            # point kept lands on the new grid
+            # count from the point before it, so the next point kept lands on the new grid
             self._since_kept = self.stride // 2
 
     def points(self) -> tuple[list[int], list[float], list[float]]:
