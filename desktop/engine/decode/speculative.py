@@ -73,7 +73,8 @@ PROBE_FIRST = 16
 MAX_PROBES = 3
 # A draft that has proposed this many tokens in a reply and had fewer than GIVE_UP_RATE of them
 # kept is unrelated to the target: it is not probed again (a probe costs the draft's catching up
-# on every token decoded meanwhile).
+# on every token decoded meanwhile). Nor is one whose probe kept nothing when nothing was kept
+# before it in the reply.
 GIVE_UP_AFTER = 8
 GIVE_UP_RATE = 0.1
 # Timing a draft: the rows of the timed verifying pass, and how many times each is timed.
@@ -311,6 +312,9 @@ class DraftLength:
         rate = accepted / drafted
         if self.probing:
             self.acceptance, self.probing = rate, False
+            # Nothing kept in this reply, this probe included: the draft is unrelated to the
+            # target, and every further probe costs its catching up on the tokens decoded since.
+            self.hopeless = not self.accepted
         else:
             self.acceptance = (1 - SMOOTHING) * self.acceptance + SMOOTHING * rate
 
@@ -669,6 +673,10 @@ class _Speculation:
                 if d.token in self.sp.stop:
                     stats.stopped = "stop_token"
                 yield self._event(d)
+                if self.generated == 1:
+                    # The prefill's freed heap goes back after the first token, not at the reply's
+                    # end, as in the plain loop (generation.py): the caches still fill meanwhile.
+                    release_freed_memory()
             if stats.stopped == "cancelled":
                 break
         assert self.tracker is not None

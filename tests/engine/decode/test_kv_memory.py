@@ -10,6 +10,8 @@ stay below ``ON_DEMAND_FROM``; here the threshold is lowered to map every tensor
 from __future__ import annotations
 
 import gc
+import threading
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,16 +19,20 @@ import torch
 from support.backend_helpers import reply_ids
 from support.golden import CASES, MAX_NEW, check, manifest, reference
 
-from desktop.engine.backend import LoadOptions
+from desktop.engine.backend import LoadOptions, StreamOptions
+from desktop.engine.decode import generation, speculative
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.kempnerforge.config import KFModelConfig
 from desktop.engine.kempnerforge.model import KFCache
 from desktop.engine.kernels import memory
+from desktop.engine.messages import Message
 from desktop.engine.nanochat.backend import NanochatBackend
 from desktop.engine.nanochat.config import e7_config
 from desktop.engine.params import SamplingParams
+from desktop.engine.registry import open_backend
 
 MB = 2**20
+DEMO = Path(__file__).resolve().parents[3] / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 UP_FRONT = 1 << 62  # an ON_DEMAND_FROM no tensor reaches: torch.zeros, as before
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, seed=42)
 
@@ -112,3 +118,28 @@ def test_a_kempnerforge_cache_too_holds_only_the_positions_written():
     assert _rss() - before < 16 * MB
     del cache
     assert _rss() - before < 8 * MB, "a dropped cache keeps its pages"
+
+
+@pytest.mark.parametrize("draft", ["", "int8"], ids=["plain", "speculative"])
+def test_the_prefills_freed_heap_goes_back_after_the_first_token_not_at_the_replys_end(monkeypatch, draft):
+    """Both loops give the prompt's freed activations back to the OS once the first token is out:
+    the caches still fill while the reply streams, and the peak is the prefill's plus theirs."""
+    released: list[int] = []
+    streamed: list[int] = []
+
+    def release() -> None:
+        released.append(len(streamed))
+
+    for module in (generation, speculative):
+        monkeypatch.setattr(module, "release_freed_memory", release)
+    backend = open_backend(DEMO, LoadOptions(dtype="float32"))
+    prompt = backend.render([Message.of_text("user", "Tell me about yourself.")], 32)
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    options = StreamOptions(draft=draft, draft_k=2 if draft else 0)
+    events = backend.stream(prompt, params, threading.Event(), options)
+    for event in events:
+        streamed.append(event.id)
+        if len(streamed) == 2:
+            assert 1 in released, "nothing was given back once the first token was out"
+    assert len(streamed) > 2
+    backend.close()

@@ -215,6 +215,31 @@ def test_draft_length_grows_while_kept_shrinks_when_not_and_falls_back():
     assert DraftLength(cost=0.3, verify_cost=0.1, fixed=5).next() == 5
 
 
+def test_a_draft_that_waits_to_be_probed_and_keeps_nothing_is_probed_once():
+    """Costs that say no draft length pays at the prior acceptance: the reply decodes plainly and
+    probes the draft once; a probe that keeps nothing, with nothing kept before it, ends drafting
+    for the reply (each probe costs the draft's catching up on the tokens decoded since)."""
+    length = DraftLength(cost=0.55, verify_cost=0.25)
+    assert length.next() == 0 and not length.hopeless
+    lengths = []
+    for _ in range(200):
+        k = length.next()
+        lengths.append(k)
+        if k:
+            length.record(k, 0)
+    assert lengths.count(PROBE_K) == 1 and sum(lengths) == PROBE_K
+    # One that kept something before is probed again after a bad probe: it may recover.
+    recovering = DraftLength(cost=0.3, verify_cost=0.1)
+    recovering.record(4, 4)
+    probes = 0
+    for _ in range(400):
+        k = recovering.next()
+        if k:
+            probes += recovering.probing
+            recovering.record(k, 0)
+    assert probes == MAX_PROBES
+
+
 def test_a_draft_that_never_agrees_falls_back_to_plain_decoding():
     vocab = 64
     target = tiny_gpt(tiny_state(vocab, seed=0), vocab)
