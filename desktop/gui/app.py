@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from desktop.config import logfile
+from desktop.gui.screen import ensure_screen
 
 if TYPE_CHECKING:
     from PySide6.QtWidgets import QMessageBox
@@ -104,6 +105,7 @@ def run_app(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
         return 0
     smoke = bool(getattr(args, "smoke_test", False))
+    ensure_screen(smoke)
     if smoke and args.home is None:
         import tempfile
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -319,6 +320,22 @@ def test_python_dash_m_desktop_generate(capsys, base):
     assert lines[-1]["done"] is True
     assert lines[-1]["ids"] == in_process["ids"] == [t["id"] for t in lines[:-1]]
     assert lines[-1]["ids"][-1] == SP("<|assistant_end|>")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux can lack a display")
+def test_the_window_without_a_screen_is_one_line_and_the_smoke_test_runs_offscreen(tmp_path):
+    """Over ssh or in a container Qt would abort with a paragraph about plugins."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    home = ["--home", str(tmp_path / "home")]
+    command = [sys.executable, "-m", "desktop", *home]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    line = assert_one_error_line(result.returncode, result.stderr, "DISPLAY")
+    assert "nanoscope generate" in line
+    smoke = subprocess.run(
+        [*command, "--smoke-test"], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env
+    )
+    assert smoke.returncode == 0, smoke.stderr
+    assert smoke.stdout.startswith("SMOKE OK"), smoke.stdout
 
 
 # ---------------------------------------------------------------------------------------------------
