@@ -431,3 +431,36 @@ def test_a_draft_checkpoint_cut_short_after_it_was_picked_fails_in_one_line_and_
     line = view.panes[1].stats.text()
     assert target.error and line.startswith("⚠") and "\n" not in line
     assert "model_000010.pt" in line and "Traceback" not in line
+
+
+HF_NANOCHAT = Path(__file__).resolve().parents[1] / "golden" / "transformers" / "nanochat"
+
+
+def test_a_checkpoint_of_another_family_is_offered_but_a_pane_that_cannot_read_it_answers_plainly(
+    qtbot, controller, view, ckpts
+):
+    """A nanochat checkpoint beside transformers' NanoChat port (written by transformers): each is
+    offered as a draft, a Hugging Face folder by its name alone (it has no steps), and the other
+    pane, whose loader cannot read it, answers plainly and says why."""
+    controller.settings.set("draft_k", 3)
+    load(qtbot, controller, ckpts["a10"], (HF_NANOCHAT, 0))
+    a_name = ckpts["a10"][0].name
+    offered = pane_drafts(view)
+    assert offered == [f"Pane A's checkpoint ({a_name}@10)", f"Pane B's checkpoint ({HF_NANOCHAT.name})"]
+    plain = "Not every pane decodes speculatively"
+    reasons = (
+        (1, "a Hugging Face model drafts only with a Hugging Face checkpoint, not a nanochat one"),
+        (0, "a nanochat model drafts only with a nanochat checkpoint, not a Hugging Face one"),
+    )
+    for drafter, (index, reason) in enumerate(reasons):
+        view.speed.setCurrentIndex(speed_choices(view).index(offered[drafter]))
+        with qtbot.waitSignal(
+            controller.notice, check_params_cb=lambda _level, title, _msg: title == plain
+        ) as said:
+            run(qtbot, controller, {"temperature": 0.0, "top_k": 0, "max_tokens": 8, "seed": 7})
+        assert said.args[2] == "; ".join(
+            sorted([f"pane {'AB'[drafter]}: it is the draft", f"pane {'AB'[index]}: {reason}"])
+        )
+        for pane in controller.panes:
+            assert not pane.run.error and pane.run.tokens and "draft" not in pane.run.stats
+        assert "speculative" not in view.panes[index].stats.text()

@@ -140,6 +140,18 @@ def draft_reader(family: str) -> str:
     return "hf" if family.startswith("hf-") else family
 
 
+READER_NAMES = {"nanochat": "nanochat", "hf": "Hugging Face", "kempnerforge": "KempnerForge"}
+
+
+def cross_family_reason(target_family: str, draft_family: str) -> str:
+    """Why a model cannot draft with another family's checkpoint, or "" when it can."""
+    mine, theirs = draft_reader(target_family), draft_reader(draft_family)
+    if mine == theirs:
+        return ""
+    name, other = READER_NAMES.get(mine, mine), READER_NAMES.get(theirs, theirs)
+    return f"a {name} model drafts only with a {name} checkpoint, not a {other} one"
+
+
 def checkpoint_draft(info: ModelInfo) -> str:
     """A pane's loaded checkpoint as another pane's draft (engine/decode/drafts.py's
     ``PATH@STEP``; a Hugging Face folder has no steps), or "" for a served model."""

@@ -36,8 +36,8 @@ from desktop.gui.compare.analysis import (
     checkpoint_draft,
     cpu_cores,
     cpu_threads,
+    cross_family_reason,
     draft_agreement,
-    draft_reader,
     effective_params,
     first_divergence,
     same_tokenizer,
@@ -289,8 +289,8 @@ class CompareController(QObject):
             return "", "it is the draft"
         if why := pane.info.capabilities.why_not("draft"):
             return "", why
-        if source is not None and draft_reader(source.family) != draft_reader(pane.info.family):
-            return "", f"a {pane.info.family} model cannot draft with a {source.family} checkpoint"
+        if source is not None and (why := cross_family_reason(pane.info.family, source.family)):
+            return "", why
         return draft, ""
 
     # ----- generation ------------------------------------------------------------------------
