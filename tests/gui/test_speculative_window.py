@@ -29,6 +29,7 @@ from test_window_sequences import (  # noqa: F401
 
 from desktop.gui.compare.controller import CompareController
 from desktop.ui.compare_pane import ComparePane
+from desktop.ui.compare_view import CompareView
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("This plugin does not support")]
 DEMO_RUN = DEMO_BASE / "chatsft_checkpoints" / "demo"
@@ -36,6 +37,17 @@ DEMO_RUN = DEMO_BASE / "chatsft_checkpoints" / "demo"
 OTHER_TOKENIZER = (
     Path(__file__).resolve().parents[1] / "golden" / "nanochat" / "E7" / "chatsft_checkpoints" / "d2"
 )
+
+
+def reopen_comparison(qtbot, open_windows, conv_id: int) -> tuple[CompareView, CompareController]:
+    """Restart the app and open the saved comparison ``conv_id`` from the history list."""
+    win = restart(qtbot, open_windows, fake=False)
+    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
+        win.background.scan()
+    win.controller.refresh_list()
+    click_row(qtbot, win, conv_id)
+    assert win.tabs.currentWidget() is win.compare_view
+    return win.compare_view, win.compare
 
 
 def test_chat_streams_stops_and_regenerates_with_a_draft_and_colours_it(qtbot, windows, loop, monkeypatch):  # noqa: F811
@@ -134,13 +146,7 @@ def test_compare_panes_draft_colour_stop_reopen_then_decode_plainly(qtbot, windo
         qtbot.mouseClick(view.save_btn, Qt.MouseButton.LeftButton)
 
     # Restart and reopen: the marks and the footers come back from history.
-    win = restart(qtbot, windows, fake=False)
-    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
-        win.background.scan()
-    win.controller.refresh_list()
-    click_row(qtbot, win, saved.args[0])
-    view, compare = win.compare_view, win.compare
-    assert win.tabs.currentWidget() is view
+    view, compare = reopen_comparison(qtbot, windows, saved.args[0])
     for run, shown, before in zip((p.run for p in compare.panes), view.panes, stopped, strict=True):
         assert run.trace.drafts == before.trace.drafts
         assert "speculative (int8)" in shown.stats.text() and "stopped" in shown.stats.text()
@@ -237,13 +243,7 @@ def test_a_pane_drafts_for_the_others_one_of_another_tokenizer_fails_alone_then_
         assert "tok/s" in shown.stats.text() and "speculative" not in shown.stats.text()
 
     # Restart and reopen the drafted comparison: pane B's footer comes back from history.
-    win = restart(qtbot, windows, fake=False)
-    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
-        win.background.scan()
-    win.controller.refresh_list()
-    click_row(qtbot, win, saved.args[0])
-    view, compare = win.compare_view, win.compare
-    assert win.tabs.currentWidget() is view
+    view, compare = reopen_comparison(qtbot, windows, saved.args[0])
     reopened = view.panes[1].stats.text()
     assert compare.panes[1].run.stats["draft"] == f"{DEMO_RUN}@300"
     assert "speculative (demo@300)" in reopened and "drafted kept" in reopened
