@@ -78,3 +78,31 @@ def test_a_closed_model_leaves_no_tensor_for_the_cyclic_collector(collector_off,
     assert model() is None
     tensors = [o for o in _left_for_the_collector() if isinstance(o, torch.Tensor)]
     assert tensors == [], f"{len(tensors)} tensors held only by reference cycles"
+
+
+@pytest.mark.parametrize(
+    ("path", "draft"),
+    [
+        (DEMO, f"{DEMO.parent / 'demo-d2'}"),
+        (DEMO, "int8"),
+        (GOLDEN / "transformers" / "nanochat", "int8"),
+        (GOLDEN / "kempnerforge" / "dense-gqa-qknorm" / "run", "int8"),
+    ],
+    ids=["checkpoint-draft", "int8-draft", "hf", "kempnerforge"],
+)
+def test_a_reply_without_a_draft_lets_the_held_draft_go(collector_off, path, draft):
+    """Speculative decoding turned off gives the draft's memory back at the next reply: a draft
+    checkpoint is a whole model, and it used to stay until another draft was named."""
+    backend = open_backend(path, LoadOptions(dtype="float32"))
+    prompt = backend.render([Message.of_text("user", "What is 12 times 7?")], 8)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+
+    def reply(options: StreamOptions) -> list[int]:
+        return [e.id for e in backend.stream(prompt, params, threading.Event(), options) if e.id >= 0]
+
+    drafted = reply(StreamOptions(draft=draft, draft_k=2))
+    held = weakref.ref(backend.draft(draft).model)  # the draft the reply used, still held
+    assert held() is not None
+    assert reply(StreamOptions()) == drafted  # greedy: the same reply, decoded plainly
+    assert held() is None
+    backend.close()

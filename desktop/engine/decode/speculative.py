@@ -225,7 +225,8 @@ def cheapest(makers: Sequence[Callable[[], Draft]]) -> Draft:
 
 
 class DraftSlot:
-    """The draft a backend was last asked for, kept loaded (with its cache) until another is named."""
+    """The draft a backend was last asked for, kept loaded (with its cache) until another is named
+    or a reply is asked for without one."""
 
     def __init__(self) -> None:
         self._held: tuple[str, Draft] | None = None
@@ -248,6 +249,8 @@ class DraftSlot:
             self._held[1].cache = None
 
     def clear(self) -> None:
+        """Let the held draft go: the backend closes, or a reply asks for no draft (speculative
+        decoding turned off must give its memory back: a checkpoint draft is a whole model)."""
         self._held = None
 
 
