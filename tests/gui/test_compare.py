@@ -306,6 +306,41 @@ def test_memory_warning_when_the_selection_needs_more_than_is_free(
     assert view.memory_banner.isHidden()
 
 
+def test_a_panes_checkpoint_drafting_for_the_others_counts_once_more_per_pane_that_loads_it(
+    qtbot, controller, view, ckpts, monkeypatch
+):
+    """Each other pane loads its own copy of the drafting checkpoint: with room for the two panes
+    but not a third copy, picking pane A as the draft warns before anything loads; Off clears it."""
+    controller.settings.set("draft_k", 3)
+    load(qtbot, controller, ckpts["a10"], ckpts["a20"])
+    a10, a20 = summarize(*ckpts["a10"]), summarize(*ckpts["a20"])
+    two = a10.memory_estimate(4) + a20.memory_estimate(4)
+    room = a10.memory_estimate(4) - 1  # free with both panes loaded: one byte short of a copy
+    monkeypatch.setattr(memory, "available_ram", lambda: room)
+    with qtbot.waitSignal(controller.memory_checked, timeout=LOAD_MS, check_params_cb=lambda ok, _m: not ok):
+        view.speed.setCurrentIndex(
+            speed_choices(view).index(f"Pane A's checkpoint ({ckpts['a10'][0].name}@10)")
+        )
+    assert controller.memory.last[:3] == (False, two + a10.memory_estimate(4), two + room)
+    assert not view.memory_banner.isHidden()
+    said = view.memory_banner.message.text()
+    assert said.startswith("These 2 checkpoints and a draft copy of one need about")
+    assert "Turn Speculative off" in said
+    with qtbot.waitSignal(controller.memory_checked, timeout=LOAD_MS, check_params_cb=lambda ok, _m: ok):
+        view.speed.setCurrentIndex(view.speed.findData(""))
+    assert view.memory_banner.isHidden()
+    # With room for the copy, pane B drafts; once it holds its copy, the check does not count it
+    # against itself (the OS's free memory already lacks it).
+    monkeypatch.setattr(memory, "available_ram", lambda: 10 * a10.memory_estimate(4))  # the loader checks too
+    view.speed.setCurrentIndex(speed_choices(view).index(f"Pane A's checkpoint ({ckpts['a10'][0].name}@10)"))
+    assert controller.memory.last[0]
+    run(qtbot, controller, {"temperature": 0.0, "top_k": 0, "max_tokens": 8, "seed": 7})
+    assert controller.panes[1].run.stats["drafted"] > 0
+    monkeypatch.setattr(memory, "available_ram", lambda: 0)  # the copy is in use: nothing more is needed
+    controller.memory.check()
+    assert controller.memory.last[0]
+
+
 def test_save_to_history_and_json_export_round_trip(qtbot, controller, view, ckpts, tmp_path):
     load(qtbot, controller, ckpts["a10"], ckpts["b10"])
     controller.set_overrides(1, {"temperature": 0.5})

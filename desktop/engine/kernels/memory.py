@@ -153,13 +153,16 @@ def fits(
     device: str = "auto",
     dtype: str = "auto",
     loaded: Iterable[CheckpointSummary] = (),
+    drafts: int = 0,
 ) -> tuple[bool, int, int, str]:
     """(ok, needed bytes, available bytes, message) for holding every summary at once on ``device``.
 
     ``loaded`` are models already in memory (they count in ``summaries`` too): their estimate is
     added back to the free memory, so a set that is already loaded does not warn about itself.
-    Summaries that could not be read are left out (their pane shows its own error). When the
-    free memory cannot be measured the answer is ok, with available 0 and an empty message.
+    ``drafts``: how many of ``summaries`` (the last ones) are extra copies of a checkpoint that
+    drafts for other panes. Summaries that could not be read are left out (their pane shows its
+    own error). When the free memory cannot be measured the answer is ok, with available 0 and an
+    empty message.
     """
     usable = [s for s in summaries if not s.error]
     dev = resolve_device(device)
@@ -173,8 +176,15 @@ def fits(
         return True, needed, available, ""
     where = "GPU memory" if dev == "cuda" else "RAM"
     precision = "bfloat16" if per_param == 2 else "float32"
-    subject = f"These {len(usable)} checkpoints need" if len(usable) > 1 else "This checkpoint needs"
-    advice = "Unload a pane or pick smaller checkpoints" + (", or switch to bf16." if per_param == 4 else ".")
+    count = len(usable) - drafts
+    subject = f"These {count} checkpoints" if count > 1 else "This checkpoint"
+    if drafts:
+        copies = "a draft copy of one" if drafts == 1 else f"{drafts} draft copies of one"
+        subject = f"{subject} and {copies} need"
+    else:
+        subject += " need" if count > 1 else " needs"
+    advice = ("Turn Speculative off, unload" if drafts else "Unload") + " a pane or pick smaller checkpoints"
+    advice += ", or switch to bf16." if per_param == 4 else "."
     message = (
         f"{subject} about {human(needed)} of {where} as {precision}; {human(available)} is free. {advice}"
     )

@@ -272,6 +272,7 @@ class CompareController(QObject):
         "" off), or pane ``pane``'s loaded checkpoint drafting for every other pane."""
         self.drafter = self.panes[pane] if pane is not None else None
         self.draft = "" if pane is not None else draft
+        self.memory.check()  # a pane's checkpoint as a draft is one more copy of it per pane
 
     def drafters(self) -> list[tuple[int, str]]:
         """(pane, draft name) of every pane whose loaded checkpoint can draft for the others."""
@@ -442,11 +443,24 @@ class CompareController(QObject):
     def _index(self, pane: Pane) -> int | None:
         return self.panes.index(pane) if pane in self.panes else None
 
-    def _picked(self) -> tuple[list[Key], list[Key]]:
-        """The checkpoints picked in the panes, and those loaded: what the memory check weighs."""
+    def _picked(self) -> tuple[list[Key], list[Key], int]:
+        """The checkpoints picked in the panes, and those loaded: what the memory check weighs.
+
+        A pane's checkpoint drafting for the others counts again for each pane that loads a copy
+        of it as its draft, as loaded too where that pane's last reply drafted with it (it still
+        holds it). The count of those copies comes last."""
         selected = [p.selection for p in self.panes if p.selection]
         loaded = [p.loaded_key for p in self.panes if p.loaded_key]
-        return selected, loaded
+        if self.drafter is None or (drafted := self.drafter.loaded_key) is None:
+            return selected, loaded, 0
+        copies = 0
+        for pane in self.panes:
+            draft, _why = self._draft_for(pane)
+            if draft:
+                copies += 1
+                if pane.run.stats.get("draft") == draft:
+                    loaded.append(drafted)
+        return selected + [drafted] * copies, loaded, copies
 
     def _pane_progress(self, pane: Pane, percent: int, message: str) -> None:
         if (i := self._index(pane)) is not None:

@@ -19,8 +19,9 @@ from desktop.engine.kernels import memory
 
 Key = tuple[Path, int]  # a checkpoint folder and its step
 # The checkpoints of every pane: those picked, and those loaded (a loaded one holds its memory
-# until the pick replacing it loads).
-Picked = Callable[[], tuple[list[Key], list[Key]]]
+# until the pick replacing it loads), and how many of those picked (the last ones) are copies of
+# a pane's checkpoint that other panes load as their draft.
+Picked = Callable[[], tuple[list[Key], list[Key], int]]
 
 
 class MemoryCheck(QObject):
@@ -46,7 +47,7 @@ class MemoryCheck(QObject):
 
     def check(self) -> None:
         """Estimate the memory of every pane's selected checkpoint against what is free (async)."""
-        selection, loaded_keys = self._picked()
+        selection, loaded_keys, drafts = self._picked()
         keys = set(selection) | set(loaded_keys)
         missing = [k for k in keys if k not in self._summaries]
         for key in missing:
@@ -59,7 +60,7 @@ class MemoryCheck(QObject):
         selected = [self._summaries[k] for k in selection]
         loaded = [self._summaries[k] for k in loaded_keys]
         self.last = memory.fits(
-            selected, self.settings.get("device"), self.settings.get("dtype"), loaded=loaded
+            selected, self.settings.get("device"), self.settings.get("dtype"), loaded=loaded, drafts=drafts
         )
         ok, _needed, _available, message = self.last
         self.checked.emit(ok, message)
