@@ -499,3 +499,27 @@ def test_a_checkpoint_of_another_family_is_offered_but_a_pane_that_cannot_read_i
         for pane in controller.panes:
             assert not pane.run.error and pane.run.tokens and "draft" not in pane.run.stats
         assert "speculative" not in view.panes[index].stats.text()
+
+
+KF_RUN = Path(__file__).resolve().parents[1] / "golden" / "kempnerforge" / "dense-gqa-qknorm" / "run"
+
+
+def test_a_kempnerforge_step_drafts_for_a_later_step_of_its_run_and_greedy_is_unchanged(
+    qtbot, controller, view
+):
+    """Two steps of a run KempnerForge's own code wrote: step 120's checkpoint, named with its step,
+    drafts for step 240, whose greedy reply is then the one it gives plainly."""
+    controller.settings.set("draft_k", 3)
+    load(qtbot, controller, (KF_RUN, 120), (KF_RUN, 240))
+    offered = pane_drafts(view)
+    assert offered == ["Pane A's checkpoint (run@120)", "Pane B's checkpoint (run@240)"]
+    view.speed.setCurrentIndex(speed_choices(view).index(offered[0]))
+    greedy = {"temperature": 0.0, "top_k": 0, "max_tokens": 16, "seed": 7}
+    run(qtbot, controller, greedy)
+    drafted = controller.panes[1].run
+    assert not drafted.error and drafted.stats["draft"] == f"{KF_RUN}@120" and drafted.stats["drafted"] > 0
+    assert "speculative (run@120)" in view.panes[1].stats.text()
+    view.speed.setCurrentIndex(view.speed.findData(""))
+    run(qtbot, controller, greedy)
+    plain = controller.panes[1].run
+    assert "draft" not in plain.stats and plain.tokens == drafted.tokens
