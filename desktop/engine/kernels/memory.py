@@ -164,7 +164,9 @@ def fits(
     own error). When the free memory cannot be measured the answer is ok, with available 0 and an
     empty message.
     """
-    usable = [s for s in summaries if not s.error]
+    listed = list(summaries)
+    usable = [s for s in listed if not s.error]
+    drafts = sum(not s.error for s in listed[len(listed) - drafts :]) if drafts else 0
     dev = resolve_device(device)
     per_param = bytes_per_param(dev, dtype)
     needed = sum(s.memory_estimate(per_param) for s in usable)

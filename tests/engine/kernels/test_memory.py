@@ -72,3 +72,19 @@ def test_an_unreadable_reading_turns_the_check_off_with_one_log_line(monkeypatch
 def test_the_real_reading_is_plausible():
     ram = memory.available_ram()
     assert ram is not None and 0 < ram <= psutil.virtual_memory().total
+
+
+def test_draft_copies_are_named_apart_and_an_unreadable_one_is_not_counted(monkeypatch):
+    """Compare counts a copy of the drafting pane's checkpoint per pane that loads it (the last
+    summaries); the message names them, and a copy whose summary failed is left out of both."""
+    a, b = _summary("a", 10**9), _summary("b", 10**9)
+    _machine(monkeypatch, total=10**15, available=1)
+    _ok, needed, _available, message = memory.fits([a, b, a, a], "cpu", "float32", drafts=2)
+    assert needed == 3 * a.memory_estimate(4) + b.memory_estimate(4)
+    assert message.startswith("These 2 checkpoints and 2 draft copies of one need about")
+    assert "Turn Speculative off" in message
+    broken = _summary("c", 10**9)
+    broken.error = "cannot read"
+    _ok, needed, _available, message = memory.fits([a, broken, broken], "cpu", "float32", drafts=1)
+    assert needed == a.memory_estimate(4)
+    assert message.startswith("This checkpoint needs about") and "Speculative" not in message
