@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 
 from desktop.engine.errors import NanoscopeError
 
@@ -19,11 +18,11 @@ NO_SCREEN = (
 )
 
 
-def has_screen(environ: Mapping[str, str] = os.environ, platform: str = sys.platform) -> bool:
+def has_screen() -> bool:
     """macOS and Windows always have one; on Linux an X or Wayland display, or a Qt platform named."""
-    if not platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
         return True
-    return any(environ.get(name) for name in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
+    return any(os.environ.get(name) for name in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"))
 
 
 def ensure_screen(smoke: bool) -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from support import backend_helpers
 from support.checkpoint_factory import write_checkpoint
+from support.golden import GOLDEN
 
 from desktop.config.settings import Settings
 from desktop.engine.backend import LoadOptions
@@ -468,7 +469,7 @@ def test_a_draft_checkpoint_cut_short_after_it_was_picked_fails_in_one_line_and_
     assert "model_000010.pt" in line and "Traceback" not in line
 
 
-HF_NANOCHAT = Path(__file__).resolve().parents[1] / "golden" / "transformers" / "nanochat"
+HF_NANOCHAT = GOLDEN / "transformers" / "nanochat"
 
 
 def test_a_checkpoint_of_another_family_is_offered_but_a_pane_that_cannot_read_it_answers_plainly(
@@ -501,7 +502,7 @@ def test_a_checkpoint_of_another_family_is_offered_but_a_pane_that_cannot_read_i
         assert "speculative" not in view.panes[index].stats.text()
 
 
-KF_RUN = Path(__file__).resolve().parents[1] / "golden" / "kempnerforge" / "dense-gqa-qknorm" / "run"
+KF_RUN = GOLDEN / "kempnerforge" / "dense-gqa-qknorm" / "run"
 
 
 def test_a_kempnerforge_step_drafts_for_a_later_step_of_its_run_and_greedy_is_unchanged(

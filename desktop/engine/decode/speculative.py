@@ -248,9 +248,16 @@ class DraftSlot:
         if self._held is not None:
             self._held[1].cache = None
 
+    def for_reply(self, text: str, named: Callable[[str], Draft]) -> Draft | None:
+        """The draft a reply streams with: ``named(text)`` (a backend's ``draft``), or None when
+        ``text`` names none, which lets a held draft go (speculative decoding turned off gives
+        its memory back at once: a checkpoint draft is a whole model)."""
+        if not text:
+            self.clear()
+            return None
+        return named(text)
+
     def clear(self) -> None:
-        """Let the held draft go: the backend closes, or a reply asks for no draft (speculative
-        decoding turned off must give its memory back: a checkpoint draft is a whole model)."""
         self._held = None
 
 

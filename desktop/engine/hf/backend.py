@@ -240,9 +240,7 @@ class HFBackend:
             room = len(ids) + len(given) + (params.max_tokens or self.config.sequence_len)
             cap = min(self.config.rope_len, room)
             self._cache = self._new_cache(cap)
-        if not options.draft:  # off: a draft held from an earlier reply gives its memory back
-            self._draft.clear()
-        draft = self.draft(options.draft) if options.draft else None
+        draft = self._draft.for_reply(options.draft, self.draft)
         yield from stream_decoded(
             self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
             self.tok,

@@ -346,9 +346,7 @@ class KempnerForgeBackend:
         if not options.reuse_cache or self._cache is None:
             self._cache = KFCache(cfg, want, self.model.device, self.model.compute_dtype)
         cache = self._cache
-        if not options.draft:  # off: a draft held from an earlier reply gives its memory back
-            self._draft.clear()
-        draft = self.draft(options.draft) if options.draft else None
+        draft = self._draft.for_reply(options.draft, self.draft)
 
         def plain() -> Iterator[TokenEvent]:  # KempnerForge's own sampler and loop
             with torch_threads(options.threads):

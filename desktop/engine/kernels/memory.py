@@ -153,23 +153,21 @@ def fits(
     device: str = "auto",
     dtype: str = "auto",
     loaded: Iterable[CheckpointSummary] = (),
-    drafts: int = 0,
+    drafts: Iterable[CheckpointSummary] = (),
 ) -> tuple[bool, int, int, str]:
     """(ok, needed bytes, available bytes, message) for holding every summary at once on ``device``.
 
     ``loaded`` are models already in memory (they count in ``summaries`` too): their estimate is
     added back to the free memory, so a set that is already loaded does not warn about itself.
-    ``drafts``: how many of ``summaries`` (the last ones) are extra copies of a checkpoint that
-    drafts for other panes. Summaries that could not be read are left out (their pane shows its
-    own error). When the free memory cannot be measured the answer is ok, with available 0 and an
-    empty message.
+    ``drafts``: copies of a checkpoint that other panes load as their draft, needed on top.
+    Summaries that could not be read are left out (their pane shows its own error). When the
+    free memory cannot be measured the answer is ok, with available 0 and an empty message.
     """
-    listed = list(summaries)
-    usable = [s for s in listed if not s.error]
-    drafts = sum(not s.error for s in listed[len(listed) - drafts :]) if drafts else 0
+    usable = [s for s in summaries if not s.error]
+    copies = [s for s in drafts if not s.error]
     dev = resolve_device(device)
     per_param = bytes_per_param(dev, dtype)
-    needed = sum(s.memory_estimate(per_param) for s in usable)
+    needed = sum(s.memory_estimate(per_param) for s in (*usable, *copies))
     measured = available_vram() if dev == "cuda" else available_ram()
     if measured is None:
         return True, needed, 0, ""
@@ -178,14 +176,14 @@ def fits(
         return True, needed, available, ""
     where = "GPU memory" if dev == "cuda" else "RAM"
     precision = "bfloat16" if per_param == 2 else "float32"
-    count = len(usable) - drafts
+    count = len(usable)
     subject = f"These {count} checkpoints" if count > 1 else "This checkpoint"
-    if drafts:
-        copies = "a draft copy of one" if drafts == 1 else f"{drafts} draft copies of one"
-        subject = f"{subject} and {copies} need"
+    if copies:
+        named = "a draft copy of one" if len(copies) == 1 else f"{len(copies)} draft copies of one"
+        subject = f"{subject} and {named} need"
     else:
         subject += " need" if count > 1 else " needs"
-    advice = ("Turn Speculative off, unload" if drafts else "Unload") + " a pane or pick smaller checkpoints"
+    advice = ("Turn Speculative off, unload" if copies else "Unload") + " a pane or pick smaller checkpoints"
     advice += ", or switch to bf16." if per_param == 4 else "."
     message = (
         f"{subject} about {human(needed)} of {where} as {precision}; {human(available)} is free. {advice}"

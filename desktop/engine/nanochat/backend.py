@@ -209,9 +209,7 @@ class NanochatBackend:
             cfg = self.model.config
             cap = min(cfg.rope_len, len(ids) + len(given) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
-        if not options.draft:  # off: a draft held from an earlier reply gives its memory back
-            self._draft.clear()
-        draft = self.draft(options.draft) if options.draft else None
+        draft = self._draft.for_reply(options.draft, self.draft)
         yield from stream_decoded(
             self.model,
             self.tok,

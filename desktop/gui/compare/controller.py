@@ -443,24 +443,17 @@ class CompareController(QObject):
     def _index(self, pane: Pane) -> int | None:
         return self.panes.index(pane) if pane in self.panes else None
 
-    def _picked(self) -> tuple[list[Key], list[Key], int]:
-        """The checkpoints picked in the panes, and those loaded: what the memory check weighs.
-
-        A pane's checkpoint drafting for the others counts again for each pane that loads a copy
-        of it as its draft, as loaded too where that pane's last reply drafted with it (it still
-        holds it). The count of those copies comes last."""
+    def _picked(self) -> tuple[list[Key], list[Key], list[Key]]:
+        """What the memory check weighs: the checkpoints picked in the panes, those loaded, and a
+        copy of the drafting pane's checkpoint for each pane that loads it as its draft (loaded
+        too where that pane's last reply drafted with it: it still holds it)."""
         selected = [p.selection for p in self.panes if p.selection]
         loaded = [p.loaded_key for p in self.panes if p.loaded_key]
         if self.drafter is None or (drafted := self.drafter.loaded_key) is None:
-            return selected, loaded, 0
-        copies = 0
-        for pane in self.panes:
-            draft, _why = self._draft_for(pane)
-            if draft:
-                copies += 1
-                if pane.run.stats.get("draft") == draft:
-                    loaded.append(drafted)
-        return selected + [drafted] * copies, loaded, copies
+            return selected, loaded, []
+        drafts = [(p, draft) for p in self.panes if (draft := self._draft_for(p)[0])]
+        loaded += [drafted for p, draft in drafts if p.run.stats.get("draft") == draft]
+        return selected, loaded, [drafted] * len(drafts)
 
     def _pane_progress(self, pane: Pane, percent: int, message: str) -> None:
         if (i := self._index(pane)) is not None:

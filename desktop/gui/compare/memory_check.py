@@ -19,9 +19,9 @@ from desktop.engine.kernels import memory
 
 Key = tuple[Path, int]  # a checkpoint folder and its step
 # The checkpoints of every pane: those picked, and those loaded (a loaded one holds its memory
-# until the pick replacing it loads), and how many of those picked (the last ones) are copies of
-# a pane's checkpoint that other panes load as their draft.
-Picked = Callable[[], tuple[list[Key], list[Key], int]]
+# until the pick replacing it loads), and the copies of a pane's checkpoint that other panes load
+# as their draft.
+Picked = Callable[[], tuple[list[Key], list[Key], list[Key]]]
 
 
 class MemoryCheck(QObject):
@@ -47,8 +47,8 @@ class MemoryCheck(QObject):
 
     def check(self) -> None:
         """Estimate the memory of every pane's selected checkpoint against what is free (async)."""
-        selection, loaded_keys, drafts = self._picked()
-        keys = set(selection) | set(loaded_keys)
+        selection, loaded_keys, draft_keys = self._picked()
+        keys = set(selection) | set(loaded_keys) | set(draft_keys)
         missing = [k for k in keys if k not in self._summaries]
         for key in missing:
             if key not in self._summarizing:
@@ -59,6 +59,7 @@ class MemoryCheck(QObject):
             return
         selected = [self._summaries[k] for k in selection]
         loaded = [self._summaries[k] for k in loaded_keys]
+        drafts = [self._summaries[k] for k in draft_keys]
         self.last = memory.fits(
             selected, self.settings.get("device"), self.settings.get("dtype"), loaded=loaded, drafts=drafts
         )

@@ -75,16 +75,16 @@ def test_the_real_reading_is_plausible():
 
 
 def test_draft_copies_are_named_apart_and_an_unreadable_one_is_not_counted(monkeypatch):
-    """Compare counts a copy of the drafting pane's checkpoint per pane that loads it (the last
-    summaries); the message names them, and a copy whose summary failed is left out of both."""
+    """Compare counts a copy of the drafting pane's checkpoint per pane that loads it; the
+    message names them, and a copy whose summary failed is left out of both."""
     a, b = _summary("a", 10**9), _summary("b", 10**9)
     _machine(monkeypatch, total=10**15, available=1)
-    _ok, needed, _available, message = memory.fits([a, b, a, a], "cpu", "float32", drafts=2)
+    _ok, needed, _available, message = memory.fits([a, b], "cpu", "float32", drafts=[a, a])
     assert needed == 3 * a.memory_estimate(4) + b.memory_estimate(4)
     assert message.startswith("These 2 checkpoints and 2 draft copies of one need about")
     assert "Turn Speculative off" in message
     broken = _summary("c", 10**9)
     broken.error = "cannot read"
-    _ok, needed, _available, message = memory.fits([a, broken, broken], "cpu", "float32", drafts=1)
+    _ok, needed, _available, message = memory.fits([a, broken], "cpu", "float32", drafts=[broken])
     assert needed == a.memory_estimate(4)
     assert message.startswith("This checkpoint needs about") and "Speculative" not in message
