@@ -122,5 +122,21 @@ class KVCache:
         other.pos = p
         return other
 
+    def same_as(self, other: KVCache) -> bool:
+        """Whether both hold the same positions with the same bits: keys, values, tokens and the
+        histories (an exact comparison, for checking that two ways of filling a cache agree)."""
+        import torch
+
+        p = self.pos
+        if other.pos != p or self.engram.keys() != other.engram.keys():
+            return False
+        mine, theirs = self._tensors(), other._tensors()
+        if mine.keys() != theirs.keys():
+            return False
+        pairs = [(self.k[:, :, :p], other.k[:, :, :p]), (self.v[:, :, :p], other.v[:, :, :p])]
+        pairs += [(t[:, :p], theirs[name][:, :p]) for name, t in mine.items() if name not in ("k", "v")]
+        pairs += [(z[:, :p], other.engram[i][:, :p]) for i, z in self.engram.items()]
+        return all(torch.equal(a, b) for a, b in pairs)
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in [*self._tensors().values(), *self.engram.values()])

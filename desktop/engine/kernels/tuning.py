@@ -297,6 +297,22 @@ class KernelTuner:
                     self._write()
             return dict(known)
 
+    def verdict(self, entry: str, threads: int, check: Callable[[], bool]) -> bool:
+        """Whether ``check`` held for ``entry`` at ``threads`` threads on this machine. It is run
+        once and kept with the timings: like a kernel's speed, whether two ways of computing give
+        the same bits depends on the CPU, its BLAS and the thread count, not on the inputs."""
+        with self._lock:
+            known = self._timings.get(str(threads), {}).get(entry, {})
+        if "same" in known:
+            return bool(known["same"])
+        with torch.inference_mode():  # outside the lock: Compare's other panes go on meanwhile
+            same = check()
+        with self._lock:
+            self._timings.setdefault(str(threads), {})[entry] = {"same": float(same)}
+            self._write()
+            logger.info("%s at %d threads: %s", entry, threads, "same bits" if same else "other bits")
+            return same
+
     # ----- exact mode: order the routes that ExactLinear checks bit for bit ---------------------
 
     def rank_routes(

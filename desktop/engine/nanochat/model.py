@@ -8,8 +8,9 @@ CPU float32 results match nanochat's Engine token for token.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import cast, overload
 
 import torch
 import torch.nn as nn
@@ -23,10 +24,30 @@ from desktop.engine.nanochat.config import ModelConfig
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
 
+# Rows of a long prompt each prefill pass takes (docs/PERFORMANCE.md, Loading and memory). Chunk
+# boundaries must fall where one whole pass's kernels split their work anyway: torch's CPU
+# flash attention takes the keys in blocks of 512 (chunks of 256 change the rows past 128 of
+# every chunk), and a vectorised elementwise kernel (the value-embedding gate's sigmoid) starts
+# its vector blocks and ends its scalar tail on the same elements for any multiple of 64.
+PREFILL_CHUNK = 512
+CHECK_ROWS = PREFILL_CHUNK + PREFILL_CHUNK // 2 + 7  # two chunks, the second ragged
+
 
 def norm(x: torch.Tensor) -> torch.Tensor:
     # torch.rms_norm, not F.rms_norm: the same op without the Python wrapper's checks.
     return torch.rms_norm(x, (x.size(-1),))
+
+
+@overload
+def _cut(t: torch.Tensor, a: int, b: int, total: int) -> torch.Tensor: ...
+@overload
+def _cut(t: None, a: int, b: int, total: int) -> None: ...
+def _cut(t: torch.Tensor | None, a: int, b: int, total: int) -> torch.Tensor | None:
+    """Rows ``a:b`` of a (B, T, ...) tensor; the tensor itself when they are all of its rows (a
+    decode step: a view per input would cost ~1 µs each)."""
+    if t is None or (a, b) == (0, total):
+        return t
+    return t[:, a:b]
 
 
 def apply_rotary(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
@@ -345,6 +366,7 @@ class GPT(nn.Module):
         self._layers: list[tuple[Block, int, torch.Tensor | None]] | None = None  # set by prepare
         self._lm_head: Product | None = None  # the head's kernel; set by prepare
         self.tuner: KernelTuner | None = None  # chose the kernels; set by prepare
+        self.kernel_kind = "plain"  # which kernels prepare bound ("exact", "fp16", ...)
 
     @property
     def blocks(self) -> Sequence[Block]:
@@ -387,7 +409,7 @@ class GPT(nn.Module):
         host = torch.tensor if device.type == "cpu" else float
         self.softcap = host(cfg.softcap)
         tuner = tuner or tuner_for(None)
-        self.tuner = tuner
+        self.tuner, self.kernel_kind = tuner, gemv
         bound: set[int] = set()  # the Linears attention and MLP installed themselves
         for block in self.blocks:
             block.attn.qk_scale, block.attn.ve_scale = host(cfg.qk_scale), host(cfg.ve_gate_scale)
@@ -451,12 +473,19 @@ class GPT(nn.Module):
         return self.wte.weight.device
 
     def forward(
-        self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """Logits (float32, softcapped, sliced to the real vocab) for ``idx`` (B, T).
 
         With a cache, ``idx`` continues the cached sequence and the cache advances by T.
         ``last_only`` computes the head for the final position only (generation needs no more).
+        A long prompt prefilled that way runs its layers ``chunk`` rows at a time, so that its
+        activations take a chunk's memory, not the prompt's; by default where this machine gives
+        one pass's bits that way (:meth:`_chunk_rows`); 0 is one pass.
         """
         cfg = self.config
         T = idx.shape[1]
@@ -469,16 +498,64 @@ class GPT(nn.Module):
         needed = pos + T if cache is None else max(pos + T, cache.capacity)
         if needed > self.rotation.size(1):
             self.set_rotary(self.rotation.device, self.rotation.dtype, max(needed, 2 * self.rotation.size(1)))
+        step = self._chunk_rows(T, cache, last_only) if chunk is None else chunk
         rope = self.rotation[:, pos : pos + T]
         scalars = self._scalars()
-        layers = self._layers or self._layer_inputs()
+        # The embedding, E7's smear and E4's bigram over the whole prompt in every case: the smear
+        # gate's one-column product and sigmoid compute their last rows by other code, so a chunk
+        # boundary would move that tail (docs/PERFORMANCE.md, Loading and memory).
         x = norm(F.embedding(idx, self.wte.weight))
         if cfg.has_smear:
             x = self._smear(x, cache, scalars["smear_lambda"][0])
-        x0 = x
         bigram = self._bigram(idx, cache) if cfg.has_bigram else None
+        spans = [(0, T)] if not 0 < step < T else [(a, min(a + step, T)) for a in range(0, T, step)]
+        kept: list[torch.Tensor] = []
+        try:
+            for a, b in spans:
+                if cache is not None:
+                    cache.pos = pos + a
+                h = norm(
+                    self._trunk(
+                        _cut(idx, a, b, T),
+                        _cut(x, a, b, T),
+                        _cut(bigram, a, b, T),
+                        _cut(rope, a, b, T),
+                        cache,
+                        scalars,
+                    )
+                )
+                # The MTP head reads each position's final state (nanochat/mtp.py).
+                if cache is not None and cache.hidden is not None:
+                    cache.hidden[:, pos + a : pos + b] = h
+                if b == T or not last_only:
+                    kept.append(h)
+        except BaseException:
+            if cache is not None:
+                cache.pos = pos  # nothing of this pass is held
+            raise
+        if cache is not None:
+            cache.tokens[:, pos : pos + T] = idx
+            cache.pos = pos + T
+        x = kept[0] if len(kept) == 1 else torch.cat(kept, dim=1)
+        if last_only:
+            x = x[:, -1:]
+        return self.logits_of(x)
+
+    def _trunk(
+        self,
+        idx: torch.Tensor,
+        x: torch.Tensor,
+        bigram: torch.Tensor | None,
+        rope: torch.Tensor,
+        cache: KVCache | None,
+        scalars: dict[str, list[torch.Tensor]] | dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """The layers over rows already embedded (and smeared), then E7's backout."""
+        cfg = self.config
+        x0 = x
         backout = None
-        for i, (block, window, ve_table) in enumerate(layers):
+        for block, window, ve_table in self._layers or self._layer_inputs():
+            i = block.layer
             if cfg.has_lambdas:
                 x = scalars["resid_lambdas"][i] * x + scalars["x0_lambdas"][i] * x0
                 if bigram is not None:
@@ -489,15 +566,60 @@ class GPT(nn.Module):
                 backout = x
         if backout is not None:
             x = x - scalars["backout_lambda"][0] * backout
-        if cache is not None:
-            cache.tokens[:, pos : pos + T] = idx
-            cache.pos = pos + T
-        x = norm(x)
-        if cache is not None and cache.hidden is not None:  # the MTP head reads them (nanochat/mtp.py)
-            cache.hidden[:, pos : pos + T] = x
-        if last_only:
-            x = x[:, -1:]
-        return self.logits_of(x)
+        return x
+
+    def _chunk_rows(self, T: int, cache: KVCache | None, last_only: bool) -> int:
+        """:data:`PREFILL_CHUNK` for a prompt prefilled into a cache on the CPU, longer than a
+        chunk, where this machine was found to give one pass's bits in chunks; else 0 (one pass).
+        Never for the fork's mHC, whose mixer pools over the rows of a pass: chunks would change
+        its math, not only its rounding."""
+        if (
+            cache is None
+            or not last_only
+            or T <= PREFILL_CHUNK
+            or self.config.mhc
+            or self.device.type != "cpu"
+        ):
+            return 0
+        digest = hashlib.sha256(repr(self.config).encode()).hexdigest()[:12]
+        entry = f"prefill in chunks of {PREFILL_CHUNK} {self.kernel_kind} {self.compute_dtype} model {digest}"
+        tuner = self.tuner or tuner_for(None)
+        return PREFILL_CHUNK if tuner.verdict(entry, torch.get_num_threads(), self._chunks_keep_bits) else 0
+
+    def _chunks_keep_bits(self) -> bool:
+        """Prefill :data:`CHECK_ROWS` random ids in one pass and in chunks: the same logits, and the
+        same cache (keys, values and the eras' histories)? Random values make a sum taken in
+        another order show in some row; the products, attention and norms of a chunk are the
+        machine's BLAS and torch's kernels, which no one promises row-independent. The check
+        runs through one layer of each kind (:meth:`_check_layers`), not all of them."""
+        rows = min(CHECK_ROWS, self.config.rope_len)  # past PREFILL_CHUNK, as any prompt checked
+        ids = torch.randint(self.config.vocab_size, (1, rows), generator=torch.Generator().manual_seed(0)).to(
+            self.device
+        )
+        layers = self._layers
+        self._layers = self._check_layers()
+        try:
+            runs = []
+            for chunk in (0, PREFILL_CHUNK):
+                cache = KVCache(self.config, 1, rows, self.device, self.compute_dtype)
+                runs.append((self(ids, cache, last_only=True, chunk=chunk), cache))
+        finally:
+            self._layers = layers
+        (whole, whole_cache), (chunked, chunked_cache) = runs
+        return torch.equal(whole, chunked) and whole_cache.same_as(chunked_cache)
+
+    def _check_layers(self) -> list[tuple[Block, int, torch.Tensor | None]]:
+        """The first layer of each kind (window, value embedding, Engram branch), the one E7's
+        backout keeps and the last: a chunk runs the same kernels in every layer of a kind, so
+        the check costs a few layers' prefill (3.6 s of 12 at depth 20), not the model's."""
+        layers = self._layers or self._layer_inputs()
+        kinds: dict[tuple[int, bool, bool], tuple[Block, int, torch.Tensor | None]] = {}
+        for block, window, ve in layers:
+            kinds.setdefault((window, ve is not None, hasattr(block, "engram")), (block, window, ve))
+        picked = {entry[0].layer: entry for entry in kinds.values()}
+        for extra in (layers[self.config.n_layer // 2], layers[-1]):
+            picked.setdefault(extra[0].layer, extra)
+        return [picked[i] for i in sorted(picked)]
 
     def logits_of(self, x: torch.Tensor) -> torch.Tensor:
         """The head on final-normed states: float32 logits, sliced to the real vocab, softcapped."""

@@ -1,0 +1,123 @@
+"""A long prompt prefills in chunks where this machine gives one pass's bits that way, and only
+there: on checkpoints nanochat's own code wrote, at every era and in every fork variant, the
+default prefill leaves the same logits, the same cache and the same next tokens as one pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from support.golden import CASES, EXPERIMENT_CASES, manifest
+
+from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.kernels.tuning import KernelTuner
+from desktop.engine.nanochat.loader import load_model
+from desktop.engine.nanochat.model import GPT, PREFILL_CHUNK
+
+ROWS = 2 * PREFILL_CHUNK + 37  # three chunks, the last one ragged
+ENTRY = f"prefill in chunks of {PREFILL_CHUNK}"
+
+
+def _model(case: Path, kernels: Path) -> GPT:
+    m = manifest(case)
+    if case in EXPERIMENT_CASES:
+        directory = case / "experiments" / m["experiment"] / m["tag"] / "sft"
+    else:
+        directory = case / "chatsft_checkpoints" / m["tag"]
+    return load_model(directory, m["step"], device="cpu", dtype="float32", kernel_cache=kernels).model
+
+
+def _reply(model: GPT, ids: torch.Tensor, chunk: int | None, new: int = 8) -> tuple[list[int], KVCache]:
+    """Prefill ``ids`` (``chunk`` as :meth:`GPT.forward` takes it), then decode ``new`` greedy ids."""
+    cfg = model.config
+    cache = KVCache(cfg, 1, ids.size(1) + new, model.device, model.compute_dtype)
+    cache.keep_hidden(True)  # the MTP head's states are part of what a prefill leaves
+    out = []
+    with torch.inference_mode():
+        logits = model(ids, cache, last_only=True, chunk=chunk)
+        for _ in range(new):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            out.append(int(token))
+            logits = model(token, cache, last_only=True)
+    return out, cache
+
+
+def _entries(kernels: Path) -> dict[str, dict[str, float]]:
+    if not kernels.exists():  # nothing was timed or checked
+        return {}
+    mine = json.loads(kernels.read_text())["machines"]
+    return {e: t for per_threads in next(iter(mine.values())).values() for e, t in per_threads.items()}
+
+
+@pytest.mark.parametrize("case", [*CASES, *EXPERIMENT_CASES], ids=lambda c: f"{c.parent.name}-{c.name}")
+def test_a_long_prompt_leaves_one_passs_cache_and_tokens(case, tmp_path):
+    kernels = tmp_path / "kernels.json"
+    model = _model(case, kernels)
+    assert model.config.rope_len > ROWS
+    ids = torch.randint(model.config.vocab_size, (1, ROWS), generator=torch.Generator().manual_seed(5))
+
+    default_ids, default_cache = _reply(model, ids, chunk=None)
+    one_pass_ids, one_pass_cache = _reply(model, ids, chunk=0)
+
+    assert default_ids == one_pass_ids
+    assert default_cache.same_as(one_pass_cache)
+    checked = {e: t for e, t in _entries(kernels).items() if e.startswith(ENTRY)}
+    if model.config.mhc:
+        # mHC pools over a pass's rows: chunks would change its math, so nothing is checked.
+        assert not checked
+    else:
+        # Whichever way the check went on this CPU, it was made once and kept per machine.
+        assert [t["same"] for t in checked.values()] in ([0.0], [1.0])
+
+
+def test_the_check_is_kept_in_the_timings_file_and_a_second_load_does_not_check_again(tmp_path):
+    case = next(c for c in CASES if c.name == "E7")
+    kernels = tmp_path / "kernels.json"
+    ids = torch.randint(300, (1, ROWS), generator=torch.Generator().manual_seed(6))
+    first = _model(case, kernels)
+    _reply(first, ids, chunk=None, new=1)
+    (entry, timings), *others = ((e, t) for e, t in _entries(kernels).items() if e.startswith(ENTRY))
+    assert not others and timings["same"] in (0.0, 1.0)
+
+    # A new process reads the verdict: a check that ran again would be a second one.
+    fresh = KernelTuner(kernels)
+
+    def again() -> bool:
+        raise AssertionError("checked a second time")
+
+    assert fresh.verdict(entry, torch.get_num_threads(), again) is bool(timings["same"])
+
+
+def test_a_verdict_is_per_thread_count(tmp_path):
+    kernels = tmp_path / "kernels.json"
+    tuner = KernelTuner(kernels)
+    assert tuner.verdict("a check", 2, lambda: True) is True
+    assert tuner.verdict("a check", 3, lambda: False) is False
+    reread = KernelTuner(kernels)
+    assert reread.verdict("a check", 2, lambda: False) is True
+    assert reread.verdict("a check", 3, lambda: True) is False
+
+
+def test_a_pass_that_fails_midway_leaves_the_cache_where_it_was(tmp_path):
+    case = next(c for c in CASES if c.name == "E4")
+    model = _model(case, tmp_path / "kernels.json")
+    ids = torch.randint(model.config.vocab_size, (1, ROWS), generator=torch.Generator().manual_seed(7))
+    _, cache = _reply(model, ids[:, :20], chunk=0, new=1)
+    before = cache.pos
+    last_block = model.blocks[-1]
+    calls = 0
+
+    def fails_on_the_second_chunk(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise MemoryError("out of memory")
+        return type(last_block).forward(last_block, *args, **kwargs)
+
+    last_block.forward = fails_on_the_second_chunk  # type: ignore[method-assign]
+    with pytest.raises(MemoryError), torch.inference_mode():
+        model(ids, cache, last_only=True, chunk=PREFILL_CHUNK)
+    assert cache.pos == before
+    del last_block.forward
