@@ -642,7 +642,12 @@ class GPT(nn.Module):
         if e.size(1) == 1:
             return e
         gated = lam * torch.sigmoid(self.smear_gate(e[:, 1:, :24])) * e[:, :-1]
-        return torch.cat([e[:, :1], e[:, 1:] + gated], dim=1)
+        if torch.is_grad_enabled():  # training (the demo trainer): autograd needs e as it was
+            return torch.cat([e[:, :1], e[:, 1:] + gated], dim=1)
+        # In place on this pass's own embeddings (the cache holds their copy): the same sums,
+        # without two more prompt-sized tensors (10 MB each at 2,000 tokens of depth 20).
+        e[:, 1:] += gated
+        return e
 
     def _bigram(self, idx: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         """E4: hash (previous, current) token pairs into a 5V table; position 0 gets 5V-1."""
