@@ -193,7 +193,9 @@ def generate_columns(
         reuse_prefix(cache, prompt)
     start = cache.pos
     ids = torch.tensor([list(prompt[start:])], dtype=torch.long, device=device)
-    logits = model(ids, cache, last_only=True)[:, -1, :]
+    # Stop during a long prompt's prefill ends it between two chunks; the loop below then ends
+    # the reply before sampling anything from the logits of the rows done.
+    logits = model(ids, cache, last_only=True, cancel=cancel)[:, -1, :]
     if num_samples > 1:
         cache = cache.replicate(num_samples)
         logits = logits.expand(num_samples, -1)

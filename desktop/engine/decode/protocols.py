@@ -36,7 +36,11 @@ class CacheShape(Protocol):
 
 
 class DecodingModel(Protocol):
-    """A model as the decode loop calls it: ``model(ids, cache, last_only=...)`` -> logits."""
+    """A model as the decode loop calls it: ``model(ids, cache, last_only=...)`` -> logits.
+
+    ``cancel``: Stop, for a model that prefills a long prompt in parts; set between two, the pass
+    ends there with the cache holding the rows done (nanochat's ``GPT.forward``). A model that
+    prefills in one pass has nothing to stop between and ignores it."""
 
     @property
     def config(self) -> Any: ...  # a CacheShape
@@ -44,7 +48,13 @@ class DecodingModel(Protocol):
     def device(self) -> torch.device: ...
     @property
     def compute_dtype(self) -> torch.dtype: ...
-    def __call__(self, ids: torch.Tensor, cache: Any = None, last_only: bool = False) -> torch.Tensor: ...
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        cache: Any = None,
+        last_only: bool = False,
+        cancel: threading.Event | None = None,
+    ) -> torch.Tensor: ...
 
 
 class Tokenizer(Protocol):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -212,9 +213,14 @@ class HFCausalLM:
 
     @torch.inference_mode()
     def __call__(
-        self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        last_only: bool = False,
+        cancel: threading.Event | None = None,
     ) -> torch.Tensor:
-        """Float32 logits for ``idx`` (B, T); with a cache, ``idx`` continues it and it advances by T."""
+        """Float32 logits for ``idx`` (B, T); with a cache, ``idx`` continues it and it advances by T.
+        One pass, so ``cancel`` has nothing to stop between (protocols.DecodingModel)."""
         T = idx.shape[1]
         pos = 0 if cache is None else cache.pos
         if pos + T > self.config.rope_len:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -251,7 +252,11 @@ class KFTransformer:
         return self._linear(out, b.o)
 
     def __call__(
-        self, ids: torch.Tensor, cache: KFCache | None = None, last_only: bool = False
+        self,
+        ids: torch.Tensor,
+        cache: KFCache | None = None,
+        last_only: bool = False,
+        cancel: threading.Event | None = None,  # one pass: nothing to stop between
     ) -> torch.Tensor:
         """Logits for ``ids`` (B, T); with ``cache``, ``ids`` continue what it holds, which it keeps.
 

@@ -9,6 +9,7 @@ CPU float32 results match nanochat's Engine token for token.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
 from typing import cast, overload
 
@@ -478,6 +479,7 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         last_only: bool = False,
         chunk: int | None = None,
+        cancel: threading.Event | None = None,
     ) -> torch.Tensor:
         """Logits (float32, softcapped, sliced to the real vocab) for ``idx`` (B, T).
 
@@ -485,7 +487,10 @@ class GPT(nn.Module):
         ``last_only`` computes the head for the final position only (generation needs no more).
         A long prompt prefilled that way runs its layers ``chunk`` rows at a time, so that its
         activations take a chunk's memory, not the prompt's; by default where this machine gives
-        one pass's bits that way (:meth:`_chunk_rows`); 0 is one pass.
+        one pass's bits that way (:meth:`_chunk_rows`); 0 is one pass. ``cancel`` set between two
+        chunks ends the pass there (Stop during a long prompt): the cache keeps the rows done, a
+        prefix of the prompt that the next request need not compute again, and the logits are
+        the last of those rows' (the caller, which set it, samples nothing from them).
         """
         cfg = self.config
         T = idx.shape[1]
@@ -510,6 +515,7 @@ class GPT(nn.Module):
         bigram = self._bigram(idx, cache) if cfg.has_bigram else None
         spans = [(0, T)] if not 0 < step < T else [(a, min(a + step, T)) for a in range(0, T, step)]
         kept: list[torch.Tensor] = []
+        done = T  # rows of the prompt this pass computes: all of them unless stopped
         try:
             for a, b in spans:
                 if cache is not None:
@@ -527,15 +533,19 @@ class GPT(nn.Module):
                 # The MTP head reads each position's final state (nanochat/mtp.py).
                 if cache is not None and cache.hidden is not None:
                     cache.hidden[:, pos + a : pos + b] = h
-                if b == T or not last_only:
+                stop = b < T and cancel is not None and cancel.is_set()
+                if b == T or not last_only or stop:
                     kept.append(h)
+                if stop:
+                    done = b
+                    break
         except BaseException:
             if cache is not None:
                 cache.pos = pos  # nothing of this pass is held
             raise
         if cache is not None:
-            cache.tokens[:, pos : pos + T] = idx
-            cache.pos = pos + T
+            cache.tokens[:, pos : pos + done] = idx[:, :done]
+            cache.pos = pos + done
         x = kept[0] if len(kept) == 1 else torch.cat(kept, dim=1)
         if last_only:
             x = x[:, -1:]

@@ -22,6 +22,7 @@ them out of the model: most replies never use them), checked as the trunk's are.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import torch
@@ -175,7 +176,11 @@ class HeadDraft:
         return HeadCache(self.config, capacity, self.device, self.compute_dtype)
 
     def __call__(
-        self, ids: torch.Tensor, cache: HeadCache | None = None, last_only: bool = False
+        self,
+        ids: torch.Tensor,
+        cache: HeadCache | None = None,
+        last_only: bool = False,
+        cancel: threading.Event | None = None,  # one pass: nothing to stop between
     ) -> torch.Tensor:
         if cache is None:
             raise ValueError("the MTP head decodes with its cache: it reads the target's states there")

@@ -5,17 +5,23 @@ default prefill leaves the same logits, the same cache and the same next tokens 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from support.golden import CASES, EXPERIMENT_CASES, manifest
 
+from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.kernels.tuning import KernelTuner
+from desktop.engine.messages import Message
 from desktop.engine.nanochat.loader import load_model
 from desktop.engine.nanochat.model import GPT, PREFILL_CHUNK
+from desktop.engine.params import SamplingParams
+from desktop.engine.registry import open_backend
 
+DEMO = Path(__file__).parents[3] / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 ROWS = 2 * PREFILL_CHUNK + 37  # three chunks, the last one ragged
 ENTRY = f"prefill in chunks of {PREFILL_CHUNK}"
 
@@ -121,3 +127,34 @@ def test_a_pass_that_fails_midway_leaves_the_cache_where_it_was(tmp_path):
         model(ids, cache, last_only=True, chunk=PREFILL_CHUNK)
     assert cache.pos == before
     del last_block.forward
+
+
+@pytest.mark.parametrize("draft", ["", "int8"], ids=["plain", "speculative"])
+def test_stop_during_a_long_prompt_ends_its_prefill_and_the_next_send_goes_on_from_what_was_done(
+    tmp_path, draft
+):
+    """A user pastes a long text into the demo chat, presses Stop before the first token, and
+    sends again: the first reply ends with nothing said, and the second prefills only what the
+    first did not (everything after the first chunk where this CPU prefills in chunks)."""
+    kernels = tmp_path / "kernels.json"
+    backend = open_backend(DEMO, LoadOptions(dtype="float32", kernel_cache=kernels))
+    text = " ".join(f"Line {i}: the cat sat on the mat and looked at {i % 7} birds." for i in range(90))
+    prompt = backend.render([Message.of_text("user", text)], 8)
+    assert prompt.tokens > PREFILL_CHUNK
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    options = StreamOptions(draft=draft, draft_k=2 if draft else 0)  # a fixed k always drafts
+
+    stop = threading.Event()
+    stop.set()  # pressed while the prompt is prefilled
+    first = GenerationStats()
+    said = [e for e in backend.stream(prompt, params, stop, options, first) if e.id >= 0]
+    chunked = [t["same"] for e, t in _entries(kernels).items() if e.startswith(ENTRY)] == [1.0]
+
+    again = GenerationStats()
+    go = threading.Event()
+    reply = [e.id for e in backend.stream(prompt, params, go, options, again) if e.id >= 0]
+    assert (said, first.new_tokens, first.stopped) == ([], 0, "cancelled")
+    assert again.prefilled_tokens == (prompt.tokens - PREFILL_CHUNK if chunked else 1)
+    assert len(reply) == again.new_tokens > 0
+    assert (again.drafted > 0) is bool(draft)
+    backend.close()
