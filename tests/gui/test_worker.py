@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,33 @@ def test_stop_reaches_the_tokenization_of_a_long_prompt(qtbot, sft_dir):
     worker.cancel.clear()  # the next request runs as usual
     worker._on_generate(5, HI, SamplingParams(temperature=0.0, max_tokens=3), StreamOptions(), None)
     assert rec.named("finished")[-1][1]["new_tokens"] > 0
+
+
+def test_stop_during_the_prefill_of_a_long_prompt_ends_it_and_the_next_send_goes_on_from_there(
+    qtbot, tmp_path
+):
+    """A long paste into the demo chat: Stop pressed once the prompt is shown (the prefill has
+    begun) ends the reply with nothing said, and the next send prefills only what the stopped
+    one had not, where this CPU prefills in chunks (engine/nanochat/model.py)."""
+    demo = Path(__file__).resolve().parents[2] / "resources" / "demo" / "chatsft_checkpoints" / "demo"
+    worker = ModelWorker()
+    rec = Recorder(worker)
+    kernels = tmp_path / "kernels.json"  # where the check of chunks is kept, per machine
+    worker._on_load(str(demo), LoadOptions(device="cpu", dtype="float32", kernel_cache=kernels))
+    paste = [Message.of_text("user", " ".join(f"Line {i}: the cat sat on the mat." for i in range(120)))]
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    worker.context.connect(lambda *_: worker.cancel.set())  # Stop, as the prompt is shown
+    worker._on_generate(1, paste, params, StreamOptions(), None)
+    (_, prompt), (_, stopped) = rec.named("context")[0], rec.named("finished")[0]
+    assert (stopped["stopped"], stopped["new_tokens"], rec.named("token")) == ("cancelled", 0, [])
+
+    worker.context.disconnect()
+    worker.cancel.clear()
+    worker._on_generate(2, paste, params, StreamOptions(), None)
+    (request, again) = rec.named("finished")[-1]
+    assert request == 2 and again["new_tokens"] > 0 and rec.named("failed") == []
+    mine = json.loads(kernels.read_text())["machines"]
+    verdicts = [v["same"] for th in mine.values() for t in th.values() for e, v in t.items() if "chunks" in e]
+    chunked = verdicts == [1.0]
+    # Chunks: the stopped prefill kept its first 512 rows. One pass: it ran to the end.
+    assert again["prefilled_tokens"] == (prompt.tokens - 512 if chunked else 1)
