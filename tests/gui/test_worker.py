@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QObject, Signal
 from support.checkpoint_factory import truncate_file, write_checkpoint
+from support.chunk_checks import chunk_checks
 
 from desktop.engine.backend import LoadOptions, ModelInfo, Prompt, StreamOptions
 from desktop.engine.messages import Message, TokenEvent
@@ -233,8 +233,6 @@ def test_stop_during_the_prefill_of_a_long_prompt_ends_it_and_the_next_send_goes
     worker._on_generate(2, paste, params, StreamOptions(), None)
     (request, again) = rec.named("finished")[-1]
     assert request == 2 and again["new_tokens"] > 0 and rec.named("failed") == []
-    mine = json.loads(kernels.read_text())["machines"]
-    verdicts = [v["same"] for th in mine.values() for t in th.values() for e, v in t.items() if "chunks" in e]
-    chunked = verdicts == [1.0]
+    chunked = list(chunk_checks(kernels).values()) == [1.0]
     # Chunks: the stopped prefill kept its first 512 rows. One pass: it ran to the end.
     assert again["prefilled_tokens"] == (prompt.tokens - 512 if chunked else 1)

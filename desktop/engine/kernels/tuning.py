@@ -304,7 +304,7 @@ class KernelTuner:
         with self._lock:
             known = self._timings.get(str(threads), {}).get(entry, {})
         if "same" in known:
-            return bool(known["same"])
+            return known["same"] == 1.0  # as written below; anything else in a damaged file: not the same
         with torch.inference_mode():  # outside the lock: Compare's other panes go on meanwhile
             same = check()
         with self._lock:

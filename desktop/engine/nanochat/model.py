@@ -621,7 +621,7 @@ class GPT(nn.Module):
     def _check_layers(self) -> list[tuple[Block, int, torch.Tensor | None]]:
         """The first layer of each kind (window, value embedding, Engram branch), the one E7's
         backout keeps and the last: a chunk runs the same kernels in every layer of a kind, so
-        the check costs a few layers' prefill (3.6 s of 12 at depth 20), not the model's."""
+        the check costs a few layers' prefill (3.1-3.5 s at depth 20), not the model's (11-12 s)."""
         layers = self._layers or self._layer_inputs()
         kinds: dict[tuple[int, bool, bool], tuple[Block, int, torch.Tensor | None]] = {}
         for block, window, ve in layers:

@@ -4,12 +4,12 @@ default prefill leaves the same logits, the same cache and the same next tokens 
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from support.chunk_checks import chunk_checks
 from support.golden import CASES, EXPERIMENT_CASES, manifest
 
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
@@ -23,7 +23,6 @@ from desktop.engine.registry import open_backend
 
 DEMO = Path(__file__).parents[3] / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 ROWS = 2 * PREFILL_CHUNK + 37  # three chunks, the last one ragged
-ENTRY = f"prefill in chunks of {PREFILL_CHUNK}"
 
 
 def _model(case: Path, kernels: Path) -> GPT:
@@ -50,13 +49,6 @@ def _reply(model: GPT, ids: torch.Tensor, chunk: int | None, new: int = 8) -> tu
     return out, cache
 
 
-def _entries(kernels: Path) -> dict[str, dict[str, float]]:
-    if not kernels.exists():  # nothing was timed or checked
-        return {}
-    mine = json.loads(kernels.read_text())["machines"]
-    return {e: t for per_threads in next(iter(mine.values())).values() for e, t in per_threads.items()}
-
-
 @pytest.mark.parametrize("case", [*CASES, *EXPERIMENT_CASES], ids=lambda c: f"{c.parent.name}-{c.name}")
 def test_a_long_prompt_leaves_one_passs_cache_and_tokens(case, tmp_path):
     kernels = tmp_path / "kernels.json"
@@ -69,13 +61,13 @@ def test_a_long_prompt_leaves_one_passs_cache_and_tokens(case, tmp_path):
 
     assert default_ids == one_pass_ids
     assert default_cache.same_as(one_pass_cache)
-    checked = {e: t for e, t in _entries(kernels).items() if e.startswith(ENTRY)}
+    checked = chunk_checks(kernels)
     if model.config.mhc:
         # mHC pools over a pass's rows: chunks would change its math, so nothing is checked.
         assert not checked
     else:
         # Whichever way the check went on this CPU, it was made once and kept per machine.
-        assert [t["same"] for t in checked.values()] in ([0.0], [1.0])
+        assert list(checked.values()) in ([0.0], [1.0])
 
 
 def test_the_check_is_kept_in_the_timings_file_and_a_second_load_does_not_check_again(tmp_path):
@@ -84,8 +76,8 @@ def test_the_check_is_kept_in_the_timings_file_and_a_second_load_does_not_check_
     ids = torch.randint(300, (1, ROWS), generator=torch.Generator().manual_seed(6))
     first = _model(case, kernels)
     _reply(first, ids, chunk=None, new=1)
-    (entry, timings), *others = ((e, t) for e, t in _entries(kernels).items() if e.startswith(ENTRY))
-    assert not others and timings["same"] in (0.0, 1.0)
+    ((entry, same),) = chunk_checks(kernels).items()
+    assert same in (0.0, 1.0)
 
     # A new process reads the verdict: a check that ran again would be a second one.
     fresh = KernelTuner(kernels)
@@ -93,7 +85,7 @@ def test_the_check_is_kept_in_the_timings_file_and_a_second_load_does_not_check_
     def again() -> bool:
         raise AssertionError("checked a second time")
 
-    assert fresh.verdict(entry, torch.get_num_threads(), again) is bool(timings["same"])
+    assert fresh.verdict(entry, torch.get_num_threads(), again) is bool(same)
 
 
 def test_a_verdict_is_per_thread_count(tmp_path):
@@ -148,7 +140,7 @@ def test_stop_during_a_long_prompt_ends_its_prefill_and_the_next_send_goes_on_fr
     stop.set()  # pressed while the prompt is prefilled
     first = GenerationStats()
     said = [e for e in backend.stream(prompt, params, stop, options, first) if e.id >= 0]
-    chunked = [t["same"] for e, t in _entries(kernels).items() if e.startswith(ENTRY)] == [1.0]
+    chunked = list(chunk_checks(kernels).values()) == [1.0]
 
     again = GenerationStats()
     go = threading.Event()
