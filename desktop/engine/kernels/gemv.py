@@ -402,12 +402,14 @@ Kernel = (
     | Int4WeightOnlyLinear
 )
 GEMV_KINDS = ("plain", "exact", "fp16", "int8")
+# Kinds whose products promise a bound on the error, not nanochat's bits (fast and int8 modes).
+APPROXIMATE_KINDS = ("fp16", "int8")
 MIN_PACKED_SIDE = 64  # gates (a dozen rows or columns) stay fp32: packing them saves nothing
 
 
 def packs(weight: torch.Tensor, kind: str) -> bool:
     """Whether ``kind`` stores this weight in a form of its own (the fp32 matrix is then unused)."""
-    return kind in ("fp16", "int8") and weight.device.type == "cpu" and min(weight.shape) >= MIN_PACKED_SIDE
+    return kind in APPROXIMATE_KINDS and weight.device.type == "cpu" and min(weight.shape) >= MIN_PACKED_SIDE
 
 
 def weight_bytes(module: torch.nn.Linear) -> int:

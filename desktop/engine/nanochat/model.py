@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from desktop.engine.decode.attention import flash_attn_kvcache_fn, sdpa_attention
 from desktop.engine.decode.kvcache import KVCache
-from desktop.engine.kernels.gemv import Kernel, alignment, packs, weight_bytes
+from desktop.engine.kernels.gemv import APPROXIMATE_KINDS, Kernel, alignment, packs, weight_bytes
 from desktop.engine.kernels.tuning import Choice, KernelTuner, tuner_for
 from desktop.engine.nanochat.config import ModelConfig
 
@@ -580,9 +580,10 @@ class GPT(nn.Module):
 
     def _chunk_rows(self, T: int, cache: KVCache | None, last_only: bool) -> int:
         """:data:`PREFILL_CHUNK` for a prompt prefilled into a cache on the CPU, longer than a
-        chunk, where this machine was found to give one pass's bits in chunks; else 0 (one pass).
-        Never for the fork's mHC, whose mixer pools over the rows of a pass: chunks would change
-        its math, not only its rounding."""
+        chunk, where this machine was found to give one pass's bits in chunks, or where the
+        kernels promise no bits (fast and int8 modes); else 0 (one pass). Never for the fork's
+        mHC, whose mixer pools over the rows of a pass: chunks would change its math, not only
+        its rounding."""
         if (
             cache is None
             or not last_only
@@ -591,6 +592,12 @@ class GPT(nn.Module):
             or self.device.type != "cpu"
         ):
             return 0
+        if self.kernel_kind in APPROXIMATE_KINDS:
+            # Their products round otherwise than nanochat's in any case (int8 quantises the rows
+            # it is given with one scale over their range: a chunk's range lies within the
+            # prompt's, so its steps are finer, never coarser). A chunk breaks no promise of
+            # theirs, and a long prompt gets the chunks' memory and Stop without a check.
+            return PREFILL_CHUNK
         digest = hashlib.sha256(repr(self.config).encode()).hexdigest()[:12]
         entry = f"prefill in chunks of {PREFILL_CHUNK} {self.kernel_kind} {self.compute_dtype} model {digest}"
         tuner = self.tuner or tuner_for(None)

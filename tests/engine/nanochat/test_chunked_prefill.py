@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from support.chunk_checks import chunk_checks
 from support.golden import CASES, EXPERIMENT_CASES, manifest
 
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
 from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.kernels.gemv import APPROXIMATE_KINDS, fbgemm_available
 from desktop.engine.kernels.tuning import KernelTuner
 from desktop.engine.messages import Message
 from desktop.engine.nanochat.loader import load_model
@@ -121,15 +123,20 @@ def test_a_pass_that_fails_midway_leaves_the_cache_where_it_was(tmp_path):
     del last_block.forward
 
 
-@pytest.mark.parametrize("draft", ["", "int8"], ids=["plain", "speculative"])
+@pytest.mark.parametrize(
+    ("precision", "draft"),
+    [("float32", ""), ("float32", "int8"), ("int8", "")],
+    ids=["plain", "speculative", "int8-mode"],
+)
 def test_stop_during_a_long_prompt_ends_its_prefill_and_the_next_send_goes_on_from_what_was_done(
-    tmp_path, draft
+    tmp_path, precision, draft
 ):
     """A user pastes a long text into the demo chat, presses Stop before the first token, and
     sends again: the first reply ends with nothing said, and the second prefills only what the
-    first did not (everything after the first chunk where this CPU prefills in chunks)."""
+    first did not (everything after the first chunk where this CPU prefills in chunks, as int8
+    mode always does)."""
     kernels = tmp_path / "kernels.json"
-    backend = open_backend(DEMO, LoadOptions(dtype="float32", kernel_cache=kernels))
+    backend = open_backend(DEMO, LoadOptions(dtype=precision, kernel_cache=kernels))
     text = " ".join(f"Line {i}: the cat sat on the mat and looked at {i % 7} birds." for i in range(90))
     prompt = backend.render([Message.of_text("user", text)], 8)
     assert prompt.tokens > PREFILL_CHUNK
@@ -140,7 +147,7 @@ def test_stop_during_a_long_prompt_ends_its_prefill_and_the_next_send_goes_on_fr
     stop.set()  # pressed while the prompt is prefilled
     first = GenerationStats()
     said = [e for e in backend.stream(prompt, params, stop, options, first) if e.id >= 0]
-    chunked = list(chunk_checks(kernels).values()) == [1.0]
+    chunked = precision == "int8" or list(chunk_checks(kernels).values()) == [1.0]
 
     again = GenerationStats()
     go = threading.Event()
@@ -150,3 +157,32 @@ def test_stop_during_a_long_prompt_ends_its_prefill_and_the_next_send_goes_on_fr
     assert len(reply) == again.new_tokens > 0
     assert (again.drafted > 0) is bool(draft)
     backend.close()
+
+
+@pytest.mark.skipif(not fbgemm_available(), reason="needs torch's fbgemm (x86) for packed weights")
+@pytest.mark.parametrize(("precision", "max_kl"), [("fast", 1e-4), ("int8", 0.15)])
+def test_fast_and_int8_modes_prefill_in_chunks_unchecked_and_stay_as_close_to_exact(
+    tmp_path, precision, max_kl
+):
+    """Their kernels promise an error bound, not nanochat's bits: a long prompt goes in chunks
+    (Stop ends it after the first) with no check, and its next token is as close to exact
+    mode's as their bound (test_exact_mode.py) asks of one pass."""
+    kernels = tmp_path / "kernels.json"
+    exact = load_model(DEMO, None, device="cpu", dtype="float32", kernel_cache=kernels).model
+    model = load_model(DEMO, None, device="cpu", dtype=precision, kernel_cache=kernels).model
+    assert model.kernel_kind in APPROXIMATE_KINDS
+    ids = torch.randint(model.config.vocab_size, (1, ROWS), generator=torch.Generator().manual_seed(8))
+
+    stop = threading.Event()
+    stop.set()
+    cache = KVCache(model.config, 1, ROWS, model.device, model.compute_dtype)
+    with torch.inference_mode():
+        model(ids, cache, last_only=True, cancel=stop)
+        one_pass = KVCache(exact.config, 1, ROWS, exact.device, exact.compute_dtype)
+        reference = exact(ids, one_pass, last_only=True, chunk=0)
+        in_chunks = KVCache(model.config, 1, ROWS, model.device, model.compute_dtype)
+        chunked = model(ids, in_chunks, last_only=True)
+    assert cache.pos == PREFILL_CHUNK
+    assert not chunk_checks(kernels)  # nothing was checked
+    kl = F.kl_div(F.log_softmax(chunked, -1), F.log_softmax(reference, -1), log_target=True, reduction="sum")
+    assert kl.item() < max_kl
