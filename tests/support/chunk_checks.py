@@ -1,11 +1,11 @@
-"""What a kernel-timings file says of chunked prefill on this machine (engine/nanochat/model.py)."""
+"""What a kernel-timings file says of chunked prefill on this machine (engine/decode/chunked.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from desktop.engine.nanochat.model import PREFILL_CHUNK
+from desktop.engine.decode.chunked import PREFILL_CHUNK
 
 ENTRY = f"prefill in chunks of {PREFILL_CHUNK}"
 

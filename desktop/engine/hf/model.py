@@ -23,19 +23,17 @@ import copy
 import math
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from desktop.engine.decode.attention import sdpa_attention
+from desktop.engine.decode.chunked import CHECK_ROWS, check_entry, chunk_step, cut, keeps_bits, prefill_rows
+from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.hf.config import HFConfig, Rope
 from desktop.engine.kernels.gemv import Kernel
 from desktop.engine.kernels.tuning import Choice, KernelTuner
-
-if TYPE_CHECKING:
-    from desktop.engine.decode.kvcache import KVCache
 
 # A window wider than any context: every HF layer attends causally to all earlier positions.
 FULL_WINDOW = 1 << 62
@@ -99,6 +97,7 @@ class HFCausalLM:
         matrices = [t for name, t in weights.items() if name.endswith(".weight") and t.dim() == 2]
         self._matrices = list({id(w): w for w in (*matrices, self.head)}.values())
         self._products: dict[int, Kernel] = {id(w): tuner.exact(w) for w in self._matrices}
+        self.kernel_kind = "exact"  # transformers' bits; "fp16" or "int8" for a draft
         self.tuner = tuner
 
     def with_kernels(self, kind: str) -> HFCausalLM:
@@ -106,6 +105,7 @@ class HFCausalLM:
         kernels ("fp16", "int8": see kernels/tuning.py): a cheap draft for speculative decoding."""
         other = copy.copy(self)
         other._products = {id(w): self.tuner.product(w, kind) for w in self._matrices}
+        other.kernel_kind = kind
         return other
 
     def decode_bytes(self) -> int:
@@ -218,9 +218,13 @@ class HFCausalLM:
         cache: KVCache | None = None,
         last_only: bool = False,
         cancel: threading.Event | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """Float32 logits for ``idx`` (B, T); with a cache, ``idx`` continues it and it advances by T.
-        One pass, so ``cancel`` has nothing to stop between (protocols.DecodingModel)."""
+        A long prompt prefilled for its last logits runs its layers ``chunk`` rows at a time, by
+        default where this machine gives one pass's bits that way (as nanochat's ``GPT.forward``:
+        :mod:`~desktop.engine.decode.chunked`); 0 is one pass. ``cancel`` set between two chunks
+        ends the pass there, with the rows done kept in the cache."""
         T = idx.shape[1]
         pos = 0 if cache is None else cache.pos
         if pos + T > self.config.rope_len:
@@ -229,21 +233,44 @@ class HFCausalLM:
             )
         if cache is not None:
             cache.ensure_capacity(pos + T)
-        rope = self._rotary(pos, T)
+        step = self._chunk_rows(T, cache, last_only) if chunk is None else chunk
         x = F.embedding(idx, self.embed)
         if self.nanochat:
             x = self._rms(x, None)
-        for i, layer in enumerate(self.layers):
-            x = x + self._attention(self._rms(x, layer.input_norm), layer, i, rope, cache)
-            x = x + self._mlp(self._rms(x, layer.post_norm), layer)
-        if cache is not None:
-            cache.tokens[:, pos : pos + T] = idx
-            cache.pos = pos + T
-        x = self._rms(x, self.final_norm)
-        if last_only:
-            x = x[:, -1:]
-        logits = self._linear(x, self.head)
+
+        def rows(a: int, b: int) -> torch.Tensor:
+            h, rope = cut(x, a, b, T), self._rotary(pos + a, b - a)
+            for i, layer in enumerate(self.layers):
+                h = h + self._attention(self._rms(h, layer.input_norm), layer, i, rope, cache)
+                h = h + self._mlp(self._rms(h, layer.post_norm), layer)
+            return self._rms(h, self.final_norm)
+
+        logits = self._linear(prefill_rows(idx, step, cache, last_only, cancel, rows), self.head)
         cap = self.config.softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
+
+    def _chunk_rows(self, T: int, cache: KVCache | None, last_only: bool) -> int:
+        """Rows per prefill pass (:func:`~desktop.engine.decode.chunked.chunk_step`; 0: one pass)."""
+        entry = check_entry(self.kernel_kind, self.compute_dtype, self.config)
+        return chunk_step(
+            T, cache, last_only, self.device, self.kernel_kind, entry, self.tuner, self._chunks_keep_bits
+        )
+
+    def _chunks_keep_bits(self) -> bool:
+        """:func:`~desktop.engine.decode.chunked.keeps_bits` through the first and the last layer:
+        every layer runs the same kernels (one kind of attention, one MLP), so the check costs
+        two layers' prefill, not the model's."""
+        cfg = self.config
+        layers = self.layers
+        self.layers = [layers[0], layers[-1]] if len(layers) > 1 else layers
+        try:
+            return keeps_bits(
+                lambda ids, cache, chunk: self(ids, cache, last_only=True, chunk=chunk),
+                cfg.vocab_size,
+                min(CHECK_ROWS, cfg.rope_len),
+                lambda rows: KVCache(cfg, 1, rows, self.device, self.compute_dtype),  # type: ignore[arg-type]
+            )
+        finally:
+            self.layers = layers

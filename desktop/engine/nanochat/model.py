@@ -8,47 +8,34 @@ CPU float32 results match nanochat's Engine token for token.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable, Sequence
-from typing import cast, overload
+from typing import cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from desktop.engine.decode.attention import flash_attn_kvcache_fn, sdpa_attention
+from desktop.engine.decode.chunked import (
+    CHECK_ROWS,
+    check_entry,
+    chunk_step,
+    cut,
+    keeps_bits,
+    prefill_rows,
+)
 from desktop.engine.decode.kvcache import KVCache
-from desktop.engine.kernels.gemv import APPROXIMATE_KINDS, Kernel, alignment, packs, weight_bytes
+from desktop.engine.kernels.gemv import Kernel, alignment, packs, weight_bytes
 from desktop.engine.kernels.tuning import Choice, KernelTuner, tuner_for
 from desktop.engine.nanochat.config import ModelConfig
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
 
-# Rows of a long prompt each prefill pass takes (docs/PERFORMANCE.md, Loading and memory). Chunk
-# boundaries must fall where one whole pass's kernels split their work anyway: torch's CPU
-# flash attention takes the keys in blocks of 512 (chunks of 256 change the rows past 128 of
-# every chunk), and a vectorised elementwise kernel (the value-embedding gate's sigmoid) starts
-# its vector blocks and ends its scalar tail on the same elements for any multiple of 64.
-PREFILL_CHUNK = 512
-CHECK_ROWS = PREFILL_CHUNK + PREFILL_CHUNK // 2 + 7  # two chunks, the second ragged
-
 
 def norm(x: torch.Tensor) -> torch.Tensor:
     # torch.rms_norm, not F.rms_norm: the same op without the Python wrapper's checks.
     return torch.rms_norm(x, (x.size(-1),))
-
-
-@overload
-def _cut(t: torch.Tensor, a: int, b: int, total: int) -> torch.Tensor: ...
-@overload
-def _cut(t: None, a: int, b: int, total: int) -> None: ...
-def _cut(t: torch.Tensor | None, a: int, b: int, total: int) -> torch.Tensor | None:
-    """Rows ``a:b`` of a (B, T, ...) tensor; the tensor itself when they are all of its rows (a
-    decode step: a view per input would cost ~1 µs each)."""
-    if t is None or (a, b) == (0, total):
-        return t
-    return t[:, a:b]
 
 
 def apply_rotary(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
@@ -486,11 +473,10 @@ class GPT(nn.Module):
         With a cache, ``idx`` continues the cached sequence and the cache advances by T.
         ``last_only`` computes the head for the final position only (generation needs no more).
         A long prompt prefilled that way runs its layers ``chunk`` rows at a time, so that its
-        activations take a chunk's memory, not the prompt's; by default where this machine gives
-        one pass's bits that way (:meth:`_chunk_rows`); 0 is one pass. ``cancel`` set between two
-        chunks ends the pass there (Stop during a long prompt): the cache keeps the rows done, a
-        prefix of the prompt that the next request need not compute again, and the logits are
-        the last of those rows' (the caller, which set it, samples nothing from them).
+        activations take a chunk's memory, not the prompt's (:mod:`~desktop.engine.decode.chunked`);
+        by default where this machine gives one pass's bits that way (:meth:`_chunk_rows`); 0 is
+        one pass. ``cancel`` set between two chunks ends the pass there, with the rows done kept
+        in the cache (:func:`~desktop.engine.decode.chunked.prefill_rows`).
         """
         cfg = self.config
         T = idx.shape[1]
@@ -513,42 +499,24 @@ class GPT(nn.Module):
         if cfg.has_smear:
             x = self._smear(x, cache, scalars["smear_lambda"][0])
         bigram = self._bigram(idx, cache) if cfg.has_bigram else None
-        spans = [(0, T)] if not 0 < step < T else [(a, min(a + step, T)) for a in range(0, T, step)]
-        kept: list[torch.Tensor] = []
-        done = T  # rows of the prompt this pass computes: all of them unless stopped
-        try:
-            for a, b in spans:
-                if cache is not None:
-                    cache.pos = pos + a
-                h = norm(
-                    self._trunk(
-                        _cut(idx, a, b, T),
-                        _cut(x, a, b, T),
-                        _cut(bigram, a, b, T),
-                        _cut(rope, a, b, T),
-                        cache,
-                        scalars,
-                    )
+
+        def rows(a: int, b: int) -> torch.Tensor:
+            h = norm(
+                self._trunk(
+                    cut(idx, a, b, T),
+                    cut(x, a, b, T),
+                    cut(bigram, a, b, T),
+                    cut(rope, a, b, T),
+                    cache,
+                    scalars,
                 )
-                # The MTP head reads each position's final state (nanochat/mtp.py).
-                if cache is not None and cache.hidden is not None:
-                    cache.hidden[:, pos + a : pos + b] = h
-                stop = b < T and cancel is not None and cancel.is_set()
-                if b == T or not last_only or stop:
-                    kept.append(h)
-                if stop:
-                    done = b
-                    break
-        except BaseException:
-            if cache is not None:
-                cache.pos = pos  # nothing of this pass is held
-            raise
-        if cache is not None:
-            cache.tokens[:, pos : pos + done] = idx[:, :done]
-            cache.pos = pos + done
-        x = kept[0] if len(kept) == 1 else torch.cat(kept, dim=1)
-        if last_only:
-            x = x[:, -1:]
+            )
+            # The MTP head reads each position's final state (nanochat/mtp.py).
+            if cache is not None and cache.hidden is not None:
+                cache.hidden[:, pos + a : pos + b] = h
+            return h
+
+        x = prefill_rows(idx, step, cache, last_only, cancel, rows)
         return self.logits_of(x)
 
     def _trunk(
@@ -579,51 +547,32 @@ class GPT(nn.Module):
         return x
 
     def _chunk_rows(self, T: int, cache: KVCache | None, last_only: bool) -> int:
-        """:data:`PREFILL_CHUNK` for a prompt prefilled into a cache on the CPU, longer than a
-        chunk, where this machine was found to give one pass's bits in chunks, or where the
-        kernels promise no bits (fast and int8 modes); else 0 (one pass). Never for the fork's
-        mHC, whose mixer pools over the rows of a pass: chunks would change its math, not only
-        its rounding."""
-        if (
-            cache is None
-            or not last_only
-            or T <= PREFILL_CHUNK
-            or self.config.mhc
-            or self.device.type != "cpu"
-        ):
+        """Rows per prefill pass (:func:`~desktop.engine.decode.chunked.chunk_step`; 0: one pass).
+        Never for the fork's mHC, whose mixer pools over the rows of a pass: chunks would change
+        its math, not only its rounding."""
+        if self.config.mhc:
             return 0
-        if self.kernel_kind in APPROXIMATE_KINDS:
-            # Their products round otherwise than nanochat's in any case (int8 quantises the rows
-            # it is given with one scale over their range: a chunk's range lies within the
-            # prompt's, so its steps are finer, never coarser). A chunk breaks no promise of
-            # theirs, and a long prompt gets the chunks' memory and Stop without a check.
-            return PREFILL_CHUNK
-        digest = hashlib.sha256(repr(self.config).encode()).hexdigest()[:12]
-        entry = f"prefill in chunks of {PREFILL_CHUNK} {self.kernel_kind} {self.compute_dtype} model {digest}"
+        entry = check_entry(self.kernel_kind, self.compute_dtype, self.config)
         tuner = self.tuner or tuner_for(None)
-        return PREFILL_CHUNK if tuner.verdict(entry, torch.get_num_threads(), self._chunks_keep_bits) else 0
+        return chunk_step(
+            T, cache, last_only, self.device, self.kernel_kind, entry, tuner, self._chunks_keep_bits
+        )
 
     def _chunks_keep_bits(self) -> bool:
-        """Prefill :data:`CHECK_ROWS` random ids in one pass and in chunks: the same logits, and the
-        same cache (keys, values and the eras' histories)? Random values make a sum taken in
-        another order show in some row; the products, attention and norms of a chunk are the
-        machine's BLAS and torch's kernels, which no one promises row-independent. The check
-        runs through one layer of each kind (:meth:`_check_layers`), not all of them."""
-        rows = min(CHECK_ROWS, self.config.rope_len)  # past PREFILL_CHUNK, as any prompt checked
-        ids = torch.randint(self.config.vocab_size, (1, rows), generator=torch.Generator().manual_seed(0)).to(
-            self.device
-        )
+        """:func:`~desktop.engine.decode.chunked.keeps_bits` through one layer of each kind
+        (:meth:`_check_layers`), not all of them."""
+        cfg = self.config
         layers = self._layers
         self._layers = self._check_layers()
         try:
-            runs = []
-            for chunk in (0, PREFILL_CHUNK):
-                cache = KVCache(self.config, 1, rows, self.device, self.compute_dtype)
-                runs.append((self(ids, cache, last_only=True, chunk=chunk), cache))
+            return keeps_bits(
+                lambda ids, cache, chunk: self(ids, cache, last_only=True, chunk=chunk),
+                cfg.vocab_size,
+                min(CHECK_ROWS, cfg.rope_len),  # past PREFILL_CHUNK, as any prompt checked
+                lambda rows: KVCache(cfg, 1, rows, self.device, self.compute_dtype),
+            )
         finally:
             self._layers = layers
-        (whole, whole_cache), (chunked, chunked_cache) = runs
-        return torch.equal(whole, chunked) and whole_cache.same_as(chunked_cache)
 
     def _check_layers(self) -> list[tuple[Block, int, torch.Tensor | None]]:
         """The first layer of each kind (window, value embedding, Engram branch), the one E7's

@@ -14,12 +14,13 @@ from support.chunk_checks import chunk_checks
 from support.golden import CASES, EXPERIMENT_CASES, manifest
 
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
+from desktop.engine.decode.chunked import PREFILL_CHUNK
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.kernels.gemv import APPROXIMATE_KINDS, fbgemm_available
 from desktop.engine.kernels.tuning import KernelTuner
 from desktop.engine.messages import Message
 from desktop.engine.nanochat.loader import load_model
-from desktop.engine.nanochat.model import GPT, PREFILL_CHUNK
+from desktop.engine.nanochat.model import GPT
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
 

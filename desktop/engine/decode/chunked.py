@@ -1,0 +1,133 @@
+"""A long prompt prefilled a chunk of rows at a time (docs/PERFORMANCE.md, Loading and memory).
+
+The embedding runs over the whole prompt; the layers then run :data:`PREFILL_CHUNK` rows at a
+time on the KV cache, so the activations take a chunk's memory, not the prompt's, and Stop can
+end the pass between two chunks. In exact mode that is done only where this machine gives one
+pass's bits that way: chunk boundaries must fall where one whole pass's kernels split their work
+anyway. torch's CPU flash attention takes the keys in blocks of 512 (chunks of 256 change the
+rows past 128 of every chunk), and a vectorised elementwise kernel (the value-embedding gate's
+sigmoid) starts its vector blocks and ends its scalar tail on the same elements for any multiple
+of 64. None of that is promised, so :func:`chunk_step` checks it once per machine, thread count
+and model shape. Kernels that promise an error bound and not bits (fast and int8 modes) chunk
+unchecked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from typing import overload
+
+import torch
+
+from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
+from desktop.engine.kernels.tuning import KernelTuner
+
+PREFILL_CHUNK = 512
+CHECK_ROWS = PREFILL_CHUNK + PREFILL_CHUNK // 2 + 7  # two chunks, the second ragged
+
+# rows a:b of the prompt, through the layers on the cache (at position pos + a) -> their states
+Rows = Callable[[int, int], torch.Tensor]
+# (ids, cache, chunk) -> last-row logits: a model's prefill, one pass (chunk 0) or in chunks
+Prefill = Callable[[torch.Tensor, KVCache, int], torch.Tensor]
+
+
+def chunk_step(
+    T: int,
+    cache: KVCache | None,
+    last_only: bool,
+    device: torch.device,
+    kind: str,
+    entry: str,
+    tuner: KernelTuner,
+    keeps_bits: Callable[[], bool],
+) -> int:
+    """:data:`PREFILL_CHUNK` for a prompt of ``T`` rows prefilled into a cache on the CPU, longer
+    than a chunk, where this machine was found to give one pass's bits in chunks (``keeps_bits``,
+    run once and kept by ``tuner`` under ``entry`` for this thread count), or where the
+    products of ``kind`` promise no bits; else 0 (one pass)."""
+    if cache is None or not last_only or T <= PREFILL_CHUNK or device.type != "cpu":
+        return 0
+    if kind in APPROXIMATE_KINDS:
+        # Their products round otherwise than the reference's in any case (int8 quantises the
+        # rows it is given with one scale over their range: a chunk's range lies within the
+        # prompt's, so its steps are finer, never coarser). A chunk breaks no promise of
+        # theirs, and a long prompt gets the chunks' memory and Stop without a check.
+        return PREFILL_CHUNK
+    return PREFILL_CHUNK if tuner.verdict(entry, torch.get_num_threads(), keeps_bits) else 0
+
+
+def check_entry(kind: str, dtype: torch.dtype, config: object) -> str:
+    """The name a chunk check is kept under: the kernels, the dtype and the model's shape."""
+    digest = hashlib.sha256(repr(config).encode()).hexdigest()[:12]
+    return f"prefill in chunks of {PREFILL_CHUNK} {kind} {dtype} model {digest}"
+
+
+def keeps_bits(prefill: Prefill, vocab: int, rows: int, new_cache: Callable[[int], KVCache]) -> bool:
+    """Prefill ``rows`` random ids in one pass and in chunks: the same logits, and the same cache
+    (keys, values and the eras' histories)? Random values make a sum taken in another order show
+    in some row; the products, attention and norms of a chunk are the machine's BLAS and torch's
+    kernels, which no one promises row-independent."""
+    ids = torch.randint(vocab, (1, rows), generator=torch.Generator().manual_seed(0))
+    runs = []
+    for chunk in (0, PREFILL_CHUNK):
+        cache = new_cache(rows)
+        runs.append((prefill(ids.to(cache.device), cache, chunk), cache))
+    (whole, whole_cache), (chunked, chunked_cache) = runs
+    return torch.equal(whole, chunked) and whole_cache.same_as(chunked_cache)
+
+
+def prefill_rows(
+    idx: torch.Tensor,
+    step: int,
+    cache: KVCache | None,
+    last_only: bool,
+    cancel: threading.Event | None,
+    rows: Rows,
+) -> torch.Tensor:
+    """The final states of ``idx``'s rows (the last one's only with ``last_only``), computed by
+    ``rows`` over spans of ``step`` rows (0: one span); the cache then holds them.
+
+    ``cancel`` set between two chunks ends the pass there (Stop during a long prompt): the cache
+    keeps the rows done, a prefix of the prompt that the next request need not compute again,
+    and the states returned are those rows' (the caller, which set it, samples nothing from
+    them). A chunk that fails (an OOM, say) leaves the cache where it was."""
+    T = idx.shape[1]
+    pos = 0 if cache is None else cache.pos
+    spans = [(0, T)] if not 0 < step < T else [(a, min(a + step, T)) for a in range(0, T, step)]
+    kept: list[torch.Tensor] = []
+    done = T  # rows of the prompt this pass computes: all of them unless stopped
+    try:
+        for a, b in spans:
+            if cache is not None:
+                cache.pos = pos + a
+            h = rows(a, b)
+            stop = b < T and cancel is not None and cancel.is_set()
+            if b == T or not last_only or stop:
+                kept.append(h)
+            if stop:
+                done = b
+                break
+    except BaseException:
+        if cache is not None:
+            cache.pos = pos  # nothing of this pass is held
+        raise
+    if cache is not None:
+        cache.tokens[:, pos : pos + done] = idx[:, :done]
+        cache.pos = pos + done
+    x = kept[0] if len(kept) == 1 else torch.cat(kept, dim=1)
+    return x[:, -1:] if last_only else x
+
+
+@overload
+def cut(t: torch.Tensor, a: int, b: int, total: int) -> torch.Tensor: ...
+@overload
+def cut(t: None, a: int, b: int, total: int) -> None: ...
+def cut(t: torch.Tensor | None, a: int, b: int, total: int) -> torch.Tensor | None:
+    """Rows ``a:b`` of a (B, T, ...) tensor; the tensor itself when they are all of its rows (a
+    decode step: a view per input would cost ~1 µs each)."""
+    if t is None or (a, b) == (0, total):
+        return t
+    return t[:, a:b]
