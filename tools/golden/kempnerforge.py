@@ -1,6 +1,10 @@
 """A golden KempnerForge run, trained and saved by KempnerForge's own code.
 
-``python -m tools.golden kempnerforge --src MIRROR_OR_CHECKOUT [--out tests/golden]``
+``python -m tools.golden kempnerforge --src MIRROR_OR_CHECKOUT [--out tests/golden] [--case NAME]``
+
+Two cases, trained alike: ``dense-gqa-qknorm`` (a context of 128 positions) and ``long-context``
+(2,048 positions, so a prompt can be longer than a prefill chunk of the engine's; its prompts
+include one of more than 1,061 tokens).
 
 The revision below is exported from the mirror and imported as the package ``kempnerforge``.
 In this one process, on the CPU, with a gloo process group of world size 1 (a FileStore), its
@@ -57,6 +61,7 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .common import (
+    STORY,
     check_corpus,
     export,
     file_commits,
@@ -68,6 +73,8 @@ from .common import (
 
 REVISION = "5666d0d"  # the mirror's HEAD when this corpus was made (spec §3)
 CASE = "dense-gqa-qknorm"
+LONG_CASE = "long-context"
+LONG_PROMPT_TOKENS = 2 * 512 + 37  # at least: three of the engine's 512-row prefill chunks
 VOCAB = 288
 BOS, EOS = "<s>", "</s>"
 MAX_NEW = 30
@@ -83,7 +90,7 @@ n_heads = 4
 n_kv_heads = 2
 vocab_size = {vocab}
 ffn_hidden_dim = 96
-max_seq_len = 128
+max_seq_len = {max_seq_len}
 qk_norm = true
 rope_theta = 10000.0
 
@@ -268,7 +275,18 @@ def _greedy_gaps(model: Any, prompt: list[int], ids: list[int]) -> list[float]:
     return gaps
 
 
-def _expected(script: Any, toml: Path, step_dir: Path, hf_tok: Any) -> list[dict[str, Any]]:
+def _long_prompt(hf_tok: Any) -> str:
+    """The story's sentences, in order and over again, until they encode to
+    :data:`LONG_PROMPT_TOKENS` tokens or more."""
+    sentences: list[str] = []
+    while len(hf_tok.encode(" ".join(sentences))) < LONG_PROMPT_TOKENS:
+        sentences.append(STORY[len(sentences) % len(STORY)])
+    return " ".join(sentences)
+
+
+def _expected(
+    script: Any, toml: Path, step_dir: Path, hf_tok: Any, prompts: tuple[str, ...]
+) -> list[dict[str, Any]]:
     """What ``scripts/generate.py`` gives for each prompt at one step, in float32 on the CPU."""
     from kempnerforge.config.loader import load_config
     from kempnerforge.model.generate import generate
@@ -278,7 +296,7 @@ def _expected(script: Any, toml: Path, step_dir: Path, hf_tok: Any) -> list[dict
         model = script._load_model(config, torch.device("cpu"), torch.float32)
     model.eval()
     out = []
-    for text in PROMPTS:
+    for text in prompts:
         prompt = hf_tok.encode(text)
 
         def run(temperature: float, top_k: int, top_p: float, prompt: list[int] = prompt) -> list[int]:
@@ -310,15 +328,15 @@ def _expected(script: Any, toml: Path, step_dir: Path, hf_tok: Any) -> list[dict
     return out
 
 
-def write_case(repo: Path, out: Path) -> dict[str, Any]:
+def write_case(repo: Path, out: Path, name: str = CASE) -> dict[str, Any]:
     commit = resolve(repo, REVISION)
-    case = (out / "kempnerforge" / CASE).resolve()  # absolute: training runs with the case as cwd
+    case = (out / "kempnerforge" / name).resolve()  # absolute: training runs with the case as cwd
     case.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     texts = story_documents(rng, 1500)
     tok = _write_tokenizer(texts, case / "tokenizer")
     toml = case / "train.toml"
-    toml.write_text(TOML.format(vocab=VOCAB))
+    toml.write_text(TOML.format(vocab=VOCAB, max_seq_len=2048 if name == LONG_CASE else 128))
     shutil.rmtree(case / TB_DIR, ignore_errors=True)  # a rerun's writer would add a second file
     with tempfile.TemporaryDirectory() as tmp:
         _write_tokens(tok, texts, Path(tmp) / "tokens")
@@ -337,7 +355,10 @@ def write_case(repo: Path, out: Path) -> dict[str, Any]:
             hf_tok = transformers.AutoTokenizer.from_pretrained(case / "tokenizer")
             script = _script(src)
             steps = sorted(int(p.name.split("_")[1]) for p in (case / "run").glob("step_*"))
-            expected = {str(s): _expected(script, toml, case / "run" / f"step_{s}", hf_tok) for s in steps}
+            prompts = (*PROMPTS, _long_prompt(hf_tok)) if name == LONG_CASE else PROMPTS
+            expected = {
+                str(s): _expected(script, toml, case / "run" / f"step_{s}", hf_tok, prompts) for s in steps
+            }
             used = sorted(
                 m.replace(".", "/") + ("/__init__.py" if hasattr(sys.modules[m], "__path__") else ".py")
                 for m in list(sys.modules)
@@ -376,12 +397,15 @@ def main(argv: list[str]) -> int:
         "--src", type=Path, required=True, help="KempnerInstitute/KempnerForge mirror or checkout"
     )
     parser.add_argument("--out", type=Path, default=Path("tests/golden"))
+    parser.add_argument("--case", choices=(CASE, LONG_CASE), action="append", help="default: both")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("tensorboard") is None:
         raise SystemExit("tensorboard is not importable: torch's SummaryWriter needs it (see the module doc)")
     torch.set_num_threads(1)
-    manifest = write_case(args.src, args.out)
-    gaps = [g for cases in manifest["expected"].values() for c in cases for g in c["greedy_top2_gaps"]]
-    print(f"{CASE}: {manifest['commit'][:7]}, steps {manifest['steps']}, smallest greedy gap {min(gaps):.4f}")
+    for name in args.case or (CASE, LONG_CASE):
+        manifest = write_case(args.src, args.out, name)
+        gaps = [g for cases in manifest["expected"].values() for c in cases for g in c["greedy_top2_gaps"]]
+        steps = manifest["steps"]
+        print(f"{name}: {manifest['commit'][:7]}, steps {steps}, smallest greedy gap {min(gaps):.4f}")
     print(f"corpus: {check_corpus(args.out)} bytes")
     return 0

@@ -17,26 +17,42 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable
-from typing import overload
+from typing import Protocol, overload
 
 import torch
 
-from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
 from desktop.engine.kernels.tuning import KernelTuner
 
 PREFILL_CHUNK = 512
 CHECK_ROWS = PREFILL_CHUNK + PREFILL_CHUNK // 2 + 7  # two chunks, the second ragged
 
+
+class Cache(Protocol):
+    """What a prefill in chunks needs of a model's cache (the engine's ``KVCache``,
+    KempnerForge's ``KFCache``)."""
+
+    pos: int  # positions held
+    device: torch.device
+
+    def record(self, ids: torch.Tensor) -> None:
+        """``ids`` (1, n), whose keys and values were just written from ``pos`` on: hold them."""
+        ...
+
+    def same_as(self, other: Cache) -> bool:
+        """The same positions with the same bits (keys, values, tokens and any history)."""
+        ...
+
+
 # rows a:b of the prompt, through the layers on the cache (at position pos + a) -> their states
 Rows = Callable[[int, int], torch.Tensor]
 # (ids, cache, chunk) -> last-row logits: a model's prefill, one pass (chunk 0) or in chunks
-Prefill = Callable[[torch.Tensor, KVCache, int], torch.Tensor]
+Prefill = Callable[[torch.Tensor, Cache, int], torch.Tensor]
 
 
 def chunk_step(
     T: int,
-    cache: KVCache | None,
+    cache: Cache | None,
     last_only: bool,
     device: torch.device,
     kind: str,
@@ -65,7 +81,7 @@ def check_entry(kind: str, dtype: torch.dtype, config: object) -> str:
     return f"prefill in chunks of {PREFILL_CHUNK} {kind} {dtype} model {digest}"
 
 
-def keeps_bits(prefill: Prefill, vocab: int, rows: int, new_cache: Callable[[int], KVCache]) -> bool:
+def keeps_bits(prefill: Prefill, vocab: int, rows: int, new_cache: Callable[[int], Cache]) -> bool:
     """Prefill ``rows`` random ids in one pass and in chunks: the same logits, and the same cache
     (keys, values and the eras' histories)? Random values make a sum taken in another order show
     in some row; the products, attention and norms of a chunk are the machine's BLAS and torch's
@@ -82,7 +98,7 @@ def keeps_bits(prefill: Prefill, vocab: int, rows: int, new_cache: Callable[[int
 def prefill_rows(
     idx: torch.Tensor,
     step: int,
-    cache: KVCache | None,
+    cache: Cache | None,
     last_only: bool,
     cancel: threading.Event | None,
     rows: Rows,
@@ -115,8 +131,8 @@ def prefill_rows(
             cache.pos = pos  # nothing of this pass is held
         raise
     if cache is not None:
-        cache.tokens[:, pos : pos + done] = idx[:, :done]
-        cache.pos = pos + done
+        cache.pos = pos
+        cache.record(idx[:, :done])
     x = kept[0] if len(kept) == 1 else torch.cat(kept, dim=1)
     return x[:, -1:] if last_only else x
 

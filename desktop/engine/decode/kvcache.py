@@ -98,6 +98,12 @@ class KVCache:
         self.engram = {i: grown(z, 1) for i, z in self.engram.items()}
         self.capacity = new_cap
 
+    def record(self, ids: torch.Tensor) -> None:
+        """``ids`` (B, n), whose keys and values a pass just wrote from ``pos`` on: hold them."""
+        n = ids.size(1)
+        self.tokens[:, self.pos : self.pos + n] = ids
+        self.pos += n
+
     def truncate(self, n: int) -> None:
         """Forget everything from position ``n`` on (exact for every era thanks to the histories)."""
         if not 0 <= n <= self.pos:
@@ -122,13 +128,13 @@ class KVCache:
         other.pos = p
         return other
 
-    def same_as(self, other: KVCache) -> bool:
+    def same_as(self, other: object) -> bool:
         """Whether both hold the same positions with the same bits: keys, values, tokens and the
         histories (an exact comparison, for checking that two ways of filling a cache agree)."""
         import torch
 
         p = self.pos
-        if other.pos != p or self.engram.keys() != other.engram.keys():
+        if not isinstance(other, KVCache) or other.pos != p or self.engram.keys() != other.engram.keys():
             return False
         mine, theirs = self._tensors(), other._tensors()
         if mine.keys() != theirs.keys():

@@ -267,7 +267,7 @@ class HFCausalLM:
         self.layers = [layers[0], layers[-1]] if len(layers) > 1 else layers
         try:
             return keeps_bits(
-                lambda ids, cache, chunk: self(ids, cache, last_only=True, chunk=chunk),
+                lambda ids, cache, chunk: self(ids, cache, last_only=True, chunk=chunk),  # type: ignore[arg-type]
                 cfg.vocab_size,
                 min(CHECK_ROWS, cfg.rope_len),
                 lambda rows: KVCache(cfg, 1, rows, self.device, self.compute_dtype),  # type: ignore[arg-type]

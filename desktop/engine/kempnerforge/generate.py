@@ -157,7 +157,12 @@ def stream_kf(
 
     t0 = time.perf_counter()
     ids = torch.tensor([list(prompt[cache.pos :])], dtype=torch.long, device=model.device)
-    logits = model(ids, cache, last_only=True)[:, -1, :]
+    # Stop during a long prompt's prefill ends it between two chunks; nothing is then sampled
+    # from the logits of the rows done (as in engine/decode/generation.py).
+    logits = model(ids, cache, last_only=True, cancel=cancel)[:, -1, :]
+    if cancel is not None and cancel.is_set():
+        stats.stopped = "cancelled"
+        return
     stats.stopped = "max_tokens"
     t_first = 0.0
     for n in range(1, budget + 1):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from desktop.engine.decode.chunked import CHECK_ROWS, check_entry, chunk_step, cut, keeps_bits, prefill_rows
 from desktop.engine.kempnerforge.config import KFModelConfig
 from desktop.engine.kernels.gemv import Kernel
 from desktop.engine.kernels.memory import zeros_on_demand
@@ -109,6 +110,20 @@ class KFCache:
         self.pos = min(self.pos, n)
         del self.tokens[self.pos :]
 
+    def record(self, ids: torch.Tensor) -> None:
+        """``ids`` (1, n), whose keys and values a pass just wrote from ``pos`` on: hold them."""
+        del self.tokens[self.pos :]
+        self.tokens.extend(int(t) for t in ids[0].tolist())
+        self.pos += ids.size(1)
+
+    def same_as(self, other: object) -> bool:
+        """Whether both hold the same tokens, keys and values, bit for bit."""
+        if not isinstance(other, KFCache) or (other.pos, other.tokens) != (self.pos, self.tokens):
+            return False
+        p = self.pos
+        pairs = [*zip(self.k, other.k, strict=True), *zip(self.v, other.v, strict=True)]
+        return all(torch.equal(a[:, :, :p], b[:, :, :p]) for a, b in pairs)
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.pos + k.shape[2]
         self.k[layer][:, :, self.pos : end] = k
@@ -143,6 +158,7 @@ class KFTransformer:
         matrices = [output, *(w for b in blocks for w in (b.q, b.k, b.v, b.o, b.gate, b.up, b.down))]
         self._matrices = list({id(w): w for w in matrices if w is not None}.values())
         self._products: dict[int, Kernel] = {id(w): tuner.exact(w) for w in self._matrices}
+        self.kernel_kind = "exact"  # KempnerForge's bits; "fp16" or "int8" for a draft
         self.tuner = tuner
         self.device = device
         self.compute_dtype = embedding.dtype
@@ -159,6 +175,7 @@ class KFTransformer:
         kernels ("fp16", "int8": see kernels/tuning.py): a cheap draft for speculative decoding."""
         other = copy.copy(self)
         other._products = {id(w): self.tuner.product(w, kind) for w in self._matrices}
+        other.kernel_kind = kind
         return other
 
     def kernel_choices(self) -> list[Choice]:
@@ -256,12 +273,17 @@ class KFTransformer:
         ids: torch.Tensor,
         cache: KFCache | None = None,
         last_only: bool = False,
-        cancel: threading.Event | None = None,  # one pass: nothing to stop between
+        cancel: threading.Event | None = None,
+        chunk: int | None = None,
     ) -> torch.Tensor:
         """Logits for ``ids`` (B, T); with ``cache``, ``ids`` continue what it holds, which it keeps.
 
         ``last_only`` may compute only the last position's logits when the whole block would be
-        large; every position's are computed otherwise (as KempnerForge does).
+        large; every position's are computed otherwise (as KempnerForge does). A long prompt
+        prefilled for its last logits runs its layers ``chunk`` rows at a time, by default where
+        this machine gives one pass's bits that way (as nanochat's ``GPT.forward``:
+        :mod:`~desktop.engine.decode.chunked`); 0 is one pass. ``cancel`` set between two chunks
+        ends the pass there, with the rows done kept in the cache.
         """
         seq_len = ids.shape[1]
         start = cache.pos if cache is not None else 0
@@ -269,15 +291,39 @@ class KFTransformer:
             raise ValueError(f"{start + seq_len} positions exceed max_seq_len {self.config.max_seq_len}")
         if cache is not None:
             cache.reserve(start + seq_len)
+        step = self._chunk_rows(seq_len, cache, last_only) if chunk is None else chunk
         h = F.embedding(ids, self.embedding)
-        cos, sin = self.cos[start : start + seq_len], self.sin[start : start + seq_len]
-        for i, b in enumerate(self.blocks):
-            h = h + self._attention(self._norm(h, b.attention_norm), b, i, cos, sin, cache)
-            h = h + self._mlp(self._norm(h, b.mlp_norm), b)
-        if cache is not None:
-            cache.pos += seq_len
-            cache.tokens.extend(int(t) for t in ids[0].tolist())
-        h = self._norm(h, self.norm)
-        if last_only and seq_len * self.config.vocab_size > FULL_LOGITS_LIMIT:
-            h = h[:, -1:]
-        return self._linear(h, self.output)
+
+        def rows(a: int, b: int) -> torch.Tensor:
+            x = cut(h, a, b, seq_len)
+            cos, sin = self.cos[start + a : start + b], self.sin[start + a : start + b]
+            for i, blk in enumerate(self.blocks):
+                x = x + self._attention(self._norm(x, blk.attention_norm), blk, i, cos, sin, cache)
+                x = x + self._mlp(self._norm(x, blk.mlp_norm), blk)
+            return self._norm(x, self.norm)
+
+        last = last_only and seq_len * self.config.vocab_size > FULL_LOGITS_LIMIT
+        return self._linear(prefill_rows(ids, step, cache, last, cancel, rows), self.output)
+
+    def _chunk_rows(self, T: int, cache: KFCache | None, last_only: bool) -> int:
+        """Rows per prefill pass (:func:`~desktop.engine.decode.chunked.chunk_step`; 0: one pass)."""
+        entry = check_entry(self.kernel_kind, self.compute_dtype, self.config)
+        return chunk_step(
+            T, cache, last_only, self.device, self.kernel_kind, entry, self.tuner, self._chunks_keep_bits
+        )
+
+    def _chunks_keep_bits(self) -> bool:
+        """:func:`~desktop.engine.decode.chunked.keeps_bits` through the first and the last block:
+        every block runs the same kernels, so the check costs two blocks' prefill."""
+        cfg = self.config
+        blocks = self.blocks
+        self.blocks = [blocks[0], blocks[-1]] if len(blocks) > 1 else blocks
+        try:
+            return keeps_bits(
+                lambda ids, cache, chunk: self(ids, cache, last_only=True, chunk=chunk),  # type: ignore[arg-type]
+                cfg.vocab_size,
+                min(CHECK_ROWS, cfg.max_seq_len),
+                lambda rows: KFCache(cfg, rows, self.device, self.compute_dtype),
+            )
+        finally:
+            self.blocks = blocks
