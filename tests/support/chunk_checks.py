@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from desktop.engine.decode.chunked import PREFILL_CHUNK
 
@@ -23,3 +26,18 @@ def chunk_checks(kernels: Path) -> dict[str, float]:
         for entry, timings in entries.items()
         if entry.startswith(ENTRY)
     }
+
+
+def greedy_after_prefill(
+    model: Any, ids: torch.Tensor, cache: Any, chunk: int | None, new: int = 8
+) -> list[int]:
+    """Prefill ``ids`` into ``cache`` (``chunk`` as the models' forward takes it: None by default,
+    0 in one pass), then decode ``new`` greedy ids."""
+    out: list[int] = []
+    with torch.inference_mode():
+        logits = model(ids, cache, last_only=True, chunk=chunk)
+        for _ in range(new):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            out.append(int(token))
+            logits = model(token, cache, last_only=True)
+    return out

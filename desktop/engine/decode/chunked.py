@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable
-from typing import Protocol, overload
+from typing import Any, Protocol, overload
 
 import torch
 
@@ -73,6 +73,32 @@ def chunk_step(
         # theirs, and a long prompt gets the chunks' memory and Stop without a check.
         return PREFILL_CHUNK
     return PREFILL_CHUNK if tuner.verdict(entry, torch.get_num_threads(), keeps_bits) else 0
+
+
+def chunk_step_of_uniform(
+    model: Any, layers: str, T: int, cache: Cache | None, last_only: bool, new_cache: Callable[[int], Cache]
+) -> int:
+    """:func:`chunk_step` for a model whose layers are all of one kind (a Hugging Face or a
+    KempnerForge model: one attention, one MLP), its ``kernel_kind``, ``compute_dtype``,
+    ``device``, ``tuner`` and ``config`` (``vocab_size``, ``rope_len``) read from it. Its check
+    runs through the first and the last of them (``model.<layers>``, cut for the check): every
+    layer runs the same kernels, so it costs two layers' prefill, not the model's."""
+
+    def check() -> bool:
+        kept = getattr(model, layers)
+        setattr(model, layers, [kept[0], kept[-1]] if len(kept) > 1 else kept)
+        try:
+            return keeps_bits(
+                lambda ids, c, chunk: model(ids, c, last_only=True, chunk=chunk),
+                model.config.vocab_size,
+                min(CHECK_ROWS, model.config.rope_len),
+                new_cache,
+            )
+        finally:
+            setattr(model, layers, kept)
+
+    entry = check_entry(model.kernel_kind, model.compute_dtype, model.config)
+    return chunk_step(T, cache, last_only, model.device, model.kernel_kind, entry, model.tuner, check)
 
 
 def check_entry(kind: str, dtype: torch.dtype, config: object) -> str:

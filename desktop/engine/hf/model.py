@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from desktop.engine.decode.attention import sdpa_attention
-from desktop.engine.decode.chunked import CHECK_ROWS, check_entry, chunk_step, cut, keeps_bits, prefill_rows
+from desktop.engine.decode.chunked import chunk_step_of_uniform, cut, prefill_rows
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.hf.config import HFConfig, Rope
 from desktop.engine.kernels.gemv import Kernel
@@ -252,25 +252,13 @@ class HFCausalLM:
         return logits.float()
 
     def _chunk_rows(self, T: int, cache: KVCache | None, last_only: bool) -> int:
-        """Rows per prefill pass (:func:`~desktop.engine.decode.chunked.chunk_step`; 0: one pass)."""
-        entry = check_entry(self.kernel_kind, self.compute_dtype, self.config)
-        return chunk_step(
-            T, cache, last_only, self.device, self.kernel_kind, entry, self.tuner, self._chunks_keep_bits
-        )
-
-    def _chunks_keep_bits(self) -> bool:
-        """:func:`~desktop.engine.decode.chunked.keeps_bits` through the first and the last layer:
-        every layer runs the same kernels (one kind of attention, one MLP), so the check costs
-        two layers' prefill, not the model's."""
+        """Rows per prefill pass (:func:`~desktop.engine.decode.chunked.chunk_step_of_uniform`)."""
         cfg = self.config
-        layers = self.layers
-        self.layers = [layers[0], layers[-1]] if len(layers) > 1 else layers
-        try:
-            return keeps_bits(
-                lambda ids, cache, chunk: self(ids, cache, last_only=True, chunk=chunk),  # type: ignore[arg-type]
-                cfg.vocab_size,
-                min(CHECK_ROWS, cfg.rope_len),
-                lambda rows: KVCache(cfg, 1, rows, self.device, self.compute_dtype),  # type: ignore[arg-type]
-            )
-        finally:
-            self.layers = layers
+        return chunk_step_of_uniform(
+            self,
+            "layers",
+            T,
+            cache,
+            last_only,
+            lambda rows: KVCache(cfg, 1, rows, self.device, self.compute_dtype),
+        )

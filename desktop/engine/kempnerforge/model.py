@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from desktop.engine.decode.chunked import CHECK_ROWS, check_entry, chunk_step, cut, keeps_bits, prefill_rows
+from desktop.engine.decode.chunked import chunk_step_of_uniform, cut, prefill_rows
 from desktop.engine.kempnerforge.config import KFModelConfig
 from desktop.engine.kernels.gemv import Kernel
 from desktop.engine.kernels.memory import zeros_on_demand
@@ -306,24 +306,13 @@ class KFTransformer:
         return self._linear(prefill_rows(ids, step, cache, last, cancel, rows), self.output)
 
     def _chunk_rows(self, T: int, cache: KFCache | None, last_only: bool) -> int:
-        """Rows per prefill pass (:func:`~desktop.engine.decode.chunked.chunk_step`; 0: one pass)."""
-        entry = check_entry(self.kernel_kind, self.compute_dtype, self.config)
-        return chunk_step(
-            T, cache, last_only, self.device, self.kernel_kind, entry, self.tuner, self._chunks_keep_bits
-        )
-
-    def _chunks_keep_bits(self) -> bool:
-        """:func:`~desktop.engine.decode.chunked.keeps_bits` through the first and the last block:
-        every block runs the same kernels, so the check costs two blocks' prefill."""
+        """Rows per prefill pass (:func:`~desktop.engine.decode.chunked.chunk_step_of_uniform`)."""
         cfg = self.config
-        blocks = self.blocks
-        self.blocks = [blocks[0], blocks[-1]] if len(blocks) > 1 else blocks
-        try:
-            return keeps_bits(
-                lambda ids, cache, chunk: self(ids, cache, last_only=True, chunk=chunk),  # type: ignore[arg-type]
-                cfg.vocab_size,
-                min(CHECK_ROWS, cfg.max_seq_len),
-                lambda rows: KFCache(cfg, rows, self.device, self.compute_dtype),
-            )
-        finally:
-            self.blocks = blocks
+        return chunk_step_of_uniform(
+            self,
+            "blocks",
+            T,
+            cache,
+            last_only,
+            lambda rows: KFCache(cfg, rows, self.device, self.compute_dtype),
+        )

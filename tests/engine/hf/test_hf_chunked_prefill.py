@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.chunk_checks import chunk_checks
+from support.chunk_checks import chunk_checks, greedy_after_prefill
 from support.hf_factory import load_reference, write_hf_model
 
 from desktop.engine.backend import GenerationStats, LoadOptions
@@ -44,13 +44,7 @@ def _greedy(
     model: HFCausalLM, ids: torch.Tensor, chunk: int | None, new: int = 8
 ) -> tuple[list[int], KVCache]:
     cache = KVCache(model.config, 1, ids.size(1) + new, model.device, model.compute_dtype)  # type: ignore[arg-type]
-    out: list[int] = []
-    logits = model(ids, cache, last_only=True, chunk=chunk)
-    for _ in range(new):
-        token = logits[:, -1].argmax(-1, keepdim=True)
-        out.append(int(token))
-        logits = model(token, cache, last_only=True)
-    return out, cache
+    return greedy_after_prefill(model, ids, cache, chunk, new), cache
 
 
 @pytest.mark.parametrize("kind", ["nanochat", "llama"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from support.chunk_checks import chunk_checks
+from support.chunk_checks import chunk_checks, greedy_after_prefill
 from support.golden import CASES, EXPERIMENT_CASES, manifest
 
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
@@ -39,17 +39,9 @@ def _model(case: Path, kernels: Path) -> GPT:
 
 def _reply(model: GPT, ids: torch.Tensor, chunk: int | None, new: int = 8) -> tuple[list[int], KVCache]:
     """Prefill ``ids`` (``chunk`` as :meth:`GPT.forward` takes it), then decode ``new`` greedy ids."""
-    cfg = model.config
-    cache = KVCache(cfg, 1, ids.size(1) + new, model.device, model.compute_dtype)
+    cache = KVCache(model.config, 1, ids.size(1) + new, model.device, model.compute_dtype)
     cache.keep_hidden(True)  # the MTP head's states are part of what a prefill leaves
-    out = []
-    with torch.inference_mode():
-        logits = model(ids, cache, last_only=True, chunk=chunk)
-        for _ in range(new):
-            token = logits[:, -1].argmax(-1, keepdim=True)
-            out.append(int(token))
-            logits = model(token, cache, last_only=True)
-    return out, cache
+    return greedy_after_prefill(model, ids, cache, chunk, new), cache
 
 
 @pytest.mark.parametrize("case", [*CASES, *EXPERIMENT_CASES], ids=lambda c: f"{c.parent.name}-{c.name}")
