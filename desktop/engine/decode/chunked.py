@@ -138,7 +138,9 @@ def prefill_rows(
     them). A chunk that fails (an OOM, say) leaves the cache where it was."""
     T = idx.shape[1]
     pos = 0 if cache is None else cache.pos
-    spans = [(0, T)] if not 0 < step < T else [(a, min(a + step, T)) for a in range(0, T, step)]
+    # Without a cache a chunk could not attend to the rows before it: one span.
+    chunked = cache is not None and 0 < step < T
+    spans = [(a, min(a + step, T)) for a in range(0, T, step)] if chunked else [(0, T)]
     kept: list[torch.Tensor] = []
     done = T  # rows of the prompt this pass computes: all of them unless stopped
     try:

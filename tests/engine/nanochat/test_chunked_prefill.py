@@ -179,3 +179,12 @@ def test_fast_and_int8_modes_prefill_in_chunks_unchecked_and_stay_as_close_to_ex
     assert not chunk_checks(kernels)  # nothing was checked
     kl = F.kl_div(F.log_softmax(chunked, -1), F.log_softmax(reference, -1), log_target=True, reduction="sum")
     assert kl.item() < max_kl
+
+
+def test_a_pass_without_a_cache_is_never_cut(tmp_path):
+    """Chunks attend to the rows before them through the cache; with none (scoring a text), a
+    chunk size asked for is one pass."""
+    model = _model(next(c for c in CASES if c.name == "E7"), tmp_path / "kernels.json")
+    ids = torch.randint(model.config.vocab_size, (1, ROWS), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        assert torch.equal(model(ids, chunk=PREFILL_CHUNK), model(ids, chunk=0))
