@@ -497,6 +497,7 @@ class _Speculation:
         # The target's logits for the next position when its cache holds all of ``seq``.
         self.next_logits: torch.Tensor | None = None
         self.tracker: PartTracker | None = None
+        self.cancel: threading.Event | None = None  # Stop, set by events()
 
     def start(self, said: int, given: Sequence[int]) -> None:
         prompt = self.seq
@@ -552,7 +553,11 @@ class _Speculation:
         """Up to ``k`` draft tokens and the draft's distribution at each; it stops after a token
         that would end the reply or make the calculator force tokens."""
         model, cache = self.draft.model, self.draft.cache
-        logits = model(self._ids(self.seq[cache.pos :]), cache, last_only=True)[0, -1]
+        # The draft's first pass takes the whole prompt (as long as the target's); Stop ends it
+        # between chunks as it does the target's, and nothing is proposed then.
+        logits = model(self._ids(self.seq[cache.pos :]), cache, last_only=True, cancel=self.cancel)[0, -1]
+        if self.cancel is not None and self.cancel.is_set():
+            return [], []
         row = Row(deque(self.row.forced), deque(), self.row.in_python, list(self.row.expr), False)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
@@ -657,6 +662,7 @@ class _Speculation:
         t0 = time.perf_counter()
         t_first = 0.0
         stats.stopped = "max_tokens"
+        self.cancel = cancel
         self._prefill(cancel)
         while not self.row.completed:
             if cancel is not None and cancel.is_set():

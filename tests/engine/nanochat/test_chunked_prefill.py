@@ -188,3 +188,35 @@ def test_a_pass_without_a_cache_is_never_cut(tmp_path):
     ids = torch.randint(model.config.vocab_size, (1, ROWS), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         assert torch.equal(model(ids, chunk=PREFILL_CHUNK), model(ids, chunk=0))
+
+
+class _StopOnLongPass:
+    """The draft's model, with the user pressing Stop as its pass over the long prompt begins."""
+
+    def __init__(self, model: GPT, stop: threading.Event) -> None:
+        self.model, self.stop = model, stop
+        self.config, self.device, self.compute_dtype = model.config, model.device, model.compute_dtype
+
+    def __call__(self, ids: torch.Tensor, cache=None, last_only=False, cancel=None) -> torch.Tensor:
+        if ids.size(1) > PREFILL_CHUNK:
+            self.stop.set()
+        return self.model(ids, cache, last_only=last_only, cancel=cancel)
+
+
+def test_stop_during_the_drafts_pass_over_a_long_prompt_ends_it_after_a_chunk(tmp_path):
+    """With speculative decoding on, the draft's first pass takes the whole prompt after the
+    target's has: Stop pressed then ends it after its first chunk (the int8 copy chunks without
+    a check), and the reply says nothing."""
+    backend = open_backend(DEMO, LoadOptions(dtype="float32", kernel_cache=tmp_path / "kernels.json"))
+    text = " ".join(f"Line {i}: the cat sat on the mat and looked at {i % 7} birds." for i in range(90))
+    prompt = backend.render([Message.of_text("user", text)], 8)
+    options = StreamOptions(draft="int8", draft_k=2)
+    draft = backend.draft("int8")
+    stop = threading.Event()
+    draft.model = _StopOnLongPass(draft.model, stop)
+    stats = GenerationStats()
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    said = [e for e in backend.stream(prompt, params, stop, options, stats) if e.id >= 0]
+    assert (said, stats.new_tokens, stats.stopped, stats.drafted) == ([], 0, "cancelled", 0)
+    assert draft.cache.pos == PREFILL_CHUNK  # the rows done stay for the next send
+    backend.close()
