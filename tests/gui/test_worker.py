@@ -12,6 +12,7 @@ from support.chunk_checks import chunk_checks
 from support.golden import GOLDEN
 from support.hf_factory import write_hf_model
 
+from desktop.config.paths import DEMO_DIR, resource_path
 from desktop.engine.backend import LoadOptions, ModelInfo, Prompt, StreamOptions
 from desktop.engine.decode.chunked import PREFILL_CHUNK
 from desktop.engine.messages import Message, TokenEvent
@@ -222,11 +223,7 @@ def long_context_folders(tmp_path_factory) -> dict[str, Path]:
         tmp_path_factory.mktemp("hf-long") / "nanochat", "nanochat", max_position_embeddings=2048
     )
     return {
-        "nanochat": Path(__file__).resolve().parents[2]
-        / "resources"
-        / "demo"
-        / "chatsft_checkpoints"
-        / "demo",
+        "nanochat": resource_path(DEMO_DIR),
         "kempnerforge": GOLDEN / "kempnerforge" / "long-context" / "run",
         "hf": hf,
     }

@@ -22,7 +22,7 @@ from typing import Any, Protocol, overload
 import torch
 
 from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
-from desktop.engine.kernels.tuning import KernelTuner
+from desktop.engine.kernels.tuning import KernelTuner, tuner_for
 
 PREFILL_CHUNK = 512
 CHECK_ROWS = PREFILL_CHUNK + PREFILL_CHUNK // 2 + 7  # two chunks, the second ragged
@@ -50,28 +50,41 @@ Rows = Callable[[int, int], torch.Tensor]
 Prefill = Callable[[torch.Tensor, Cache, int], torch.Tensor]
 
 
+class Chunkable(Protocol):
+    """What :func:`chunk_step` reads of a model (nanochat's ``GPT``, the HF and KempnerForge
+    models)."""
+
+    @property
+    def config(self) -> Any: ...  # its shape: the check's entry is named by its repr
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def compute_dtype(self) -> torch.dtype: ...
+    @property
+    def kernel_kind(self) -> str: ...  # "exact", or "fp16" / "int8" (APPROXIMATE_KINDS)
+    @property
+    def tuner(self) -> KernelTuner | None: ...
+
+
 def chunk_step(
-    T: int,
-    cache: Cache | None,
-    last_only: bool,
-    device: torch.device,
-    kind: str,
-    entry: str,
-    tuner: KernelTuner,
-    keeps_bits: Callable[[], bool],
+    model: Chunkable, T: int, cache: Cache | None, last_only: bool, keeps_bits: Callable[[], bool]
 ) -> int:
     """:data:`PREFILL_CHUNK` for a prompt of ``T`` rows prefilled into a cache on the CPU, longer
     than a chunk, where this machine was found to give one pass's bits in chunks (``keeps_bits``,
-    run once and kept by ``tuner`` under ``entry`` for this thread count), or where the
-    products of ``kind`` promise no bits; else 0 (one pass)."""
-    if cache is None or not last_only or T <= PREFILL_CHUNK or device.type != "cpu":
+    run once and kept by the model's tuner for this thread count, kernels, dtype and model
+    shape), or where the model's kernels promise no bits; else 0 (one pass). Called on every
+    pass, decode steps included, so it settles those before naming anything."""
+    if cache is None or not last_only or T <= PREFILL_CHUNK or model.device.type != "cpu":
         return 0
-    if kind in APPROXIMATE_KINDS:
+    if model.kernel_kind in APPROXIMATE_KINDS:
         # Their products round otherwise than the reference's in any case (int8 quantises the
         # rows it is given with one scale over their range: a chunk's range lies within the
         # prompt's, so its steps are finer, never coarser). A chunk breaks no promise of
         # theirs, and a long prompt gets the chunks' memory and Stop without a check.
         return PREFILL_CHUNK
+    digest = hashlib.sha256(repr(model.config).encode()).hexdigest()[:12]
+    entry = f"prefill in chunks of {PREFILL_CHUNK} {model.kernel_kind} {model.compute_dtype} model {digest}"
+    tuner = model.tuner or tuner_for(None)
     return PREFILL_CHUNK if tuner.verdict(entry, torch.get_num_threads(), keeps_bits) else 0
 
 
@@ -79,10 +92,9 @@ def chunk_step_of_uniform(
     model: Any, layers: str, T: int, cache: Cache | None, last_only: bool, new_cache: Callable[[int], Cache]
 ) -> int:
     """:func:`chunk_step` for a model whose layers are all of one kind (a Hugging Face or a
-    KempnerForge model: one attention, one MLP), its ``kernel_kind``, ``compute_dtype``,
-    ``device``, ``tuner`` and ``config`` (``vocab_size``, ``rope_len``) read from it. Its check
-    runs through the first and the last of them (``model.<layers>``, cut for the check): every
-    layer runs the same kernels, so it costs two layers' prefill, not the model's."""
+    KempnerForge model: one attention, one MLP). Its check runs through the first and the last
+    of them (``model.<layers>``, cut for the check): every layer runs the same kernels, so it
+    costs two layers' prefill, not the model's."""
 
     def check() -> bool:
         kept = getattr(model, layers)
@@ -97,14 +109,7 @@ def chunk_step_of_uniform(
         finally:
             setattr(model, layers, kept)
 
-    entry = check_entry(model.kernel_kind, model.compute_dtype, model.config)
-    return chunk_step(T, cache, last_only, model.device, model.kernel_kind, entry, model.tuner, check)
-
-
-def check_entry(kind: str, dtype: torch.dtype, config: object) -> str:
-    """The name a chunk check is kept under: the kernels, the dtype and the model's shape."""
-    digest = hashlib.sha256(repr(config).encode()).hexdigest()[:12]
-    return f"prefill in chunks of {PREFILL_CHUNK} {kind} {dtype} model {digest}"
+    return chunk_step(model, T, cache, last_only, check)
 
 
 def keeps_bits(prefill: Prefill, vocab: int, rows: int, new_cache: Callable[[int], Cache]) -> bool:

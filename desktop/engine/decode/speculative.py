@@ -529,11 +529,13 @@ class _Speculation:
         return self.probs(logits.unsqueeze(0), self.params, self._history(history), fell_back)[0]
 
     @torch.inference_mode()
-    def _prefill(self, cancel: threading.Event | None) -> None:
+    def _prefill(self) -> None:
         """The target's pass over the prompt; Stop may end it early (protocols.DecodingModel), and
         :meth:`events` then ends the reply before these logits are used."""
         pending = self.seq[self.cache.pos :]
-        self.next_logits = self.model(self._ids(pending), self.cache, last_only=True, cancel=cancel)[0, -1]
+        self.next_logits = self.model(self._ids(pending), self.cache, last_only=True, cancel=self.cancel)[
+            0, -1
+        ]
 
     @torch.inference_mode()
     def _verify(self, proposal: list[int]) -> list[torch.Tensor]:
@@ -663,7 +665,7 @@ class _Speculation:
         t_first = 0.0
         stats.stopped = "max_tokens"
         self.cancel = cancel
-        self._prefill(cancel)
+        self._prefill()
         while not self.row.completed:
             if cancel is not None and cancel.is_set():
                 stats.stopped = "cancelled"

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from desktop.engine.decode.attention import flash_attn_kvcache_fn, sdpa_attention
 from desktop.engine.decode.chunked import (
     CHECK_ROWS,
-    check_entry,
     chunk_step,
     cut,
     keeps_bits,
@@ -552,11 +551,7 @@ class GPT(nn.Module):
         its math, not only its rounding."""
         if self.config.mhc:
             return 0
-        entry = check_entry(self.kernel_kind, self.compute_dtype, self.config)
-        tuner = self.tuner or tuner_for(None)
-        return chunk_step(
-            T, cache, last_only, self.device, self.kernel_kind, entry, tuner, self._chunks_keep_bits
-        )
+        return chunk_step(self, T, cache, last_only, self._chunks_keep_bits)
 
     def _chunks_keep_bits(self) -> bool:
         """:func:`~desktop.engine.decode.chunked.keeps_bits` through one layer of each kind

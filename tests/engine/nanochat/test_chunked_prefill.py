@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from support.chunk_checks import chunk_checks, greedy_after_prefill
 from support.golden import CASES, EXPERIMENT_CASES, manifest
 
+from desktop.config.paths import DEMO_DIR, resource_path
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
 from desktop.engine.decode.chunked import PREFILL_CHUNK
 from desktop.engine.decode.kvcache import KVCache
@@ -24,7 +25,9 @@ from desktop.engine.nanochat.model import GPT
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
 
-DEMO = Path(__file__).parents[3] / "resources" / "demo" / "chatsft_checkpoints" / "demo"
+DEMO = resource_path(DEMO_DIR)
+# A long paste: over 512 tokens of the demo's tokenizer (1,016 with the chat template).
+PASTE = " ".join(f"Line {i}: the cat sat on the mat and looked at {i % 7} birds." for i in range(90))
 ROWS = 2 * PREFILL_CHUNK + 37  # three chunks, the last one ragged
 
 
@@ -130,8 +133,7 @@ def test_stop_during_a_long_prompt_ends_its_prefill_and_the_next_send_goes_on_fr
     mode always does)."""
     kernels = tmp_path / "kernels.json"
     backend = open_backend(DEMO, LoadOptions(dtype=precision, kernel_cache=kernels))
-    text = " ".join(f"Line {i}: the cat sat on the mat and looked at {i % 7} birds." for i in range(90))
-    prompt = backend.render([Message.of_text("user", text)], 8)
+    prompt = backend.render([Message.of_text("user", PASTE)], 8)
     assert prompt.tokens > PREFILL_CHUNK
     params = SamplingParams(temperature=0.0, max_tokens=8)
     options = StreamOptions(draft=draft, draft_k=2 if draft else 0)  # a fixed k always drafts
@@ -208,8 +210,7 @@ def test_stop_during_the_drafts_pass_over_a_long_prompt_ends_it_after_a_chunk(tm
     target's has: Stop pressed then ends it after its first chunk (the int8 copy chunks without
     a check), and the reply says nothing."""
     backend = open_backend(DEMO, LoadOptions(dtype="float32", kernel_cache=tmp_path / "kernels.json"))
-    text = " ".join(f"Line {i}: the cat sat on the mat and looked at {i % 7} birds." for i in range(90))
-    prompt = backend.render([Message.of_text("user", text)], 8)
+    prompt = backend.render([Message.of_text("user", PASTE)], 8)
     options = StreamOptions(draft="int8", draft_k=2)
     draft = backend.draft("int8")
     stop = threading.Event()
