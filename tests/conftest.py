@@ -28,6 +28,15 @@ def _isolated_home(tmp_path, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _no_draft_compiles(monkeypatch):
+    """The app compiles a draft checkpoint in the background by default: a minute of both cores
+    that would slow every later test and the kernel timings they take. The tests of it ask."""
+    from desktop.config import settings
+
+    monkeypatch.setitem(settings.DEFAULTS, "compile_drafts", False)
+
+
+@pytest.fixture(autouse=True)
 def _no_leaked_qthreads(request):
     """Fail a GUI test that leaves a QThread running: it would crash a later test."""
     if "qtbot" not in request.fixturenames:

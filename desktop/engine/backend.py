@@ -135,6 +135,9 @@ class LoadOptions:
     base_dir: Path | None = None  # the nanochat base dir, for its shared tokenizer
     config: Path | None = None  # a KempnerForge run's training TOML (None: the one next to the run)
     kernel_cache: Path | None = None  # where this machine's kernel timings are kept (kernel_tuning)
+    # Compile a draft checkpoint's forward in the background where this machine can
+    # (engine/decode/compiled_draft.py); off for one-shot uses, which end before it is ready.
+    compile_drafts: bool = False
     # A served model ("remote:<server id>/<model>"): the server's URL and key (else the registry
     # looks the server id up), a display name, and how long a silent stream may pause.
     server_url: str | None = None
@@ -190,6 +193,7 @@ class GenerationStats:
     # Speculative decoding: tokens the draft proposed, and how many of them the target kept.
     drafted: int = 0
     accepted: int = 0
+    draft_compiled: bool = False  # the draft ran its compiled forward (engine/decode/compiled_draft.py)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

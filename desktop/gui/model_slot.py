@@ -117,6 +117,7 @@ class ModelSlot(QObject):
             base_dir=paths.nanochat_base_dir(),
             config=config or self._configs.get(Path(path)),
             kernel_cache=paths.kernel_timings_file(),
+            compile_drafts=self.settings.get("compile_drafts"),
         )
         where = f"{Path(path).name} step {step}" if step is not None else Path(path).name
         self.loading.emit(0, f"loading {where}")

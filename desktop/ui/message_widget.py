@@ -78,12 +78,14 @@ def draft_label(draft: str) -> str:
 
 
 def speculative_line(draft: str, stats: dict) -> str:
-    """ "speculative (int8) · 92% of 48 drafted kept": on, with which draft, how much was kept."""
+    """ "speculative (int8) · 92% of 48 drafted kept": on, with which draft (", compiled" when it
+    ran its compiled forward), how much was kept."""
+    named = f"speculative ({draft_label(draft)}{', compiled' if stats.get('draft_compiled') else ''})"
     drafted = stats.get("drafted") or 0
     if not drafted:
-        return f"speculative ({draft_label(draft)})"
+        return named
     kept = 100 * (stats.get("accepted") or 0) / drafted
-    return f"speculative ({draft_label(draft)}) · {kept:.0f}% of {drafted} drafted kept"
+    return f"{named} · {kept:.0f}% of {drafted} drafted kept"
 
 
 def raw_summary(records: list[TokenRecord]) -> str:

@@ -27,6 +27,8 @@ from test_window_sequences import (  # noqa: F401
     windows,
 )
 
+from desktop.config import settings
+from desktop.engine.decode.compiled_draft import why_not_compiled
 from desktop.gui.compare.controller import CompareController
 from desktop.ui.compare_pane import ComparePane
 from desktop.ui.compare_view import CompareView
@@ -247,3 +249,49 @@ def test_a_pane_drafts_for_the_others_one_of_another_tokenizer_fails_alone_then_
     reopened = view.panes[1].stats.text()
     assert compare.panes[1].run.stats["draft"] == f"{DEMO_RUN}@300"
     assert "speculative (demo@300)" in reopened and "drafted kept" in reopened
+
+
+@pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
+def test_a_compiled_draft_is_taken_up_between_replies_and_quitting_mid_compile_ends_it(
+    qtbot,
+    windows,  # noqa: F811
+    loop,  # noqa: F811
+    monkeypatch,
+):
+    """With the app's default (compile drafts), picking the demo's smaller depth starts its
+    compile on a thread of its own; replies go on meanwhile with the eager draft, the reply after
+    the compile times both forms, and the footer says which drafted. Picking the draft again and
+    restarting while it compiles neither hangs nor leaves the compile running."""
+    monkeypatch.setitem(settings.DEFAULTS, "compile_drafts", True)
+    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
+    box = win.sampling.speculative
+    d2 = next(box.draft.itemData(i) for i in range(box.draft.count()) if "demo-d2" in box.draft.itemText(i))
+    box.draft.setCurrentIndex(box.draft.findData(d2))
+    box.k.setValue(3)
+    win.sampling.set_values({**win.sampling.values(), "temperature": 0.0, "max_tokens": 24})
+    first = send(qtbot, win, "How many r are in strawberry?")
+    assert first["drafted"] > 0 and not first["draft_compiled"]  # drafted while it compiles
+    said = list(win.controller.path[-1][1].tokens.ids)
+    backend = win.controller.slot.host.worker.backend
+    twin = backend.draft(d2).twin  # the draft the reply held, read-only from here
+    assert twin is not None
+    qtbot.waitUntil(twin.done.is_set, timeout=600_000)
+    assert twin.error is None
+    second = send(qtbot, win, "How many r are in strawberry?")
+    reply = win.controller.path[-1][1]
+    assert second["drafted"] > 0 and reply.tokens.ids == said  # greedy: the model's own reply again
+    compiled = backend.draft(d2).compiled
+    assert second["draft_compiled"] == compiled
+    footer = last(win).footer.text()
+    assert f"speculative ({Path(d2).name}{', compiled' if compiled else ''})" in footer
+
+    # Another draft, then this one again: a new compile starts; quitting now ends it.
+    box.draft.setCurrentIndex(box.draft.findData("int8"))
+    send(qtbot, win, "What is 12 times 7?")
+    box.draft.setCurrentIndex(box.draft.findData(d2))
+    send(qtbot, win, "What is 12 times 7?")
+    again = backend.draft(d2).twin
+    assert again is not None and again is not twin
+    restart(qtbot, windows, fake=False)
+    qtbot.waitUntil(lambda: not again._thread.is_alive(), timeout=600_000)
+    assert again.compiled is None  # stopped before its warm-up ended

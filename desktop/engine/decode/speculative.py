@@ -29,6 +29,7 @@ state at the token it proposes is the verifying pass's to compute.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -40,6 +41,7 @@ import torch
 
 from desktop.engine.backend import GenerationStats, StreamOptions
 from desktop.engine.calculator import calculate
+from desktop.engine.decode.compiled_draft import CompiledTwin, Switched
 from desktop.engine.decode.drafts import DraftSpec, parse_draft
 from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row, stream_reply
 from desktop.engine.decode.kvcache import KVCache
@@ -52,6 +54,8 @@ from desktop.engine.kernels.memory import release_freed_memory
 from desktop.engine.kernels.threads import torch_threads
 from desktop.engine.messages import TokenEvent
 from desktop.engine.params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 # The most tokens drafted in one adaptive round (with the pending token, the verifying pass stays
 # within kernels.gemv.FEW_ROWS rows); a draft's own cap (Draft.cap) may be lower.
@@ -109,7 +113,10 @@ class Draft:
     ``follow(cache, target_cache)``: for a draft that reads the target's own states, called when
     a reply starts (before either cache is trimmed) and when its costs are measured. The fork's
     MTP head has all three: it reads the target's hidden state at the token before the last, so
-    it proposes one token a round, and only after the sequence's second token."""
+    it proposes one token a round, and only after the sequence's second token.
+
+    ``twin``: its forward being compiled on a thread of its own (:mod:`.compiled_draft`);
+    :meth:`settle` adopts it at a reply's start once ready and faster, and ``compiled`` says so."""
 
     model: DecodingModel
     name: str
@@ -121,6 +128,8 @@ class Draft:
     cap: int | None = None
     needs: int = 1
     follow: Callable[[Any, Any], None] | None = None
+    twin: CompiledTwin | None = None
+    compiled: bool = False
 
     def pays(self, draft_k: int = 0) -> bool:
         """Whether drafting can beat plain decoding: some ``k`` must pay even when every proposal
@@ -133,6 +142,30 @@ class Draft:
         length = DraftLength(self.cost, self.verify_cost, cap=self.cap)
         return length.gain(PRIOR_ACCEPTANCE, length.best(PRIOR_ACCEPTANCE))
 
+    @torch.inference_mode()
+    def settle(self, threads: int | None = None) -> None:
+        """Once the compile of :attr:`twin` has ended: time a step of the compiled form and of the
+        eager one here (the worker's thread, with the compile thread gone and ``threads`` as the
+        reply will use), and draft with the compiled form from now on if it is faster; its cost
+        then shrinks in proportion. Called at a reply's start; nothing happens while it compiles."""
+        twin = self.twin
+        if twin is None or not twin.done.is_set():
+            return
+        self.twin = None
+        compiled = twin.compiled
+        if compiled is None:
+            return
+        switched = Switched(self.model, compiled)
+        with torch_threads(threads):
+            eager_ms = _timed_ms(self.model, self.new_cache, 1)
+            compiled_ms = _timed_ms(switched, self.new_cache, 1)
+        logger.info(
+            "draft %s: a step takes %.2f ms eager, %.2f ms compiled", self.name, eager_ms, compiled_ms
+        )
+        if compiled_ms < eager_ms:
+            self.model, self.compiled = switched, True
+            self.cost = _rounded(self.cost * compiled_ms / eager_ms)
+
 
 def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int) -> float:
     """The median time of ``model``'s pass over ``rows`` new rows after a short context, each row's
@@ -140,15 +173,16 @@ def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int)
     that is a fair share). The first pass is not timed: one-row products choose their routes on it."""
     context = 16
     cache = make_cache(context + rows)
-    ids = torch.zeros(1, context + rows, dtype=torch.long, device=model.device)
-    model(ids[:, :context], cache, last_only=True)
+    model(torch.zeros(1, context, dtype=torch.long, device=model.device), cache, last_only=True)
     plain = SamplingParams()
     rng = torch.Generator(device=model.device)
     times = []
     for _ in range(TIMINGS + 1):
+        # A new tensor each pass, as the decode loop makes (a compiled draft is guarded on it).
+        ids = torch.zeros(1, rows, dtype=torch.long, device=model.device)
         start = time.perf_counter()
         with few_rows():
-            logits = model(ids[:, :rows], cache, last_only=rows == 1)[0, -rows:]
+            logits = model(ids, cache, last_only=rows == 1)[0, -rows:]
         torch.multinomial(next_token_probs(logits.float(), plain), 1, generator=rng)
         times.append(time.perf_counter() - start)
         cache.truncate(context)
@@ -235,7 +269,7 @@ class DraftSlot:
         """The draft ``text`` names, made by ``make`` unless it is the one held; a problem is one
         line naming the draft."""
         if self._held is None or self._held[0] != text:
-            self._held = None  # the old one's memory goes before the new one loads
+            self.clear()  # the old one's memory goes before the new one loads
             spec = parse_draft(text)
             try:
                 draft = make(spec)
@@ -258,6 +292,8 @@ class DraftSlot:
         return named(text)
 
     def clear(self) -> None:
+        if self._held is not None and self._held[1].twin is not None:
+            self._held[1].twin.stop()  # a compile under way need not warm up what nobody holds
         self._held = None
 
 
@@ -379,7 +415,11 @@ def stream_decoded(
     """A family's reply, decoded as ``options`` ask: speculatively when a ``draft`` was named
     and drafting can pay, else the plain loop (generation.py, or the family's own ``plain``
     one). ``probs``: the family's sampling distribution. The one place the two meet."""
+    if draft is not None:
+        draft.settle(options.threads)
     drafting = draft is not None and draft.pays(options.draft_k)
+    if drafting and draft is not None and stats is not None:
+        stats.draft_compiled = draft.compiled
     if isinstance(cache, KVCache) and not (drafting and draft is not None and draft.follow is not None):
         cache.keep_hidden(False)  # kept for a draft that read them; a plain pass need not write them
     if drafting and draft is not None:

@@ -233,7 +233,10 @@ class NanochatBackend:
             return select_tokenizer(tokenizer_dirs(directory, opts.base_dir), vocab, is_fork)
 
         return self._draft.get(
-            text, lambda spec: make_draft(self.loaded, self.tok, spec, find_tokenizer, opts.kernel_cache)
+            text,
+            lambda spec: make_draft(
+                self.loaded, self.tok, spec, find_tokenizer, opts.kernel_cache, opts.compile_drafts
+            ),
         )
 
     def score(

@@ -16,22 +16,29 @@ tokenizer gives ids the same meaning as the target's, compared by content.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from desktop.engine.decode.compiled_draft import COMPILED_ROWS, CompiledTwin, why_not_compiled
 from desktop.engine.decode.drafts import AUTO, MTP, DraftSpec, check_same_tokenizer
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import Tokenizer
 from desktop.engine.decode.speculative import Draft, cheapest, measure_costs, ready_draft
 from desktop.engine.kernels.device import pick_precision
 from desktop.engine.kernels.memory import release_freed_memory
-from desktop.engine.kernels.tuning import tuner_for
+from desktop.engine.kernels.tuning import KernelTuner, tuner_for
+from desktop.engine.nanochat.config import ModelConfig
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.nanochat.model import GPT
 from desktop.engine.nanochat.mtp import HeadDraft, follow, load_head
+
+logger = logging.getLogger(__name__)
+# How far into the context, or past a sliding window, a compiled draft is warmed up.
+WARM_PAST = 8
 
 # (checkpoint directory, its vocab size, whether it is a fork) -> its tokenizer
 FindTokenizer = Callable[[Path, int, bool], Tokenizer]
@@ -49,16 +56,47 @@ def self_candidates(loaded: LoadedModel, spec: DraftSpec) -> tuple[str, ...]:
     return (*own, MTP) if loaded.config.has_mtp else own
 
 
-def _shared(loaded: LoadedModel, precision: str, kernel_cache: Path | None) -> GPT | None:
-    """The target's tensors under ``precision``'s kernels, or None where they cannot be shared."""
-    wanted = pick_precision(loaded.device, precision)
-    if loaded.precision.gemv not in ("exact", "plain") or wanted.compute != loaded.precision.compute:
-        return None
+def _unpacked(loaded: LoadedModel) -> bool:
+    """Whether ``loaded``'s matrices are its checkpoint's tensors, which another module can share."""
+    return loaded.precision.gemv in ("exact", "plain")
+
+
+def on_tensors(loaded: LoadedModel, gemv: str, tuner: KernelTuner) -> GPT:
+    """A model on ``loaded``'s own tensors (nothing copied) under ``gemv``'s kernels."""
     with torch.device("meta"):
         model = GPT(loaded.config)
     model.load_state_dict(loaded.model.state_dict(), strict=True, assign=True)
-    model.prepare(loaded.device, wanted.compute, wanted.gemv, tuner_for(kernel_cache))
+    model.prepare(loaded.device, loaded.precision.compute, gemv, tuner)
     return model.eval()
+
+
+def _shared(loaded: LoadedModel, precision: str, kernel_cache: Path | None) -> GPT | None:
+    """The target's tensors under ``precision``'s kernels, or None where they cannot be shared."""
+    wanted = pick_precision(loaded.device, precision)
+    if not _unpacked(loaded) or wanted.compute != loaded.precision.compute:
+        return None
+    return on_tensors(loaded, wanted.gemv, tuner_for(kernel_cache))
+
+
+def _compile_in_background(draft: Draft, other: LoadedModel) -> None:
+    """Start compiling a checkpoint draft's forward (engine/decode/compiled_draft.py) where it can
+    gain: on the CPU (a GPU step is launches, not dispatch), in fp32 on its own tensors, which its
+    twin shares (plain ``F.linear`` kernels, which dynamo traces whole)."""
+    why = why_not_compiled()
+    if other.device.type != "cpu" or not _unpacked(other) or other.precision.compute != torch.float32:
+        why = f"{other.precision.compute} {other.precision.gemv} kernels on {other.device.type}"
+    if why is not None:
+        logger.info("draft %s stays eager: %s", draft.name, why)
+        return
+    twin = on_tensors(other, "plain", tuner_for(None))
+    draft.twin = CompiledTwin(twin, _cache_of(twin), warm_positions(other.config)).start()
+
+
+def warm_positions(cfg: ModelConfig) -> list[int]:
+    """Where a compiled draft is warmed up: a few positions in, and past each sliding window
+    shorter than the context (attention then skips the keys before the window, another graph)."""
+    past = [w + WARM_PAST for w in set(cfg.window_sizes()) if w + WARM_PAST + COMPILED_ROWS < cfg.rope_len]
+    return sorted({WARM_PAST, *past})
 
 
 def _cache_of(model: GPT) -> Callable[[int], KVCache]:
@@ -94,8 +132,10 @@ def make_draft(
     spec: DraftSpec,
     find_tokenizer: FindTokenizer,
     kernel_cache: Path | None = None,
+    compile_draft: bool = False,
 ) -> Draft:
-    """The draft ``spec`` names for the target ``loaded`` (whose tokenizer is ``tok``)."""
+    """The draft ``spec`` names for the target ``loaded`` (whose tokenizer is ``tok``).
+    ``compile_draft``: a checkpoint draft's forward is compiled in the background, where it can."""
     if spec.checkpoint is None:
         makers = [
             partial(_head_draft, loaded) if made == MTP else partial(_self_draft, loaded, made, kernel_cache)
@@ -109,4 +149,7 @@ def make_draft(
     check_same_tokenizer(find_tokenizer(other.directory, cfg.vocab_size, cfg.is_fork), tok)
     model, target = other.model, loaded.model
     name = f"{other.directory.name} · step {other.step:,}"
-    return ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
+    draft = ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
+    if compile_draft:
+        _compile_in_background(draft, other)
+    return draft
