@@ -83,20 +83,34 @@ def zeros_on_demand(shape: Sequence[int], dtype: torch.dtype, device: torch.devi
     depth 20 (docs/PERFORMANCE.md, Loading and memory). On the CPU the tensor lives in an
     anonymous private mapping instead, which every OS fills with zeros a page at a time, on
     first touch; the values are the same zeros. Elsewhere (a GPU's own memory), and for small
-    tensors, it is ``torch.zeros``."""
+    tensors, it is ``torch.zeros``.
+
+    Always a normal tensor, never an inference tensor, wherever it is made: a cache made or
+    grown inside ``torch.inference_mode`` is written outside it too (an inference tensor refuses
+    that), and a compiled draft's code is guarded on the kind of every cache tensor it reads
+    (engine/decode/compiled_draft.py)."""
+    import torch
+
+    with torch.inference_mode(False):
+        return _zeros_on_demand(shape, dtype, device)
+
+
+def _zeros_on_demand(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     import torch
 
     count = math.prod(shape)
     nbytes = count * dtype.itemsize
+    # Every path gives a view of a flat tensor, so that a cache's tensors look alike whatever
+    # its size (a compiled draft is guarded on their bases' shapes too).
     if torch.device(device).type != "cpu" or nbytes < ON_DEMAND_FROM:
-        return torch.zeros(tuple(shape), dtype=dtype, device=device)
+        return torch.zeros(count, dtype=dtype, device=device).view(tuple(shape))
     # Private: a child process started later (a fork) must not share the cache's pages.
     private = {} if sys.platform == "win32" else {"flags": mmap.MAP_PRIVATE}
     try:
         pages = mmap.mmap(-1, nbytes, **private)
     except (OSError, ValueError) as error:  # the OS refused the mapping: the plain allocation
         logger.info("no on-demand mapping of %d bytes (%s); zeros written up front", nbytes, error)
-        return torch.zeros(tuple(shape), dtype=dtype, device=device)
+        return torch.zeros(count, dtype=dtype, device=device).view(tuple(shape))
     # The tensor holds a reference to the mapping, which is unmapped when the last view goes.
     return torch.frombuffer(pages, dtype=dtype, count=count).view(tuple(shape))
 

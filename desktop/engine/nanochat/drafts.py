@@ -88,15 +88,25 @@ def _compile_in_background(draft: Draft, other: LoadedModel) -> None:
     if why is not None:
         logger.info("draft %s stays eager: %s", draft.name, why)
         return
-    twin = on_tensors(other, "plain", tuner_for(None))
-    draft.twin = CompiledTwin(twin, _cache_of(twin), warm_positions(other.config)).start()
+    draft.twin = compile_twin(other)
+
+
+def compile_twin(loaded: LoadedModel, backend: str = "inductor") -> CompiledTwin:
+    """Start compiling a twin of ``loaded`` (its own tensors, plain kernels) with ``backend``."""
+    twin = on_tensors(loaded, "plain", tuner_for(None))
+    # Its whole rotary table at once: a table grown mid-reply is a branch the compiled code was
+    # not warmed up for, so every pass after it would run eagerly.
+    twin.set_rotary(loaded.device, loaded.precision.compute, loaded.config.rope_len)
+    return CompiledTwin(twin, _cache_of(twin), warm_positions(loaded.config), backend).start()
 
 
 def warm_positions(cfg: ModelConfig) -> list[int]:
-    """Where a compiled draft is warmed up: a few positions in, and past each sliding window
-    shorter than the context (attention then skips the keys before the window, another graph)."""
+    """Where a compiled draft is warmed up: two positions a few tokens in (dynamo compiles the
+    first position it meets as a constant, and makes it symbolic once it meets another), and past
+    each sliding window shorter than the context (attention then skips the keys before the
+    window: another graph)."""
     past = [w + WARM_PAST for w in set(cfg.window_sizes()) if w + WARM_PAST + COMPILED_ROWS < cfg.rope_len]
-    return sorted({WARM_PAST, *past})
+    return sorted({WARM_PAST, 2 * WARM_PAST, *past})
 
 
 def _cache_of(model: GPT) -> Callable[[int], KVCache]:

@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 from support.golden import GOLDEN, manifest
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from desktop.config.paths import DEMO_DIR, resource_path
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
-from desktop.engine.decode.compiled_draft import COMPILED_ROWS, CompiledTwin, Switched, why_not_compiled
+from desktop.engine.decode.compiled_draft import COMPILED_ROWS, Switched, why_not_compiled
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.messages import Message
-from desktop.engine.nanochat.drafts import on_tensors, warm_positions
+from desktop.engine.nanochat.drafts import compile_twin, warm_positions
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
@@ -50,21 +51,26 @@ def cache_maker(loaded: LoadedModel):
     return lambda capacity: KVCache(cfg, 1, capacity, loaded.device, torch.float32)
 
 
-def compiled_twin(loaded: LoadedModel, backend: str) -> CompiledTwin:
-    twin = on_tensors(loaded, "plain", loaded.model.tuner)
-    return CompiledTwin(twin, cache_maker(loaded), warm_positions(loaded.config), backend=backend).start()
-
-
 def graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def served(twin: torch.nn.Module, ids: torch.Tensor, cache: KVCache) -> bool:
+    """Whether code compiled for ``twin``'s forward accepts this call (its guards pass), i.e. the
+    call runs compiled code rather than falling back to the eager forward."""
+    call = {"self": twin, "idx": ids, "cache": cache, "last_only": True, "chunk": None, "cancel": None}
+    return any(e.guard_manager.check(call) for e in _debug_get_cache_entry_list(type(twin).forward.__code__))
+
+
 @torch.inference_mode()
-def walk(model, cache: KVCache, plan: list[int], start: int) -> list[torch.Tensor]:
-    """Feed ``model`` passes of the given row counts, as a draft's reply does (new id tensors)."""
+def walk(model, cache: KVCache, plan: list[int], start: int, twin=None) -> list[torch.Tensor]:
+    """Feed ``model`` passes of the given row counts, as a draft's reply does (new id tensors), on
+    a cache made as a reply makes it; with ``twin``, each pass of a few rows must run compiled code."""
     out, token = [], start
     for rows in plan:
         ids = torch.tensor([[(token + i) % 200 + 3 for i in range(rows)]], dtype=torch.long)
+        if twin is not None and rows <= COMPILED_ROWS:
+            assert served(twin, ids, cache), f"{rows} rows at position {cache.pos} ran eagerly"
         out.append(model(ids, cache, last_only=True))
         token += rows
     return out
@@ -73,7 +79,7 @@ def walk(model, cache: KVCache, plan: list[int], start: int) -> list[torch.Tenso
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name}" for c in CASES])
 def test_the_compiled_twin_gives_the_drafts_logits_and_the_caller_never_compiles(case):
     loaded = base_model(case)
-    twin = compiled_twin(loaded, backend="eager")
+    twin = compile_twin(loaded, backend="eager")
     assert twin.done.wait(COMPILE_WAIT_S) and twin.error is None, twin.error
     compiled = twin.compiled
     assert compiled is not None
@@ -85,9 +91,9 @@ def test_the_compiled_twin_gives_the_drafts_logits_and_the_caller_never_compiles
     past = max(max(warm_positions(loaded.config)) + 2 - sum(head), COMPILED_ROWS + 1)
     plan = [*head, past, *[1] * 3, 2, *range(1, COMPILED_ROWS + 1)]
     before = graphs()
-    eager_cache, switched_cache = new_cache(64), new_cache(64)
+    eager_cache, switched_cache = new_cache(512), new_cache(512)  # made outside inference mode
     want = walk(loaded.model, eager_cache, plan, 5)
-    got = walk(switched, switched_cache, plan, 5)
+    got = walk(switched, switched_cache, plan, 5, twin.twin)
     assert graphs() == before  # run-only: the caller's thread compiled nothing
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(a, b), f"pass {i} ({plan[i]} rows)"
@@ -172,7 +178,7 @@ def test_the_demo_drafts_with_its_smaller_depth_compiled_by_inductor():
     switched = Switched(loaded.model, compiled)
     plan = [20, *[1] * 6, 2, 3, 4, 1]
     before = graphs()
-    got = walk(switched, cache_maker(loaded)(64), plan, 9)
+    got = walk(switched, cache_maker(loaded)(64), plan, 9, twin.twin)
     want = walk(loaded.model, cache_maker(loaded)(64), plan, 9)
     assert graphs() == before
     for a, b in zip(got, want, strict=True):
