@@ -18,9 +18,6 @@ What keeps it out of the user's way:
   forms' steps are timed there, and the compiled one is kept only if it is faster
   (:meth:`~.speculative.Draft.settle`).
 
-A small model's own compiled twin is also a draft for it (``auto``): the same weights, so nearly
-every proposal is kept, at a fraction of the exact step, which must keep nanochat's bits.
-
 It needs a C++ compiler and Python's headers (inductor's CPU code generation). Without them, in a
 frozen app, or when the compile fails, the draft stays eager and the log says why.
 """
@@ -68,10 +65,9 @@ def why_not_compiled() -> str | None:
 
 
 class CompiledTwin:
-    """``twin`` (a model on ``eager``'s tensors computing what it computes, with kernels dynamo can
-    trace: plain ``F.linear``) compiled on a thread of its own. ``eager`` is the draft's own model,
-    or, for a self-draft, the target itself (its compiled twin then drafts for it). ``done`` is
-    set when the thread has ended; ``error`` then says why nothing was compiled.
+    """``twin`` (a model computing what the draft computes, with kernels dynamo can trace: plain
+    ``F.linear``) compiled on a thread of its own. ``done`` is set when the thread has ended;
+    ``error`` then says why nothing was compiled.
 
     It is warmed up with each row count up to :data:`COMPILED_ROWS` at each of ``positions``, on
     caches from ``new_cache``, with ids made as the decode loop makes them. Code is compiled for
@@ -80,15 +76,11 @@ class CompiledTwin:
 
     def __init__(
         self,
-        eager: DecodingModel,
         twin: torch.nn.Module,
         new_cache: Callable[[int], Any],
         positions: Sequence[int],
         backend: str = "inductor",
-        name: str | None = None,
     ) -> None:
-        self.eager = eager
-        self.name = name  # what the draft is called once this drafts (None: as it was)
         self.twin = twin
         self.new_cache = new_cache
         self.positions = tuple(positions)

@@ -145,8 +145,8 @@ class Draft:
     @torch.inference_mode()
     def settle(self, threads: int | None = None) -> None:
         """Once the compile of :attr:`twin` has ended: time a step of the compiled form and of the
-        draft as it is, here (the worker's thread, with the compile thread gone and ``threads`` as
-        the reply will use), and draft with the compiled form from now on if it is faster; its cost
+        eager one here (the worker's thread, with the compile thread gone and ``threads`` as the
+        reply will use), and draft with the compiled form from now on if it is faster; its cost
         then shrinks in proportion. Called at a reply's start; nothing happens while it compiles."""
         twin = self.twin
         if twin is None or not twin.done.is_set():
@@ -155,17 +155,16 @@ class Draft:
         compiled = twin.compiled
         if compiled is None:
             return
-        switched = Switched(twin.eager, compiled)
+        switched = Switched(self.model, compiled)
         with torch_threads(threads):
-            now_ms = _timed_ms(self.model, self.new_cache, 1)
+            eager_ms = _timed_ms(self.model, self.new_cache, 1)
             compiled_ms = _timed_ms(switched, self.new_cache, 1)
-        logger.info("draft %s: a step takes %.2f ms, %.2f ms compiled", self.name, now_ms, compiled_ms)
-        if compiled_ms < now_ms:
+        logger.info(
+            "draft %s: a step takes %.2f ms eager, %.2f ms compiled", self.name, eager_ms, compiled_ms
+        )
+        if compiled_ms < eager_ms:
             self.model, self.compiled = switched, True
-            self.name = twin.name or self.name
-            self.cost = _rounded(self.cost * compiled_ms / now_ms)
-            # A self-draft's cache was filled by its int8 or fp16 copy: the twin's own fills anew.
-            self.cache = None
+            self.cost = _rounded(self.cost * compiled_ms / eager_ms)
 
 
 def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int) -> float:

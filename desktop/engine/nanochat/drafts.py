@@ -39,11 +39,6 @@ from desktop.engine.nanochat.mtp import HeadDraft, follow, load_head
 logger = logging.getLogger(__name__)
 # How far into the context, or past a sliding window, a compiled draft is warmed up.
 WARM_PAST = 8
-# ``auto`` also compiles the target itself as a draft when one step reads at most this many bytes
-# of weights: the demo reads 9 MB, and its eager step is 2.4 ms where streaming 9 MB takes well
-# under 1 ms, so dispatch is the step. Whether the compiled twin is used is measured
-# (Draft.settle); this only spares large models a compile that could not pay.
-SELF_TWIN_BYTES = 64 << 20
 
 # (checkpoint directory, its vocab size, whether it is a fork) -> its tokenizer
 FindTokenizer = Callable[[Path, int, bool], Tokenizer]
@@ -83,30 +78,26 @@ def _shared(loaded: LoadedModel, precision: str, kernel_cache: Path | None) -> G
     return on_tensors(loaded, wanted.gemv, tuner_for(kernel_cache))
 
 
-def _compile_in_background(draft: Draft, other: LoadedModel, name: str | None = None) -> None:
-    """Start compiling ``other``'s forward for ``draft`` (engine/decode/compiled_draft.py) where it
-    can gain: on the CPU (a GPU step is launches, not dispatch), in fp32 on its own tensors, which
-    its twin shares (plain ``F.linear`` kernels, which dynamo traces whole). ``other`` is the
-    draft's checkpoint, or the target itself for a self-draft (``name``: the draft's name then)."""
+def _compile_in_background(draft: Draft, other: LoadedModel) -> None:
+    """Start compiling a checkpoint draft's forward (engine/decode/compiled_draft.py) where it can
+    gain: on the CPU (a GPU step is launches, not dispatch), in fp32 on its own tensors, which its
+    twin shares (plain ``F.linear`` kernels, which dynamo traces whole)."""
     why = why_not_compiled()
     if other.device.type != "cpu" or not _unpacked(other) or other.precision.compute != torch.float32:
         why = f"{other.precision.compute} {other.precision.gemv} kernels on {other.device.type}"
     if why is not None:
         logger.info("draft %s stays eager: %s", draft.name, why)
         return
-    draft.twin = compile_twin(other, name=name)
+    draft.twin = compile_twin(other)
 
 
-def compile_twin(loaded: LoadedModel, backend: str = "inductor", name: str | None = None) -> CompiledTwin:
-    """Start compiling a twin of ``loaded`` (its own tensors, plain kernels) with ``backend``;
-    ``name``: the draft's name once the twin drafts."""
+def compile_twin(loaded: LoadedModel, backend: str = "inductor") -> CompiledTwin:
+    """Start compiling a twin of ``loaded`` (its own tensors, plain kernels) with ``backend``."""
     twin = on_tensors(loaded, "plain", tuner_for(None))
     # Its whole rotary table at once: a table grown mid-reply is a branch the compiled code was
     # not warmed up for, so every pass after it would run eagerly.
     twin.set_rotary(loaded.device, loaded.precision.compute, loaded.config.rope_len)
-    return CompiledTwin(
-        loaded.model, twin, _cache_of(twin), warm_positions(loaded.config), backend, name
-    ).start()
+    return CompiledTwin(twin, _cache_of(twin), warm_positions(loaded.config), backend).start()
 
 
 def warm_positions(cfg: ModelConfig) -> list[int]:
@@ -160,13 +151,7 @@ def make_draft(
             partial(_head_draft, loaded) if made == MTP else partial(_self_draft, loaded, made, kernel_cache)
             for made in self_candidates(loaded, spec)
         ]
-        best = cheapest(makers)
-        # A small model's step is dispatch, which compiled code cuts, not weights, which int8 and
-        # fp16 copies cut: there the target's own compiled twin may be ``auto``'s best draft.
-        small = loaded.model.decode_bytes() <= SELF_TWIN_BYTES
-        if compile_draft and spec.precision == AUTO and best.follow is None and small:
-            _compile_in_background(best, loaded, "self (compiled)")
-        return best
+        return cheapest(makers)
     other = load_model(
         spec.checkpoint, spec.step, str(loaded.device), spec.precision, kernel_cache=kernel_cache
     )

@@ -24,7 +24,6 @@ from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
 from desktop.engine.decode.compiled_draft import COMPILED_ROWS, Switched, why_not_compiled
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.messages import Message
-from desktop.engine.nanochat import drafts as nanochat_drafts
 from desktop.engine.nanochat.drafts import compile_twin, warm_positions
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.params import SamplingParams
@@ -77,14 +76,6 @@ def walk(model, cache: KVCache, plan: list[int], start: int, twin=None) -> list[
     return out
 
 
-def reply(backend, prompt, params: SamplingParams, draft: str) -> tuple[list[int], GenerationStats]:
-    """A reply's ids and stats, with ``draft`` drafting (k = 4) or none ("")."""
-    stats = GenerationStats()
-    options = StreamOptions(draft=draft, draft_k=4)
-    events = backend.stream(prompt, params, threading.Event(), options, stats)
-    return [e.id for e in events if e.id >= 0], stats
-
-
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name}" for c in CASES])
 def test_the_compiled_twin_gives_the_drafts_logits_and_the_caller_never_compiles(case):
     loaded = base_model(case)
@@ -110,16 +101,24 @@ def test_the_compiled_twin_gives_the_drafts_logits_and_the_caller_never_compiles
     assert switched_cache.same_as(eager_cache)
 
 
-@pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
 def test_a_dropped_draft_ends_its_compile_and_a_reply_goes_on_eagerly():
     backend = open_backend(DEMO, LoadOptions(compile_drafts=True))
     prompt = backend.render([Message.of_text("user", "What is 12 times 7?")], 16)
     params = SamplingParams(temperature=0.0, max_tokens=16)
-    drafted, _ = reply(backend, prompt, params, str(DEMO_D2))
+
+    def reply(draft: str) -> list[int]:
+        return [
+            e.id
+            for e in backend.stream(prompt, params, threading.Event(), StreamOptions(draft=draft, draft_k=3))
+            if e.id >= 0
+        ]
+
+    if why_not_compiled() is not None:
+        pytest.skip(why_not_compiled())
+    drafted = reply(str(DEMO_D2))
     twin = backend.draft(str(DEMO_D2)).twin
     assert twin is not None  # compiling while the draft drafts eagerly
-    # Speculative off: the draft goes, and its compile stops.
-    assert reply(backend, prompt, params, "")[0] == drafted
+    assert reply("") == drafted  # speculative off: the draft goes, and its compile stops
     twin._thread.join(COMPILE_WAIT_S)
     assert not twin._thread.is_alive() and twin.compiled is None
     backend.close()
@@ -131,7 +130,15 @@ def test_without_a_compiler_the_draft_stays_eager(monkeypatch, tmp_path):
     assert "no C++ compiler" in (why_not_compiled() or "")
     backend = open_backend(DEMO, LoadOptions(compile_drafts=True))
     prompt = backend.render([Message.of_text("user", "What is 12 times 7?")], 16)
-    ids, stats = reply(backend, prompt, SamplingParams(temperature=0.0, max_tokens=16), str(DEMO_D2))
+    stats = GenerationStats()
+    options = StreamOptions(draft=str(DEMO_D2), draft_k=3)
+    ids = [
+        e.id
+        for e in backend.stream(
+            prompt, SamplingParams(temperature=0.0, max_tokens=16), threading.Event(), options, stats
+        )
+        if e.id >= 0
+    ]
     assert ids and stats.drafted > 0 and not stats.draft_compiled
     assert backend.draft(str(DEMO_D2)).twin is None
     backend.close()
@@ -147,15 +154,22 @@ def test_the_demo_drafts_with_its_smaller_depth_compiled_by_inductor():
     prompt = backend.render([Message.of_text("user", "How many r are in strawberry?")], 48)
     params = SamplingParams(temperature=0.0, max_tokens=48)
 
-    plain, _ = reply(backend, prompt, params, "")
-    assert reply(backend, prompt, params, str(DEMO_D2))[0] == plain
+    def reply(draft: str) -> tuple[list[int], GenerationStats]:
+        stats = GenerationStats()
+        options = StreamOptions(draft=draft, draft_k=4)
+        return [
+            e.id for e in backend.stream(prompt, params, threading.Event(), options, stats) if e.id >= 0
+        ], stats
+
+    plain, _ = reply("")
+    assert reply(str(DEMO_D2))[0] == plain
     draft = backend.draft(str(DEMO_D2))
     twin = draft.twin
     assert twin is not None and twin.done.wait(COMPILE_WAIT_S) and twin.error is None, twin and twin.error
     compiled = twin.compiled
     assert compiled is not None
     eager = draft.model
-    ids, stats = reply(backend, prompt, params, str(DEMO_D2))  # settles: times both forms, keeps the faster
+    ids, stats = reply(str(DEMO_D2))  # settles: times both forms, keeps the faster
     assert ids == plain and stats.drafted > 0 and stats.draft_compiled == draft.compiled
     assert draft.twin is None and (draft.model is not eager) == draft.compiled
 
@@ -170,49 +184,5 @@ def test_the_demo_drafts_with_its_smaller_depth_compiled_by_inductor():
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
     draft.model = switched
-    assert reply(backend, prompt, params, str(DEMO_D2))[0] == plain
-    backend.close()
-
-
-@pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
-def test_auto_on_a_small_model_compiles_the_model_itself_to_draft_for_it():
-    """The demo reads 9 MB a step: ``auto`` drafts with its int8 or 16-bit copy and compiles the
-    demo itself meanwhile; once compiled, that twin (the same weights) drafts, if a timed step
-    says it is faster. Replies stay the demo's own greedy ones throughout."""
-    backend = open_backend(DEMO, LoadOptions(compile_drafts=True))
-    prompt = backend.render([Message.of_text("user", "Tell me about yourself.")], 40)
-    params = SamplingParams(temperature=0.0, max_tokens=40)
-
-    plain, _ = reply(backend, prompt, params, "")
-    assert reply(backend, prompt, params, "auto")[0] == plain
-    draft = backend.draft("auto")
-    twin = draft.twin
-    assert twin is not None and twin.eager is backend.model  # the demo itself, compiled
-    assert twin.done.wait(COMPILE_WAIT_S) and twin.error is None, twin.error
-    compiled = twin.compiled
-    assert compiled is not None
-    ids, stats = reply(backend, prompt, params, "auto")
-    assert ids == plain and stats.draft_compiled == draft.compiled
-    if draft.compiled:
-        assert draft.name == "self (compiled)" and draft.model.eager is backend.model
-        assert stats.accepted == stats.drafted > 0  # its own weights: every proposal kept here
-
-    # The twin's code computes the demo's logits (to rounding), served for every short pass.
-    switched = Switched(backend.model, compiled)
-    new_cache = cache_maker(backend.loaded)
-    plan = [20, *[1] * 6, 2, 3, 4, 1]
-    before = graphs()
-    got = walk(switched, new_cache(64), plan, 9, twin.twin)
-    want = walk(backend.model, new_cache(64), plan, 9)
-    assert graphs() == before
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
-    backend.close()
-
-
-def test_auto_on_a_large_model_compiles_nothing(monkeypatch):
-    """Above SELF_TWIN_BYTES a step is its weights, which compiled code does not cut."""
-    monkeypatch.setattr(nanochat_drafts, "SELF_TWIN_BYTES", 0)
-    backend = open_backend(DEMO, LoadOptions(compile_drafts=True))
-    assert backend.draft("auto").twin is None
+    assert reply(str(DEMO_D2))[0] == plain
     backend.close()
