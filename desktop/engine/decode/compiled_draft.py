@@ -56,7 +56,8 @@ def why_not_compiled() -> str | None:
     """Why no draft can be compiled here (one line), or None when it can."""
     if getattr(sys, "frozen", False):
         return "a frozen app has no compiler toolchain"
-    compiler = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    # CXX may carry a launcher or flags ("ccache g++"): its first word is the program.
+    compiler = (os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")).split()[0]
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler}) on the PATH"
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
@@ -112,7 +113,6 @@ class CompiledTwin:
         except Exception as exc:  # anything the compiler raises leaves the draft eager
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             logger.warning("the draft was not compiled: %s", self.error)
-            self._run = None
         finally:
             self.done.set()
 
@@ -132,15 +132,17 @@ class CompiledTwin:
             torch._dynamo.config.recompile_limit, 2 * COMPILED_ROWS * len(self.positions)
         )
         device = next(self.twin.parameters()).device
-        for rows in range(1, COMPILED_ROWS + 1):
-            for start in self.positions:
+        for start in self.positions:
+            # One prefill per position, rolled back after each pass (as a rejection rolls back).
+            cache = self.new_cache(start + COMPILED_ROWS + ROOM)
+            self.twin(torch.zeros(1, start, dtype=torch.long, device=device), cache, last_only=True)
+            for rows in range(1, COMPILED_ROWS + 1):
                 if self._stop.is_set():
                     return
-                cache = self.new_cache(start + rows + ROOM)
-                self.twin(torch.zeros(1, start, dtype=torch.long, device=device), cache, last_only=True)
                 # A new tensor, as the decode loop passes: a view would be guarded on its offset,
                 # and an inference tensor, as its ids are (dynamo guards on the dispatch keys).
                 compiled(torch.zeros(1, rows, dtype=torch.long, device=device), cache, last_only=True)
+                cache.truncate(start)
         self._run = torch._dynamo.run(forward)
         logger.info("the draft's forward is compiled (%s)", self.backend)
 

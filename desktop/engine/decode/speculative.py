@@ -129,7 +129,6 @@ class Draft:
     needs: int = 1
     follow: Callable[[Any, Any], None] | None = None
     twin: CompiledTwin | None = None
-    compiled: bool = False
 
     def pays(self, draft_k: int = 0) -> bool:
         """Whether drafting can beat plain decoding: some ``k`` must pay even when every proposal
@@ -141,6 +140,11 @@ class Draft:
         with, drafting the best length its cap allows: how :func:`cheapest` ranks drafts."""
         length = DraftLength(self.cost, self.verify_cost, cap=self.cap)
         return length.gain(PRIOR_ACCEPTANCE, length.best(PRIOR_ACCEPTANCE))
+
+    @property
+    def compiled(self) -> bool:
+        """Whether it drafts with its compiled forward (:meth:`settle` adopted it)."""
+        return isinstance(self.model, Switched)
 
     @torch.inference_mode()
     def settle(self, threads: int | None = None) -> None:
@@ -163,7 +167,7 @@ class Draft:
             "draft %s: a step takes %.2f ms eager, %.2f ms compiled", self.name, eager_ms, compiled_ms
         )
         if compiled_ms < eager_ms:
-            self.model, self.compiled = switched, True
+            self.model = switched
             self.cost = _rounded(self.cost * compiled_ms / eager_ms)
 
 

@@ -62,6 +62,13 @@ def served(twin: torch.nn.Module, ids: torch.Tensor, cache: KVCache) -> bool:
     return any(e.guard_manager.check(call) for e in _debug_get_cache_entry_list(type(twin).forward.__code__))
 
 
+def reply(backend, prompt, params: SamplingParams, draft: str, k: int) -> tuple[list[int], GenerationStats]:
+    """A reply's ids and stats, ``draft`` drafting ``k`` tokens a round ("": none)."""
+    stats = GenerationStats()
+    events = backend.stream(prompt, params, threading.Event(), StreamOptions(draft=draft, draft_k=k), stats)
+    return [e.id for e in events if e.id >= 0], stats
+
+
 @torch.inference_mode()
 def walk(model, cache: KVCache, plan: list[int], start: int, twin=None) -> list[torch.Tensor]:
     """Feed ``model`` passes of the given row counts, as a draft's reply does (new id tensors), on
@@ -101,24 +108,16 @@ def test_the_compiled_twin_gives_the_drafts_logits_and_the_caller_never_compiles
     assert switched_cache.same_as(eager_cache)
 
 
+@pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
 def test_a_dropped_draft_ends_its_compile_and_a_reply_goes_on_eagerly():
     backend = open_backend(DEMO, LoadOptions(compile_drafts=True))
     prompt = backend.render([Message.of_text("user", "What is 12 times 7?")], 16)
     params = SamplingParams(temperature=0.0, max_tokens=16)
-
-    def reply(draft: str) -> list[int]:
-        return [
-            e.id
-            for e in backend.stream(prompt, params, threading.Event(), StreamOptions(draft=draft, draft_k=3))
-            if e.id >= 0
-        ]
-
-    if why_not_compiled() is not None:
-        pytest.skip(why_not_compiled())
-    drafted = reply(str(DEMO_D2))
+    drafted, _ = reply(backend, prompt, params, str(DEMO_D2), k=3)
     twin = backend.draft(str(DEMO_D2)).twin
     assert twin is not None  # compiling while the draft drafts eagerly
-    assert reply("") == drafted  # speculative off: the draft goes, and its compile stops
+    # Speculative off: the draft goes, and its compile stops.
+    assert reply(backend, prompt, params, "", k=3)[0] == drafted
     twin._thread.join(COMPILE_WAIT_S)
     assert not twin._thread.is_alive() and twin.compiled is None
     backend.close()
@@ -130,15 +129,7 @@ def test_without_a_compiler_the_draft_stays_eager(monkeypatch, tmp_path):
     assert "no C++ compiler" in (why_not_compiled() or "")
     backend = open_backend(DEMO, LoadOptions(compile_drafts=True))
     prompt = backend.render([Message.of_text("user", "What is 12 times 7?")], 16)
-    stats = GenerationStats()
-    options = StreamOptions(draft=str(DEMO_D2), draft_k=3)
-    ids = [
-        e.id
-        for e in backend.stream(
-            prompt, SamplingParams(temperature=0.0, max_tokens=16), threading.Event(), options, stats
-        )
-        if e.id >= 0
-    ]
+    ids, stats = reply(backend, prompt, SamplingParams(temperature=0.0, max_tokens=16), str(DEMO_D2), k=3)
     assert ids and stats.drafted > 0 and not stats.draft_compiled
     assert backend.draft(str(DEMO_D2)).twin is None
     backend.close()
@@ -154,22 +145,17 @@ def test_the_demo_drafts_with_its_smaller_depth_compiled_by_inductor():
     prompt = backend.render([Message.of_text("user", "How many r are in strawberry?")], 48)
     params = SamplingParams(temperature=0.0, max_tokens=48)
 
-    def reply(draft: str) -> tuple[list[int], GenerationStats]:
-        stats = GenerationStats()
-        options = StreamOptions(draft=draft, draft_k=4)
-        return [
-            e.id for e in backend.stream(prompt, params, threading.Event(), options, stats) if e.id >= 0
-        ], stats
-
-    plain, _ = reply("")
-    assert reply(str(DEMO_D2))[0] == plain
+    plain, _ = reply(backend, prompt, params, "", k=4)
+    assert reply(backend, prompt, params, str(DEMO_D2), k=4)[0] == plain
     draft = backend.draft(str(DEMO_D2))
     twin = draft.twin
     assert twin is not None and twin.done.wait(COMPILE_WAIT_S) and twin.error is None, twin and twin.error
     compiled = twin.compiled
     assert compiled is not None
     eager = draft.model
-    ids, stats = reply(str(DEMO_D2))  # settles: times both forms, keeps the faster
+    ids, stats = reply(
+        backend, prompt, params, str(DEMO_D2), k=4
+    )  # settles: times both forms, keeps the faster
     assert ids == plain and stats.drafted > 0 and stats.draft_compiled == draft.compiled
     assert draft.twin is None and (draft.model is not eager) == draft.compiled
 
@@ -184,5 +170,5 @@ def test_the_demo_drafts_with_its_smaller_depth_compiled_by_inductor():
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
     draft.model = switched
-    assert reply(str(DEMO_D2))[0] == plain
+    assert reply(backend, prompt, params, str(DEMO_D2), k=4)[0] == plain
     backend.close()
