@@ -10,7 +10,12 @@ demo's 2-layer draft with inductor, as the app does, where this machine has a C+
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,7 @@ from torch._dynamo.utils import counters
 
 from desktop.config.paths import DEMO_DIR, resource_path
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
+from desktop.engine.decode import compiled_draft
 from desktop.engine.decode.compiled_draft import COMPILED_ROWS, Switched, why_not_compiled
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.messages import Message
@@ -29,6 +35,7 @@ from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
 
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = resource_path(DEMO_DIR)
 DEMO_D2 = DEMO.parent / "demo-d2"
 CASES = [
@@ -37,7 +44,7 @@ CASES = [
     GOLDEN / "nanochat" / "E7",
     GOLDEN / "fork" / "engram-mhc-mtp-swiglu",
 ]
-# Long enough to wait out a first compile on two busy cores (about a minute cold).
+# Long enough to wait out a first compile on two busy cores (two to three minutes cold).
 COMPILE_WAIT_S = 600
 
 
@@ -60,6 +67,26 @@ def served(twin: torch.nn.Module, ids: torch.Tensor, cache: KVCache) -> bool:
     call runs compiled code rather than falling back to the eager forward."""
     call = {"self": twin, "idx": ids, "cache": cache, "last_only": True, "chunk": None, "cancel": None}
     return any(e.guard_manager.check(call) for e in _debug_get_cache_entry_list(type(twin).forward.__code__))
+
+
+@contextmanager
+def said(log: logging.Logger, text: str) -> Iterator[threading.Event]:
+    """An event set once ``log`` says a line starting with ``text``, from whichever thread."""
+    event = threading.Event()
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith(text):
+                event.set()
+
+    handler, level = Said(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield event
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 def reply(backend, prompt, params: SamplingParams, draft: str, k: int) -> tuple[list[int], GenerationStats]:
@@ -109,18 +136,44 @@ def test_the_compiled_twin_gives_the_drafts_logits_and_the_caller_never_compiles
 
 
 @pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
-def test_a_dropped_draft_ends_its_compile_and_a_reply_goes_on_eagerly():
-    backend = open_backend(DEMO, LoadOptions(compile_drafts=True))
-    prompt = backend.render([Message.of_text("user", "What is 12 times 7?")], 16)
-    params = SamplingParams(temperature=0.0, max_tokens=16)
-    drafted, _ = reply(backend, prompt, params, str(DEMO_D2), k=3)
-    twin = backend.draft(str(DEMO_D2)).twin
-    assert twin is not None  # compiling while the draft drafts eagerly
-    # Speculative off: the draft goes, and its compile stops.
-    assert reply(backend, prompt, params, "", k=3)[0] == drafted
-    twin._thread.join(COMPILE_WAIT_S)
-    assert not twin._thread.is_alive() and twin.compiled is None
+def test_a_process_that_ends_mid_compile_exits_at_once_and_cleanly():
+    """Quitting closes the model (the app's shutdown unloads every worker's backend); a compile
+    under way must end with it, and the interpreter's exit must not abort on the compile's thread.
+    The model runs on a daemon thread, as in the app (Python counts a QThread as one), whose
+    threads were daemons too: one still compiling at exit aborted the process ("terminate called
+    without an active exception")."""
+    script = f"""
+import logging, threading
+from desktop.engine.backend import LoadOptions, StreamOptions, GenerationStats
+from desktop.engine.messages import Message
+from desktop.engine.params import SamplingParams
+from desktop.engine.registry import open_backend
+compiling = threading.Event()
+class Said(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("compiling"):
+            compiling.set()
+log = logging.getLogger("desktop.engine.decode.compiled_draft")
+log.setLevel(logging.INFO)
+log.addHandler(Said())
+def worker():
+    backend = open_backend({str(DEMO)!r}, LoadOptions(compile_drafts=True))
+    prompt = backend.render([Message.of_text("user", "Hi")], 8)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    options = StreamOptions(draft={str(DEMO_D2)!r}, draft_k=3)
+    list(backend.stream(prompt, params, threading.Event(), options, GenerationStats()))
+    assert compiling.wait({COMPILE_WAIT_S})
     backend.close()
+    print("closed mid-compile", flush=True)
+thread = threading.Thread(target=worker, daemon=True)
+thread.start()
+thread.join()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=COMPILE_WAIT_S, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "closed mid-compile" in done.stdout and "terminate called" not in done.stderr
 
 
 def test_without_a_compiler_the_draft_stays_eager(monkeypatch, tmp_path):
@@ -136,20 +189,32 @@ def test_without_a_compiler_the_draft_stays_eager(monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
-def test_the_demo_drafts_with_its_smaller_depth_compiled_by_inductor():
+def test_a_draft_dropped_mid_compile_then_picked_again_is_compiled_by_inductor_and_drafts():
     """What the app does: the demo's 2-layer run, compiled in the background with inductor, drafts
-    for the 4-layer demo; the reply is the demo's own greedy reply, and the footer's flag says
-    which form drafted. Whether the compiled form is adopted is this machine's timing; its
-    logits are the draft's to float rounding either way."""
+    for the 4-layer demo. Turning speculative off mid-compile stops the compile and the reply goes
+    on plainly; picking the draft again compiles it anew in the same process. The replies are the
+    demo's own greedy reply, and the footer's flag says which form drafted. Whether the compiled
+    form is adopted is this machine's timing; its logits are the draft's to float rounding either
+    way."""
     backend = open_backend(DEMO, LoadOptions(compile_drafts=True))
     prompt = backend.render([Message.of_text("user", "How many r are in strawberry?")], 48)
     params = SamplingParams(temperature=0.0, max_tokens=48)
 
-    plain, _ = reply(backend, prompt, params, "", k=4)
+    with said(logging.getLogger(compiled_draft.__name__), "compiling") as compiling:
+        plain, _ = reply(backend, prompt, params, "", k=4)
+        drafted, stats = reply(backend, prompt, params, str(DEMO_D2), k=4)
+        assert drafted == plain and stats.drafted > 0 and not stats.draft_compiled
+        dropped = backend.draft(str(DEMO_D2)).twin
+        assert dropped is not None and compiling.wait(COMPILE_WAIT_S)
+    assert reply(backend, prompt, params, "", k=4)[0] == plain  # speculative off: the draft goes
+    dropped._thread.join(COMPILE_WAIT_S)
+    assert not dropped._thread.is_alive() and dropped.compiled is None and dropped.error == "stopped"
+
     assert reply(backend, prompt, params, str(DEMO_D2), k=4)[0] == plain
     draft = backend.draft(str(DEMO_D2))
     twin = draft.twin
-    assert twin is not None and twin.done.wait(COMPILE_WAIT_S) and twin.error is None, twin and twin.error
+    assert twin is not None and twin is not dropped
+    assert twin.done.wait(COMPILE_WAIT_S) and twin.error is None, twin.error
     compiled = twin.compiled
     assert compiled is not None
     eager = draft.model
