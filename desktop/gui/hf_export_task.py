@@ -2,8 +2,9 @@
 thread and report the outcome as a banner notice.
 
 The export loads the checkpoint, writes the folder and loads it back twice to compare logits, so
-it takes seconds to minutes; it runs on a daemon thread (torch never runs on the GUI thread) and
-``done`` is emitted from there, which Qt delivers to the window's thread as a queued call.
+it takes seconds to minutes; it runs on a thread of its own (torch never runs on the GUI thread)
+and ``done`` is emitted from there, which Qt delivers to the window's thread as a queued call.
+Stop (quitting) ends it at the next of its stages and removes what it wrote.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from PySide6.QtCore import QObject, Signal
 
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
+from desktop.gui.stoppable_job import StoppableJob
 
 logger = logging.getLogger(__name__)
 
@@ -29,27 +31,24 @@ class HFExportTask(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._thread: threading.Thread | None = None
+        self._job = StoppableJob("hf-export")
 
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._job.running()
 
     def start(self, directory: Path, step: int | None, out: Path, base_dir: Path | None) -> bool:
         """Begin exporting ``directory`` at ``step`` to ``out``; False when one is already running."""
-        if self.running():
-            return False
         options = LoadOptions(step=step, base_dir=base_dir)
-        self._thread = threading.Thread(
-            target=self._run, args=(Path(directory), Path(out), options), name="hf-export", daemon=True
-        )
-        self._thread.start()
-        return True
+        return self._job.start(lambda cancel: self._run(Path(directory), Path(out), options, cancel))
 
-    def _run(self, directory: Path, out: Path, options: LoadOptions) -> None:
+    def stop(self, wait: float = 0.0) -> None:
+        self._job.stop(wait)
+
+    def _run(self, directory: Path, out: Path, options: LoadOptions, cancel: threading.Event) -> None:
         from desktop.engine.export.hf_export import export_to_hf
 
         try:
-            report = export_to_hf(directory, out, options)
+            report = export_to_hf(directory, out, options, cancel=cancel)
         except NanoscopeError as exc:
             self.done.emit("error", TITLE, str(exc))
         except (MemoryError, RuntimeError) as exc:

@@ -21,6 +21,7 @@ from desktop.engine.errors import NanoscopeError
 from desktop.engine.runs.evals import Sample
 from desktop.engine.runs.report import RunReport, StepKey, report_markdown, run_config, step_hashes
 from desktop.engine.runs.timeline import Timeline
+from desktop.gui.stoppable_job import StoppableJob
 
 logger = logging.getLogger(__name__)
 REPORT_NAME = "report.md"
@@ -49,12 +50,11 @@ class RunReportTask(QObject):
     def __init__(self, draw_plots: PlotDrawer, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._draw_plots = draw_plots
-        self._thread: threading.Thread | None = None
-        self._cancel = threading.Event()
+        self._job = StoppableJob("run-report")
         self._gathered.connect(self._write)
 
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._job.running()
 
     def start(
         self,
@@ -65,22 +65,17 @@ class RunReportTask(QObject):
     ) -> bool:
         if self.running():
             return False
-        self._cancel = threading.Event()
         said = [Sample(stage, step, prompt, (), text) for stage, step, prompt, text in samples]
         job = _Gathered(Path(folder), timeline, said, dict(scores or {}))
-        self._thread = threading.Thread(target=self._gather, args=(job,), name="run-report", daemon=True)
-        self._thread.start()
-        return True
+        return self._job.start(lambda cancel: self._gather(job, cancel))
 
     def stop(self, wait: float = 0.0) -> None:
-        self._cancel.set()
-        if wait and self._thread is not None:
-            self._thread.join(wait)
+        self._job.stop(wait)
 
-    def _gather(self, job: _Gathered) -> None:
+    def _gather(self, job: _Gathered, cancel: threading.Event) -> None:
         try:
             job.config = run_config(job.timeline)
-            job.hashes = step_hashes(job.timeline, self._cancel)
+            job.hashes = step_hashes(job.timeline, cancel)
         except NanoscopeError as exc:
             self.finished.emit(f"No report: {exc}")
             return

@@ -32,6 +32,7 @@ from desktop.engine.runs.grading import Graded, accuracy, what_flipped
 from desktop.engine.runs.multiple_choice import read_questions
 from desktop.engine.runs.sweep import tasks_sweep
 from desktop.engine.runs.timeline import Point
+from desktop.gui.stoppable_job import StoppableJob
 from desktop.store.eval_results import (
     StoreKeeper,
     core_key,
@@ -42,6 +43,9 @@ from desktop.store.eval_results import (
 )
 
 logger = logging.getLogger(__name__)
+
+# A sweep's work: it reads the Event between its items.
+SweepWork = Callable[[threading.Event, LoadOptions], None]
 
 
 class SweepTask(QObject):
@@ -54,29 +58,25 @@ class SweepTask(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._thread: threading.Thread | None = None
-        self._cancel = threading.Event()
+        self._job: StoppableJob | None = None
 
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._job is not None and self._job.running()
 
     def stop(self, wait: float = 0.0) -> None:
-        self._cancel.set()
-        if wait and self._thread is not None:
-            self._thread.join(wait)
+        if self._job is not None:
+            self._job.stop(wait)
 
-    def _launch(self, name: str, work: Callable[[threading.Event, LoadOptions], None]) -> bool:
+    def _launch(self, name: str, work: SweepWork) -> bool:
         if self.running():
             return False
-        self._cancel = threading.Event()
         options = LoadOptions(base_dir=paths.nanochat_base_dir(), kernel_cache=paths.kernel_timings_file())
-        self._thread = threading.Thread(target=self._run, args=(work, options), name=name, daemon=True)
-        self._thread.start()
-        return True
+        self._job = StoppableJob(name)
+        return self._job.start(lambda cancel: self._run(work, cancel, options))
 
-    def _run(self, work: Callable[[threading.Event, LoadOptions], None], options: LoadOptions) -> None:
+    def _run(self, work: SweepWork, cancel: threading.Event, options: LoadOptions) -> None:
         try:
-            work(self._cancel, options)
+            work(cancel, options)
         except (NanoscopeError, FileRefused) as exc:
             self.finished.emit(str(exc))
         except (MemoryError, RuntimeError) as exc:

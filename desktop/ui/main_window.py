@@ -701,5 +701,6 @@ class MainWindow(QMainWindow):
             self.bits_sweep.stop(wait=30.0)  # it ends after the window in hand
             self.core_sweep.stop(wait=30.0)  # it ends after the example in hand
             self.run_report.stop(wait=30.0)  # it ends between two chunks of a file
+            self.hf_export.stop(wait=30.0)  # it ends at its next stage and removes its folder
             self.controller.shutdown()
         super().closeEvent(event)

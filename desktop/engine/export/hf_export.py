@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import shutil
+import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -231,12 +232,17 @@ def _configs(cfg: ModelConfig, specials: dict[str, int]) -> dict[str, dict[str, 
 
 
 def export_to_hf(
-    directory: Path, out: Path, options: LoadOptions | None = None, progress: Progress | None = None
+    directory: Path,
+    out: Path,
+    options: LoadOptions | None = None,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
 ) -> ExportReport:
     """Write ``directory``'s checkpoint (``options.step``, default the latest) to ``out`` and verify
-    it; ``out`` must be absent or empty. Nothing is left in ``out`` when the export fails."""
+    it; ``out`` must be absent or empty. Nothing is left in ``out`` when the export fails, or when
+    ``cancel`` is set (it is read between the export's stages)."""
     opts = options or LoadOptions()
-    report = progress or (lambda _p, _m: None)
+    report = _stoppable(progress or (lambda _p, _m: None), cancel)
     directory, out = Path(directory).expanduser(), Path(out).expanduser()
     created = _claim(out)  # before any work: a bad OUT fails at once, not after the conversion
     try:
@@ -244,6 +250,17 @@ def export_to_hf(
     except BaseException:
         _remove(out, created)
         raise
+
+
+def _stoppable(progress: Progress, cancel: threading.Event | None) -> Progress:
+    """``progress``, raising instead once ``cancel`` is set: each stage begins with a report."""
+
+    def report(percent: int, message: str) -> None:
+        if cancel is not None and cancel.is_set():
+            raise NanoscopeError("the export was stopped; nothing was kept")
+        progress(percent, message)
+
+    return report
 
 
 def _claim(out: Path) -> bool:
@@ -297,7 +314,7 @@ def _export(directory: Path, out: Path, opts: LoadOptions, report: Progress) -> 
     _write(out, cfg, sd, state, hf_tok)
     del sd
     report(70, "Checking the export")
-    return _verify(out, cfg, ids, (source, source_fp32), expected_chat, compared)
+    return _verify(out, cfg, ids, (source, source_fp32), expected_chat, compared, report)
 
 
 def _remove(out: Path, created: bool) -> None:
@@ -341,6 +358,7 @@ def _verify(
     sources: tuple[torch.Tensor, torch.Tensor],
     expected_chat: list[int],
     compared: int,
+    report: Progress,
 ) -> ExportReport:
     source, source_fp32 = sources
     backend = HFBackend.open(out, LoadOptions(device="cpu", dtype="float32"))
@@ -355,6 +373,7 @@ def _verify(
     exact = float((logits - source_fp32).abs().max())
     if exact > EXACT_TOLERANCE:
         raise CheckpointError(f"{out}: the exported model's logits differ from the source's by {exact:.2e}")
+    report(85, "Checking the export with transformers")
     return ExportReport(
         out=out,
         era=cfg.era,

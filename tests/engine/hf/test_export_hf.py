@@ -7,18 +7,20 @@ ids, tokenizer encodings and chat ids are compared with the source checkpoint's.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from support.backend_helpers import reply_ids
 from support.checkpoint_factory import _rewrite, write_checkpoint
+from support.golden import GOLDEN
 from support.hf_factory import load_reference, reference_greedy
 
 from desktop.cli.main import main
 from desktop.engine.backend import LoadOptions
 from desktop.engine.chat_template import message_dicts
-from desktop.engine.errors import CheckpointError, UnsupportedFormatError
+from desktop.engine.errors import CheckpointError, NanoscopeError, UnsupportedFormatError
 from desktop.engine.export import hf_export as export_hf
 from desktop.engine.export.hf_export import SAMPLE_CONVERSATION, export_to_hf
 from desktop.engine.hf.tokenizer_convert import SAMPLE_TEXTS
@@ -217,17 +219,23 @@ def window(qtbot):
     shutdown(win)
 
 
-def _export_from_menu(qtbot, window, monkeypatch, checkpoint: Path, out: Path) -> tuple[str, str, str]:
+def _start_export(window, monkeypatch, checkpoint: Path, out: Path) -> None:
+    """Pick ``checkpoint`` (its latest step), then File › Export to Hugging Face… into ``out``."""
     from PySide6.QtGui import QAction
     from PySide6.QtWidgets import QFileDialog
 
     from desktop.engine.discovery import CheckpointEntry
+    from desktop.engine.nanochat.checkpoint import model_steps
 
-    window.picker.set_entries([CheckpointEntry("folder", checkpoint.name, checkpoint, [10])])
+    steps = model_steps(checkpoint)
+    window.picker.set_entries([CheckpointEntry("folder", checkpoint.name, checkpoint, steps)])
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *_args, **_kw: str(out))
-    action = next(a for a in window.findChildren(QAction) if a.text() == "Export to Hugging Face…")
+    next(a for a in window.findChildren(QAction) if a.text() == "Export to Hugging Face…").trigger()
+
+
+def _export_from_menu(qtbot, window, monkeypatch, checkpoint: Path, out: Path) -> tuple[str, str, str]:
     with qtbot.waitSignal(window.hf_export.done, timeout=120000) as done:
-        action.trigger()
+        _start_export(window, monkeypatch, checkpoint, out)
     return tuple(done.args)
 
 
@@ -248,3 +256,37 @@ def test_menu_export_refusal_shows_the_reason(qtbot, window, tmp_path, monkeypat
     level, _title, message = _export_from_menu(qtbot, window, monkeypatch, checkpoint, tmp_path / "out")
     assert level == "error" and "smear and backout" in message and "\n" not in message
     assert window.banner.level == "error"
+
+
+def test_a_stopped_export_keeps_nothing_of_what_it_wrote(tmp_path):
+    """Stop (quitting the app) while the weights are written: the export ends at its next stage,
+    and the folder it made goes, with the files it had written."""
+    case = GOLDEN / "nanochat" / "E0"
+    out, cancel, stages = tmp_path / "hf", threading.Event(), []
+
+    def progress(_percent: int, stage: str) -> None:
+        stages.append(stage)
+        if stage == "Writing safetensors":
+            cancel.set()
+
+    with pytest.raises(NanoscopeError, match="stopped"):
+        export_to_hf(case / "chatsft_checkpoints" / "d2", out, LoadOptions(base_dir=case), progress, cancel)
+    assert stages[-1] == "Writing safetensors" and not out.exists()
+
+
+@pytest.mark.gui
+def test_quitting_mid_export_stops_it_and_keeps_nothing(qtbot, tmp_path, monkeypatch):
+    """File › Export to Hugging Face…, then quit at once: the export's thread has ended when the
+    window has closed (a daemon thread left in torch code aborts the interpreter's exit), and the
+    new folder is gone."""
+    from desktop.gui.app import build, shutdown
+
+    win = build()
+    qtbot.addWidget(win)
+    win.show()
+    case, out = GOLDEN / "nanochat" / "E0", tmp_path / "quit-mid-export"
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(case))
+    _start_export(win, monkeypatch, case / "chatsft_checkpoints" / "d2", out)
+    assert win.hf_export.running()
+    shutdown(win)
+    assert not win.hf_export.running() and not out.exists()
