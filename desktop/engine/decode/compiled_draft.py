@@ -26,6 +26,7 @@ frozen app, or when the compile fails, the draft stays eager and the log says wh
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -60,12 +61,18 @@ class CompileStopped(BaseException):
     ``except Exception`` handlers (which would wrap it, or fall back) let it through."""
 
 
-def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
-    """Have the thread raise ``exc`` at its next Python instruction (None: forget one pending)."""
-    # CPython's documented way to interrupt another thread; it is raised once that thread is back
-    # in Python code, so a C++ compile it waits on ends first (a few seconds at most).
-    pending = ctypes.py_object(exc) if exc is not None else None
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), pending)
+def _raise_in(thread_id: int) -> None:
+    """Have the thread raise :class:`CompileStopped` when it next checks for interrupts (a call
+    or a loop's jump back in Python code), so a C++ compile it waits on ends first."""
+    # CPython's documented way to interrupt another thread. Never call it to withdraw one (exc
+    # NULL): that leaves the interpreter's "pending" flag set for good, which slows every thread
+    # and hangs the next traced call (sys.settrace) in CPython 3.11. An interrupt raised is
+    # always taken by the thread instead (CompiledTwin._work).
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(CompileStopped))
+
+
+def _take_interrupt() -> None:
+    """Nothing; a Python call, at whose start the interpreter raises an interrupt still pending."""
 
 
 def why_not_compiled() -> str | None:
@@ -110,10 +117,11 @@ class CompiledTwin:
         # process ("terminate called without an active exception"). stop() ends it promptly, and
         # unloading a model (as quitting does) stops its draft's compile.
         self._thread = threading.Thread(target=self._work, name="draft-compile", daemon=False)
-        # Held while stop() may interrupt the thread: the interrupt must land in the compile,
-        # never after it (in the code that reports how the compile ended).
+        # Held while stop() may interrupt the thread: an interrupt lands in the compile, never in
+        # the code that reports how the compile ended.
         self._interruptible = threading.Lock()
         self._compiling = False
+        self._interrupted = False  # at most one interrupt is raised
 
     def start(self) -> CompiledTwin:
         self._thread.start()
@@ -122,9 +130,10 @@ class CompiledTwin:
     def stop(self) -> None:
         """End the compile: at once where it runs Python code, else between two passes."""
         with self._interruptible:
-            if self._compiling and not self._stop.is_set():
-                _raise_in(self._thread.ident or 0, CompileStopped)
             self._stop.set()
+            if self._compiling and not self._interrupted:
+                self._interrupted = True
+                _raise_in(self._thread.ident or 0)
 
     @property
     def compiled(self) -> Callable[..., torch.Tensor] | None:
@@ -134,27 +143,27 @@ class CompiledTwin:
     def _work(self) -> None:
         try:
             with _ONE_AT_A_TIME:
-                self._set_compiling(True)
+                with self._interruptible:
+                    self._compiling = True
                 try:
                     if not self._stop.is_set():
                         self._compile()
                 finally:
-                    self._set_compiling(False)
+                    with self._interruptible:
+                        self._compiling = False  # no interrupt is raised from here on
+                        owed = self._interrupted
+                    if owed:  # raised, maybe not yet taken: take it here rather than below
+                        with contextlib.suppress(CompileStopped):
+                            _take_interrupt()
         except CompileStopped:
-            self.error = "stopped"
             logger.info("the draft's compile was stopped")
         except Exception as exc:  # anything the compiler raises leaves the draft eager
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             logger.warning("the draft was not compiled: %s", self.error)
         finally:
+            if self._interrupted:
+                self.error = "stopped"
             self.done.set()
-
-    def _set_compiling(self, compiling: bool) -> None:
-        with self._interruptible:
-            self._compiling = compiling
-            if not compiling and self._stop.is_set():
-                # A stop that came as the compile ended may not have been raised yet: drop it.
-                _raise_in(threading.get_ident(), None)
 
     @torch.inference_mode()
     def _compile(self) -> None:

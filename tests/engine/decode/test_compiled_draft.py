@@ -143,7 +143,7 @@ def test_a_process_that_ends_mid_compile_exits_at_once_and_cleanly():
     threads were daemons too: one still compiling at exit aborted the process ("terminate called
     without an active exception")."""
     script = f"""
-import logging, threading
+import logging, os, sys, threading
 from desktop.engine.backend import LoadOptions, StreamOptions, GenerationStats
 from desktop.engine.messages import Message
 from desktop.engine.params import SamplingParams
@@ -162,18 +162,36 @@ def worker():
     params = SamplingParams(temperature=0.0, max_tokens=8)
     options = StreamOptions(draft={str(DEMO_D2)!r}, draft_k=3)
     list(backend.stream(prompt, params, threading.Event(), options, GenerationStats()))
+    compile = backend.draft({str(DEMO_D2)!r}).twin
     assert compiling.wait({COMPILE_WAIT_S})
     backend.close()
+    compile._thread.join()
+    assert compile.error == "stopped", compile.error
     print("closed mid-compile", flush=True)
 thread = threading.Thread(target=worker, daemon=True)
 thread.start()
 thread.join()
+# The interrupt left nothing pending: a traced call (a debugger's, a coverage tool's) returns.
+def called():
+    return None
+def trace_a_call():
+    sys.settrace(lambda *_: None)
+    called()
+    sys.settrace(None)
+traced = threading.Thread(target=trace_a_call, daemon=True)
+traced.start()
+traced.join(60)
+if traced.is_alive():
+    print("traced call hung", flush=True)
+    os._exit(3)
+print("traced call returned", flush=True)
 """
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=COMPILE_WAIT_S, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "closed mid-compile" in done.stdout and "terminate called" not in done.stderr
+    assert "traced call returned" in done.stdout
 
 
 def test_without_a_compiler_the_draft_stays_eager(monkeypatch, tmp_path):
