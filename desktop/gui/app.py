@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -134,4 +135,21 @@ def run_app(args: argparse.Namespace) -> int:
     finally:
         shutdown(window)
         logger.info("GUI closed")
-    return int(getattr(window, "exit_code", 0))
+    return exit_code_after(int(getattr(window, "exit_code", 0)))
+
+
+def exit_code_after(code: int) -> int:
+    """``code``, once everything is saved. A model thread still busy past its shutdown's wait (a
+    long load at quit) would make Qt abort the interpreter's exit ("QThread: Destroyed while
+    thread is still running"); then the process ends here instead, without tearing anything
+    down: the history store and the settings are closed by now and the log is flushed."""
+    from desktop.gui.worker import threads_left_running
+
+    busy = threads_left_running()
+    if busy:
+        logger.warning("%d model thread(s) still busy at quit; exiting without them", busy)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -165,7 +165,7 @@ class ModelSlot(QObject):
         if self.host.shutdown():
             shiboken6.delete(self.host.worker)
         else:
-            logger.error("the model thread did not stop in time; leaving it to the OS")
+            logger.error("the model thread did not stop in time; the process will end without it")
 
     # ----- worker events ----------------------------------------------------------------------
 

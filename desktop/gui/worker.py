@@ -35,6 +35,16 @@ logger = logging.getLogger(__name__)
 # Opens a model on the worker thread: engine.registry.open_backend, or a test's own.
 Opener = Callable[[Path, LoadOptions, Progress], Backend]
 
+# Hosts whose thread was still busy when they shut down (a load reads no Stop). Held here for the
+# process's life: Qt aborts the process when a QThread is destroyed while it runs, which Python's
+# collector or the interpreter's exit would otherwise do (see gui.app.exit_code_after).
+_left_running: list[WorkerHost] = []
+
+
+def threads_left_running() -> int:
+    """How many model threads outlived their shutdown and still run."""
+    return sum(host.model_thread.isRunning() for host in _left_running)
+
 
 def default_opener(target: Path, options: LoadOptions, progress: Progress) -> Backend:
     from desktop.engine.registry import open_backend  # imports torch lazily, on the worker thread
@@ -276,4 +286,7 @@ class WorkerHost(QObject):
         self.stop()
         self.worker.unload_requested.emit()
         self.model_thread.quit()
-        return bool(self.model_thread.wait(timeout_ms))
+        if self.model_thread.wait(timeout_ms):
+            return True
+        _left_running.append(self)
+        return False

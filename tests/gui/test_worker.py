@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.gui
 
 CPU = LoadOptions(device="cpu")
 HI = [Message.of_text("user", "hi")]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +262,31 @@ def test_stop_during_the_prefill_of_a_long_prompt_ends_it_and_the_next_send_goes
     assert checked in ([0.0], [1.0])  # the machine was asked once
     # Chunks: the stopped prefill kept its first chunk. One pass: it ran to the end.
     assert again["prefilled_tokens"] == (prompt.tokens - PREFILL_CHUNK if checked == [1.0] else 1)
+
+
+def test_a_load_still_running_at_quit_neither_aborts_nor_holds_the_exit():
+    """A load reads no Stop (a slow disk, a stuck network share): quitting gives up waiting for
+    its thread. Destroying a QThread that still runs makes Qt abort the process; the app's exit
+    must instead end it with the code it was given. In a subprocess, as only an exit shows it."""
+    script = """
+import sys, threading
+from PySide6.QtCore import QCoreApplication
+from desktop.engine.backend import LoadOptions
+from desktop.gui.app import exit_code_after
+from desktop.gui.worker import WorkerHost
+app = QCoreApplication(sys.argv[:1])
+opening, never = threading.Event(), threading.Event()
+def stuck(target, options, progress):
+    opening.set()
+    never.wait()
+host = WorkerHost(opener=stuck)
+host.load("somewhere", LoadOptions())
+assert opening.wait(60)
+assert not host.shutdown(timeout_ms=100)
+print("quitting", flush=True)
+sys.exit(exit_code_after(7))
+"""
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "quitting" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 7 and "Destroyed while thread" not in done.stderr, done.stderr[-2000:]
