@@ -140,6 +140,9 @@ class ModelWorker(QObject):
     def __init__(self, opener: Opener = default_opener) -> None:
         super().__init__()
         self.cancel = threading.Event()
+        # Set once, when the host shuts down: a load under way ends at its next stage (a load
+        # reads no Stop: the user's Stop is for replies).
+        self.closing = threading.Event()
         self.backend: Backend | None = None
         self._open = opener
         self.load_requested.connect(self._on_load)
@@ -150,7 +153,7 @@ class ModelWorker(QObject):
     @Slot(str, object)
     def _on_load(self, target: str, options: LoadOptions) -> None:
         try:
-            backend = self._open(Path(target), options, self.progress.emit)
+            backend = self._open(Path(target), options, self._load_progress)
         # BaseException: a Rust panic in a tokenizer (pyo3's PanicException) is not an Exception,
         # and it must not take the worker's slot down without a word.
         except BaseException as exc:  # every failure is reported; the worker keeps running
@@ -163,6 +166,11 @@ class ModelWorker(QObject):
             self.backend.close()
         self.backend = backend
         self.loaded.emit(backend.info())
+
+    def _load_progress(self, percent: int, message: str) -> None:
+        if self.closing.is_set():
+            raise NanoscopeError("the load was abandoned: the app is closing")
+        self.progress.emit(percent, message)
 
     @Slot()
     def _on_unload(self) -> None:
@@ -283,6 +291,7 @@ class WorkerHost(QObject):
 
     def shutdown(self, timeout_ms: int = 30000) -> bool:
         """Stop, unload, quit, wait. True when the thread ended (then the worker may be deleted)."""
+        self.worker.closing.set()
         self.stop()
         self.worker.unload_requested.emit()
         self.model_thread.quit()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from desktop.engine.backend import LoadOptions, ModelInfo, Prompt, StreamOptions
 from desktop.engine.decode.chunked import PREFILL_CHUNK
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
-from desktop.gui.worker import ModelWorker, WorkerHost
+from desktop.gui.worker import ModelWorker, WorkerHost, default_opener
 
 pytestmark = pytest.mark.gui
 
@@ -290,3 +291,25 @@ sys.exit(exit_code_after(7))
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert "quitting" in done.stdout, done.stderr[-2000:]
     assert done.returncode == 7 and "Destroyed while thread" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_load_under_way_at_quit_ends_at_its_next_stage(qtbot):
+    """Quitting while a model loads: the load ends at its next stage, one line says why, nothing
+    is kept, and the thread ends, rather than the window waiting out the whole load. The disk
+    here answers only once the app is closing."""
+    reached = threading.Event()
+
+    def slow_disk(target: Path, options: LoadOptions, progress) -> object:
+        progress(1, "waiting for the disk")
+        reached.set()
+        host.worker.closing.wait()
+        return default_opener(target, options, progress)
+
+    host = WorkerHost(opener=slow_disk)
+    relay = Relay(host.worker)
+    host.load(str(resource_path(DEMO_DIR)), CPU)
+    assert reached.wait(60)
+    with qtbot.waitSignal(relay.load_failed, timeout=30000) as failed:
+        assert host.shutdown(timeout_ms=30000)
+    assert "the app is closing" in failed.args[0] and "\n" not in failed.args[0]
+    assert host.worker.backend is None
