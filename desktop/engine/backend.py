@@ -16,12 +16,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from desktop.engine.errors import ContextError
+from desktop.engine.errors import ContextError, NanoscopeError
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SAMPLING_KEYS, SamplingParams
 
 # Load progress: (percent, what is happening).
 Progress = Callable[[int, str], None]
+
+
+def stoppable(progress: Progress, stop: threading.Event | None, why: str) -> Progress:
+    """``progress``, raising :class:`NanoscopeError` (``why``) instead once ``stop`` is set: a long
+    job that reports at each of its stages (a load, an export) then ends at the next one."""
+
+    def report(percent: int, message: str) -> None:
+        if stop is not None and stop.is_set():
+            raise NanoscopeError(why)
+        progress(percent, message)
+
+    return report
 
 
 @dataclass(frozen=True)

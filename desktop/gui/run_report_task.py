@@ -63,8 +63,6 @@ class RunReportTask(QObject):
         samples: Sequence[tuple[str, int, str, str]] = (),
         scores: Mapping[str, Mapping[StepKey, float]] | None = None,
     ) -> bool:
-        if self.running():
-            return False
         said = [Sample(stage, step, prompt, (), text) for stage, step, prompt, text in samples]
         job = _Gathered(Path(folder), timeline, said, dict(scores or {}))
         return self._job.start(lambda cancel: self._gather(job, cancel))

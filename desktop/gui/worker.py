@@ -24,6 +24,7 @@ from desktop.engine.backend import (
     LoadOptions,
     Progress,
     StreamOptions,
+    stoppable,
 )
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.tokenizer_checks import EncodingCancelled
@@ -153,7 +154,8 @@ class ModelWorker(QObject):
     @Slot(str, object)
     def _on_load(self, target: str, options: LoadOptions) -> None:
         try:
-            backend = self._open(Path(target), options, self._load_progress)
+            report = stoppable(self.progress.emit, self.closing, "the load was abandoned: the app is closing")
+            backend = self._open(Path(target), options, report)
         # BaseException: a Rust panic in a tokenizer (pyo3's PanicException) is not an Exception,
         # and it must not take the worker's slot down without a word.
         except BaseException as exc:  # every failure is reported; the worker keeps running
@@ -166,11 +168,6 @@ class ModelWorker(QObject):
             self.backend.close()
         self.backend = backend
         self.loaded.emit(backend.info())
-
-    def _load_progress(self, percent: int, message: str) -> None:
-        if self.closing.is_set():
-            raise NanoscopeError("the load was abandoned: the app is closing")
-        self.progress.emit(percent, message)
 
     @Slot()
     def _on_unload(self) -> None:

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 import torch
 
-from desktop.engine.backend import LoadOptions, Progress
+from desktop.engine.backend import LoadOptions, Progress, stoppable
 from desktop.engine.chat_template import message_dicts
 from desktop.engine.errors import CheckpointError, NanoscopeError, UnsupportedFormatError
 from desktop.engine.files.safe_pickle import load_tiktoken_pickle
@@ -242,7 +242,7 @@ def export_to_hf(
     it; ``out`` must be absent or empty. Nothing is left in ``out`` when the export fails, or when
     ``cancel`` is set (it is read between the export's stages)."""
     opts = options or LoadOptions()
-    report = _stoppable(progress or (lambda _p, _m: None), cancel)
+    report = stoppable(progress or (lambda _p, _m: None), cancel, "the export was stopped; nothing was kept")
     directory, out = Path(directory).expanduser(), Path(out).expanduser()
     created = _claim(out)  # before any work: a bad OUT fails at once, not after the conversion
     try:
@@ -250,17 +250,6 @@ def export_to_hf(
     except BaseException:
         _remove(out, created)
         raise
-
-
-def _stoppable(progress: Progress, cancel: threading.Event | None) -> Progress:
-    """``progress``, raising instead once ``cancel`` is set: each stage begins with a report."""
-
-    def report(percent: int, message: str) -> None:
-        if cancel is not None and cancel.is_set():
-            raise NanoscopeError("the export was stopped; nothing was kept")
-        progress(percent, message)
-
-    return report
 
 
 def _claim(out: Path) -> bool:
