@@ -205,7 +205,7 @@ def generate_columns(
         row.given.extend(given)
     generated = 0
 
-    def on_greedy(_rows: int) -> None:
+    def on_greedy(_rows: torch.Tensor) -> None:
         if stats is not None:
             stats.greedy_fallbacks += 1
 

@@ -8,8 +8,8 @@ A distribution that cannot be sampled never reaches ``torch.multinomial``: a tem
 overflows the logits to inf (softmax then gives NaN), a top-p of 1e-300 rounds to zero and keeps no
 token, a tiny repetition penalty overflows the penalised logits, and a model can emit NaN itself.
 Such a row takes its most likely token instead (the one-hot row is still drawn by the same
-``multinomial`` call, so the Generator advances as it would have), and ``on_greedy`` is told how
-many rows fell back, for the reply's stats.
+``multinomial`` call, so the Generator advances as it would have), and ``on_greedy`` is told which
+rows fell back, for the reply's stats.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from desktop.engine.params import SamplingParams
 
-# Called with the number of rows of this step that fell back to their most likely token.
-GreedyFallback = Callable[[int], None]
+# Called with a (B,) bool tensor: which rows of a step fell back to their most likely token (a
+# speculative round counts only the rows it used).
+GreedyFallback = Callable[[torch.Tensor], None]
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -55,7 +56,7 @@ def _usable(probs: torch.Tensor, scores: torch.Tensor, on_greedy: GreedyFallback
         one_hot = torch.zeros_like(probs).scatter(1, best, 1.0)
         probs = torch.where(usable.unsqueeze(-1), probs, one_hot)
         if on_greedy is not None:
-            on_greedy(int((~usable).sum()))
+            on_greedy(~usable)
     return probs
 
 
@@ -96,6 +97,19 @@ def sample_next(
     if not params.plain:
         probs = _filter_probs(probs, params.top_p, params.min_p)
     return _draw(probs, logits, rng, on_greedy)
+
+
+def draw_token(probs: torch.Tensor, rng: torch.Generator) -> int:
+    """A token drawn from ``probs`` (V,), a distribution (non-negative, positive sum), by inverting
+    its CDF with one uniform. Not ``multinomial``, which draws an exponential per token: 1.7 ms a
+    draw at a 65,536-token vocabulary on a 2-core AMD EPYC, against 0.12 ms here (0.04-0.06 and
+    0.02 ms at 1,024). For speculative decoding, which owes nanochat's stream nothing; the plain
+    loop keeps ``multinomial``, whose draws are nanochat's."""
+    cdf = probs.double().cumsum(0)
+    # A float32 uniform is at most 1 - 2**-24, so its product with the total stays below the total
+    # in float64: the token found has a CDF step above it, so a probability above zero.
+    u = torch.rand(1, generator=rng, device=probs.device).double()
+    return int(torch.searchsorted(cdf, u * cdf[-1], right=True))
 
 
 def next_token_probs(

@@ -46,7 +46,7 @@ from desktop.engine.decode.drafts import DraftSpec, parse_draft
 from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row, stream_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import DecodingModel, Tokenizer
-from desktop.engine.decode.sampling import GreedyFallback, next_token_probs
+from desktop.engine.decode.sampling import GreedyFallback, draw_token, next_token_probs
 from desktop.engine.decode.scoring import token_label
 from desktop.engine.errors import ContextError, NanoscopeError
 from desktop.engine.kernels.gemv import few_rows
@@ -172,8 +172,8 @@ class Draft:
 
 
 def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int) -> float:
-    """The median time of ``model``'s pass over ``rows`` new rows after a short context, each row's
-    distribution and a draw from it included (what a step costs besides the model: on a tiny model
+    """The median time of ``model``'s pass over ``rows`` new rows after a short context, the rows'
+    distributions and a draw included (what a step costs besides the model: on a tiny model
     that is a fair share). The first pass is not timed: one-row products choose their routes on it."""
     context = 16
     cache = make_cache(context + rows)
@@ -187,7 +187,7 @@ def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int)
         start = time.perf_counter()
         with few_rows():
             logits = model(ids, cache, last_only=rows == 1)[0, -rows:]
-        torch.multinomial(next_token_probs(logits.float(), plain), 1, generator=rng)
+        draw_token(next_token_probs(logits.float(), plain)[-1], rng)
         times.append(time.perf_counter() - start)
         cache.truncate(context)
     return sorted(times[1:])[TIMINGS // 2] * 1000
@@ -369,6 +369,18 @@ class DraftLength:
             self.acceptance = (1 - SMOOTHING) * self.acceptance + SMOOTHING * rate
 
 
+def _at_proposals(
+    ps: torch.Tensor, qs: list[torch.Tensor], proposal: list[int]
+) -> tuple[list[float], list[float]]:
+    """``p(x)`` and ``q(x)`` of every proposal ``x``, one gather each: ``ps`` is the target's
+    ``(R, V)``, ``qs`` the draft's distribution at each proposal."""
+    if not proposal:
+        return [], []
+    picked = torch.arange(len(proposal))
+    chosen = torch.tensor(proposal, dtype=torch.long)
+    return ps[picked, chosen].tolist(), torch.stack(qs)[picked, chosen].tolist()
+
+
 def held_ids(cache: Any) -> list[int]:
     """The token ids a cache holds (a KVCache keeps them in a (B, N) tensor, others in a list)."""
     tokens = cache.tokens
@@ -534,6 +546,7 @@ class _Speculation:
         self.rng = torch.Generator(device=self.device)
         self.rng.manual_seed(params.seed)
         self.sp = Specials.of(tok)
+        self.greedy = params.temperature == 0.0
         self.row = Row()
         self.length = DraftLength(draft.cost, draft.verify_cost, draft_k, draft.cap)
         self.generated = 0
@@ -566,11 +579,29 @@ class _Speculation:
     def _history(self, tokens: list[int]) -> torch.Tensor | None:
         return self._ids(tokens) if self.params.repetition_penalty != 1.0 else None
 
-    def _target_probs(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
-        def fell_back(rows: int) -> None:
-            self.stats.greedy_fallbacks += rows
+    def _target_probs(
+        self, rows: list[torch.Tensor], proposal: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's distributions at every row of a round, from one call: ``(R, V)``, row ``i``
+        after the sequence and ``proposal[:i]``; and which rows fell back to their most likely
+        token (the round counts those it uses). Each row is computed on its own (the filters
+        are per row), so one call gives what a call per row gives, in a few ops instead of
+        a dozen per row."""
+        history = None
+        if self.params.repetition_penalty != 1.0:
+            # Row i's history is seq + proposal[:i], padded with a token every row already has:
+            # the penalty is per distinct token, so the padding changes nothing.
+            full = self.seq + proposal
+            n = len(self.seq)
+            history = self._ids(full).expand(len(rows), -1).clone()
+            for i in range(len(proposal)):
+                history[i, n + i :] = full[0]
+        fell = torch.zeros(len(rows), dtype=torch.bool)
 
-        return self.probs(logits.unsqueeze(0), self.params, self._history(history), fell_back)[0]
+        def fell_back(rows_fell: torch.Tensor) -> None:
+            fell.copy_(rows_fell)
+
+        return self.probs(torch.stack(rows), self.params, history, fell_back), fell
 
     @torch.inference_mode()
     def _prefill(self) -> None:
@@ -609,7 +640,7 @@ class _Speculation:
         probs: list[torch.Tensor] = []
         for i in range(k):
             q = self.probs(logits.unsqueeze(0), self.params, self._history(self.seq + tokens), None)[0]
-            token = int(torch.multinomial(q, 1, generator=self.rng))
+            token = self._draw(q)
             tokens.append(token)
             probs.append(q)
             _step_row(row, token, self.sp, self.tok, _any_result)
@@ -619,7 +650,18 @@ class _Speculation:
         return tokens, probs
 
     def _draw(self, probs: torch.Tensor) -> int:
-        return int(torch.multinomial(probs, 1, generator=self.rng))
+        """A token from ``probs``; greedy rows are one-hot, and a one-hot row's draw is its hot
+        token, so greedy decoding takes it without a draw."""
+        if self.greedy:
+            return int(probs.argmax())
+        return draw_token(probs, self.rng)
+
+    def _uniforms(self, k: int) -> list[float]:
+        """One uniform per proposal, drawn at once. Greedy needs none: with one-hot ``p`` and
+        ``q`` the test ``u * q(x) < p(x)`` keeps ``x`` exactly when it is the target's token."""
+        if self.greedy or not k:
+            return [0.0] * k
+        return torch.rand(k, generator=self.rng, device=self.device).tolist()
 
     def _known_round(self, room: int) -> list[_Decided]:
         """The user's and the calculator's tokens, as one block through the target."""
@@ -645,11 +687,13 @@ class _Speculation:
         n = len(self.seq)
         proposal, qs = self._propose(k) if k else ([], [])
         rows = self._verify(proposal)
+        ps, fell = self._target_probs(rows, proposal)
+        pxs, qxs = _at_proposals(ps, qs, proposal)
+        uniforms = self._uniforms(len(proposal))
         decided: list[_Decided] = []
         for i, (x, q) in enumerate(zip(proposal, qs, strict=True)):
-            p = self._target_probs(rows[i], self.seq + proposal[:i])
-            px, qx = float(p[x]), float(q[x])
-            if float(torch.rand(1, generator=self.rng, device=self.device)) * qx < px:
+            p, px, qx = ps[i], pxs[i], qxs[i]
+            if uniforms[i] * qx < px:
                 decided.append(_Decided(x, "accepted", rows[i]))
                 _step_row(self.row, x, self.sp, self.tok, self.calculator)
                 # The reply ended or a calculator call closed: nothing is sampled after it here
@@ -664,8 +708,8 @@ class _Speculation:
             break
         else:  # every proposal kept (or none made): one more token from the target
             j = len(proposal)
-            p = self._target_probs(rows[j], self.seq + proposal)
-            decided.append(_Decided(self._draw(p), "", rows[j]))
+            decided.append(_Decided(self._draw(ps[j]), "", rows[j]))
+        self.stats.greedy_fallbacks += int(fell[: len(decided)].sum())
         kept = sum(d.mark == "accepted" for d in decided)
         if proposal:
             self.stats.drafted += len(proposal)

@@ -17,13 +17,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import torch
 
 from desktop.engine.backend import GenerationStats
 from desktop.engine.decode.generation import PartTracker
+from desktop.engine.decode.sampling import GreedyFallback
 from desktop.engine.decode.scoring import token_label
 from desktop.engine.errors import ContextError
 from desktop.engine.kempnerforge.model import KFCache, KFTransformer
@@ -38,7 +39,7 @@ def sample(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None,
-    on_greedy: Callable[[], None] | None = None,
+    on_greedy: GreedyFallback | None = None,
 ) -> torch.Tensor:
     """KempnerForge's ``sample``: (batch, vocab) logits -> (batch,) token ids.
 
@@ -57,9 +58,10 @@ def filtered_probs(
     temperature: float,
     top_k: int,
     top_p: float,
-    on_greedy: Callable[[], None] | None = None,
+    on_greedy: GreedyFallback | None = None,
 ) -> torch.Tensor:
-    """The distribution :func:`sample` draws from (temperature > 0), over the whole vocabulary."""
+    """The distribution :func:`sample` draws from (temperature > 0), over the whole vocabulary;
+    ``on_greedy`` is told which rows were no distribution (their most likely token is taken)."""
     raw = logits
     logits = logits / temperature
     if top_k > 0:
@@ -78,7 +80,7 @@ def filtered_probs(
         best = torch.nan_to_num(raw, nan=-torch.inf).argmax(dim=-1, keepdim=True)
         probs = torch.where(usable.unsqueeze(-1), probs, torch.zeros_like(probs).scatter(1, best, 1.0))
         if on_greedy is not None:
-            on_greedy()
+            on_greedy(~usable)
     return probs
 
 
@@ -86,7 +88,7 @@ def next_token_probs(
     logits: torch.Tensor,
     params: SamplingParams,
     _history: torch.Tensor | None = None,
-    on_greedy: Callable[[int], None] | None = None,
+    on_greedy: GreedyFallback | None = None,
 ) -> torch.Tensor:
     """:func:`sample`'s distribution as speculative decoding takes it (float32 rows; one-hot at
     the most likely token when greedy). KempnerForge's sampler has no repetition penalty, so the
@@ -94,12 +96,7 @@ def next_token_probs(
     if params.temperature == 0:
         best = logits.argmax(dim=-1, keepdim=True)
         return torch.zeros_like(logits, dtype=torch.float32).scatter(1, best, 1.0)
-
-    def fell_back() -> None:
-        if on_greedy is not None:
-            on_greedy(1)
-
-    return filtered_probs(logits, params.temperature, params.top_k, params.top_p, fell_back).float()
+    return filtered_probs(logits, params.temperature, params.top_k, params.top_p, on_greedy).float()
 
 
 def reuse_prefix(cache: KFCache, prompt: Sequence[int]) -> int:
@@ -152,7 +149,7 @@ def stream_kf(
     tracker = PartTracker(tok, prompt, said)
     owed = deque(given)
 
-    def on_greedy() -> None:
+    def on_greedy(_rows: torch.Tensor) -> None:
         stats.greedy_fallbacks += 1
 
     t0 = time.perf_counter()

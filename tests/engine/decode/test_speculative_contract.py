@@ -18,7 +18,7 @@ import torch
 from support.tiny_models import cache_of, draft_of, ids_tokenizer, nudged, tiny_gpt, tiny_state
 
 from desktop.engine.backend import GenerationStats
-from desktop.engine.decode.sampling import next_token_probs, sample_next
+from desktop.engine.decode.sampling import draw_token, next_token_probs, sample_next
 from desktop.engine.decode.speculative import stream_speculative
 from desktop.engine.params import SamplingParams
 
@@ -126,6 +126,17 @@ def test_next_token_probs_is_the_distribution_sample_next_draws_from(models, nam
     got = sample_next(logits.expand(draws, -1), rng, params, history.expand(draws, -1))[:, 0]
     expected = next_token_probs(logits, params, history)[0]
     assert chi_square_p(Counter(got.tolist()), expected, draws) > ALPHA
+
+
+def test_a_drawn_token_is_distributed_as_its_probabilities_and_never_one_of_none():
+    """Speculative decoding's draws (the inverse of the CDF, not multinomial): a chi-square test
+    over 20,000 draws, from weights that do not sum to 1 and are zero at both ends and between."""
+    weights = torch.tensor([0.0, 3.0, 0.0, 1.0, 1e-3, 5.0, 0.0, 0.5, 0.0])
+    rng = torch.Generator().manual_seed(0)
+    draws = 20000
+    got = Counter(draw_token(weights, rng) for _ in range(draws))
+    assert not {i for i in got if weights[i] == 0}
+    assert chi_square_p(got, weights / weights.sum(), draws) > ALPHA
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))

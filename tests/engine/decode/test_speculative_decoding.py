@@ -99,11 +99,15 @@ def test_the_logprobs_of_every_token_equal_a_full_forward_pass(golden):
     """After rejections the target's cache rolled back exactly: each streamed token's
     log-probability is the teacher-forced one of the whole sequence computed without a cache."""
     case, m, backend = golden
-    params = SamplingParams(temperature=1.0, max_tokens=30, seed=3)
     for c in m["cases"][:2]:
-        events, stats = events_of(
-            backend, c["prompt_ids"], params, draft=base_draft(case), draft_k=4, logprobs=1
-        )
+        # The first of a few seeds whose reply had a proposal rejected (most do).
+        for seed in range(3, 13):
+            params = SamplingParams(temperature=1.0, max_tokens=30, seed=seed)
+            events, stats = events_of(
+                backend, c["prompt_ids"], params, draft=base_draft(case), draft_k=4, logprobs=1
+            )
+            if stats.drafted > stats.accepted:
+                break
         assert stats.drafted > stats.accepted
         scored = score_reply(backend.model, backend.tok, c["prompt_ids"], [e.id for e in events])
         assert [e.logprob for e in events] == pytest.approx(scored["token_logprobs"], abs=1e-4)
@@ -178,6 +182,22 @@ def test_a_forks_given_tokens_stream_first_unmarked_then_the_draft_proposes(demo
     got, _ = events_of(demo, prompt, GREEDY, start=start, draft=f"{DEMO}@300", draft_k=3)
     assert got[0].given and got[0].draft == "" and got[0].id == plain[3].id
     assert [e.id for e in got] == [e.id for e in plain[3:]]
+
+
+def test_a_tiny_temperature_is_taken_greedily_and_counted_once_per_token(golden):
+    """A temperature of 1e-40 overflows every distribution, so each token is the target's most
+    likely one, as the greedy reply's; the footer's count of tokens taken greedily is one per
+    token streamed, even where a round's pass computed rows it did not use (after a rejection)."""
+    case, m, backend = golden
+    c = m["cases"][0]
+    greedy, _ = events_of(backend, c["prompt_ids"], GREEDY, draft=base_draft(case), draft_k=3)
+    tiny, stats = events_of(
+        backend, c["prompt_ids"], GREEDY.with_values(temperature=1e-40), draft=base_draft(case), draft_k=3
+    )
+    assert [e.id for e in tiny] == [e.id for e in greedy]
+    assert stats.drafted > stats.accepted  # rows past a rejection were computed
+    forced = sum(e.forced or e.given for e in tiny)
+    assert stats.greedy_fallbacks == len(tiny) - forced > 0
 
 
 def test_a_draft_whose_tokenizer_differs_is_one_line(demo):

@@ -61,21 +61,26 @@ def _logits(rows: int = 2, vocab: int = 50) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
 
 
+def _told(rows: list[list[bool]]):
+    """An ``on_greedy`` that keeps which rows of each call fell back."""
+    return lambda fell: rows.append(fell.tolist())
+
+
 @pytest.mark.parametrize(
     ("params", "fallbacks"),
     [
         (SamplingParams(temperature=1e-30), []),  # a one-hot distribution, still sampled
-        (SamplingParams(temperature=1e-40), [2]),  # the logits overflow: softmax gives NaN
-        (SamplingParams(temperature=1e-40, top_k=10), [2]),
-        (SamplingParams(top_p=1e-300), [2]),  # top-p rounds to 0 and keeps no token
-        (SamplingParams(temperature=1e-40, top_p=0.5, min_p=0.1), [2]),
+        (SamplingParams(temperature=1e-40), [[True, True]]),  # the logits overflow: softmax gives NaN
+        (SamplingParams(temperature=1e-40, top_k=10), [[True, True]]),
+        (SamplingParams(top_p=1e-300), [[True, True]]),  # top-p rounds to 0 and keeps no token
+        (SamplingParams(temperature=1e-40, top_p=0.5, min_p=0.1), [[True, True]]),
     ],
     ids=["1e-30", "1e-40", "1e-40-top-k", "tiny-top-p", "1e-40-filters"],
 )
 def test_degenerate_distributions_take_the_most_likely_token(params, fallbacks):
     logits = _logits() * 50
-    rows: list[int] = []
-    chosen = sample_next(logits, torch.Generator().manual_seed(1), params, on_greedy=rows.append)
+    rows: list[list[bool]] = []
+    chosen = sample_next(logits, torch.Generator().manual_seed(1), params, on_greedy=_told(rows))
     assert chosen[:, 0].tolist() == logits.argmax(dim=-1).tolist()
     assert rows == fallbacks
 
@@ -83,19 +88,19 @@ def test_degenerate_distributions_take_the_most_likely_token(params, fallbacks):
 def test_a_tiny_repetition_penalty_never_samples_a_nan():
     logits = _logits()
     history = torch.tensor([[3, 4, 5], [6, 7, 8]])
-    rows: list[int] = []
+    rows: list[list[bool]] = []
     params = SamplingParams(repetition_penalty=1e-30)
-    chosen = sample_next(logits, torch.Generator().manual_seed(1), params, history, on_greedy=rows.append)
+    chosen = sample_next(logits, torch.Generator().manual_seed(1), params, history, on_greedy=_told(rows))
     assert chosen.shape == (2, 1) and bool(((chosen >= 0) & (chosen < 50)).all())
 
 
 def test_nan_logits_fall_back_to_the_best_finite_token():
     logits = _logits()
     logits[0, 7] = math.nan
-    rows: list[int] = []
-    chosen = sample_next(logits, torch.Generator().manual_seed(1), SamplingParams(), on_greedy=rows.append)
+    rows: list[list[bool]] = []
+    chosen = sample_next(logits, torch.Generator().manual_seed(1), SamplingParams(), on_greedy=_told(rows))
     assert int(chosen[0, 0]) == int(torch.nan_to_num(logits[0], nan=-math.inf).argmax())
-    assert rows == [1]  # the second row was a real distribution and was sampled
+    assert rows == [[True, False]]  # the second row was a real distribution and was sampled
 
 
 def test_a_healthy_distribution_draws_exactly_what_multinomial_draws():
@@ -108,8 +113,8 @@ def test_a_healthy_distribution_draws_exactly_what_multinomial_draws():
             torch.softmax(reference_vals / 0.7, dim=-1), 1, generator=torch.Generator().manual_seed(5)
         ),
     )
-    rows: list[int] = []
-    chosen = sample_next(logits, torch.Generator().manual_seed(5), params, on_greedy=rows.append)
+    rows: list[list[bool]] = []
+    chosen = sample_next(logits, torch.Generator().manual_seed(5), params, on_greedy=_told(rows))
     assert torch.equal(chosen, reference) and rows == []
 
 
