@@ -31,7 +31,7 @@ class HFExportTask(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._job = StoppableJob("hf-export")
+        self._job = StoppableJob()
 
     def running(self) -> bool:
         return self._job.running()
@@ -39,7 +39,9 @@ class HFExportTask(QObject):
     def start(self, directory: Path, step: int | None, out: Path, base_dir: Path | None) -> bool:
         """Begin exporting ``directory`` at ``step`` to ``out``; False when one is already running."""
         options = LoadOptions(step=step, base_dir=base_dir)
-        return self._job.start(lambda cancel: self._run(Path(directory), Path(out), options, cancel))
+        return self._job.start(
+            "hf-export", lambda cancel: self._run(Path(directory), Path(out), options, cancel)
+        )
 
     def stop(self, wait: float = 0.0) -> None:
         self._job.stop(wait)

@@ -50,7 +50,7 @@ class RunReportTask(QObject):
     def __init__(self, draw_plots: PlotDrawer, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._draw_plots = draw_plots
-        self._job = StoppableJob("run-report")
+        self._job = StoppableJob()
         self._gathered.connect(self._write)
 
     def running(self) -> bool:
@@ -65,7 +65,7 @@ class RunReportTask(QObject):
     ) -> bool:
         said = [Sample(stage, step, prompt, (), text) for stage, step, prompt, text in samples]
         job = _Gathered(Path(folder), timeline, said, dict(scores or {}))
-        return self._job.start(lambda cancel: self._gather(job, cancel))
+        return self._job.start("run-report", lambda cancel: self._gather(job, cancel))
 
     def stop(self, wait: float = 0.0) -> None:
         self._job.stop(wait)

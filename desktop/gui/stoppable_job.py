@@ -15,23 +15,22 @@ from collections.abc import Callable
 
 
 class StoppableJob:
-    """``start`` runs ``work(cancel)`` on a thread named ``name`` unless one is still running;
-    ``stop`` sets that run's ``cancel`` (the work reads it between its items) and may wait."""
+    """``start`` runs ``work(cancel)`` on a thread named ``name`` unless the previous run is still
+    going; ``stop`` sets that run's ``cancel`` (the work reads it between its items) and may wait."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
 
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, work: Callable[[threading.Event], None]) -> bool:
+    def start(self, name: str, work: Callable[[threading.Event], None]) -> bool:
         """False, doing nothing, while the previous run is still going."""
         if self.running():
             return False
         self._cancel = threading.Event()
-        self._thread = threading.Thread(target=work, args=(self._cancel,), name=self.name, daemon=False)
+        self._thread = threading.Thread(target=work, args=(self._cancel,), name=name, daemon=False)
         self._thread.start()
         return True
 

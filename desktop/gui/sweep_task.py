@@ -58,21 +58,17 @@ class SweepTask(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._job: StoppableJob | None = None
+        self._job = StoppableJob()
 
     def running(self) -> bool:
-        return self._job is not None and self._job.running()
+        return self._job.running()
 
     def stop(self, wait: float = 0.0) -> None:
-        if self._job is not None:
-            self._job.stop(wait)
+        self._job.stop(wait)
 
     def _launch(self, name: str, work: SweepWork) -> bool:
-        if self.running():
-            return False
         options = LoadOptions(base_dir=paths.nanochat_base_dir(), kernel_cache=paths.kernel_timings_file())
-        self._job = StoppableJob(name)
-        return self._job.start(lambda cancel: self._run(work, cancel, options))
+        return self._job.start(name, lambda cancel: self._run(work, cancel, options))
 
     def _run(self, work: SweepWork, cancel: threading.Event, options: LoadOptions) -> None:
         try:
