@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from desktop.engine.decode.drafts import DraftSpec  # noqa: E402
 from desktop.engine.decode.generation import stream_reply  # noqa: E402
 from desktop.engine.decode.kvcache import KVCache  # noqa: E402
 from desktop.engine.decode.speculative import Draft, ready_draft, stream_speculative  # noqa: E402
+from desktop.engine.decode.verifier import Verifier  # noqa: E402
 from desktop.engine.kernels.memory import release_freed_memory  # noqa: E402
 from desktop.engine.kernels.tuning import machine_id  # noqa: E402
 from desktop.engine.messages import Message  # noqa: E402
@@ -83,9 +85,12 @@ def plain(model, tok, prompt, params) -> Run:
     return Run(n / (time.perf_counter() - started), tokens=n, passes=n, kv=cache.nbytes())
 
 
-def speculative(model, tok, prompt, params, draft: Draft, k: int = 0) -> Run:
-    """As a backend streams with ``StreamOptions.draft``: plainly where no draft length pays."""
-    if not draft.pays(k):
+def speculative(
+    model, tok, prompt, params, draft: Draft, k: int = 0, verifier: Verifier | None = None
+) -> Run:
+    """As a backend streams with ``StreamOptions.draft``: plainly where no draft length pays;
+    ``verifier``: what computes the target's passes (default: the target itself)."""
+    if not draft.pays(k, verifier):
         return plain(model, tok, prompt, params)
     stats = GenerationStats()
     draft.cache = None
@@ -93,7 +98,7 @@ def speculative(model, tok, prompt, params, draft: Draft, k: int = 0) -> Run:
     limit = model.config.rope_len
     started = time.perf_counter()
     events = stream_speculative(
-        model, tok, prompt, params, draft, cache=cache, limit=limit, stats=stats, draft_k=k
+        model, tok, prompt, params, draft, cache=cache, limit=limit, stats=stats, draft_k=k, verifier=verifier
     )
     marks = [e.draft for e in events if e.id >= 0]
     tok_s = len(marks) / (time.perf_counter() - started)
@@ -102,21 +107,33 @@ def speculative(model, tok, prompt, params, draft: Draft, k: int = 0) -> Run:
     return Run(tok_s, stats.drafted, stats.accepted, len(marks), passes, kv)
 
 
-def compare(model, tok, prompts, params, draft: Draft, k: int = 0, rounds: int = 1) -> dict:
-    """Plain and speculative replies to each prompt, alternated, ``rounds`` times, which of the two
-    goes first swapping each round (after one of each untimed, for first-call costs); speeds are
-    medians."""
-    plain(model, tok, prompts[0], params)
-    speculative(model, tok, prompts[0], params, draft, k)
+def compare(
+    model, tok, prompts, params, draft: Draft, k: int = 0, rounds: int = 1, verifier: Verifier | None = None
+) -> dict:
+    """Plain and speculative replies to each prompt (see :func:`alternated`)."""
+    return alternated(
+        prompts,
+        lambda prompt: plain(model, tok, prompt, params),
+        lambda prompt: speculative(model, tok, prompt, params, draft, k, verifier),
+        rounds,
+    )
+
+
+def alternated(prompts, first: Callable[[list], Run], second: Callable[[list], Run], rounds: int) -> dict:
+    """``first`` (the baseline) and ``second`` on each prompt, alternated, ``rounds`` times, which
+    of the two goes first swapping each round (after one of each untimed, for first-call costs);
+    speeds are medians."""
+    first(prompts[0])
+    second(prompts[0])
     base, spec = [], []
     for r in range(rounds):
         for prompt in prompts:
             if r % 2:
-                spec.append(speculative(model, tok, prompt, params, draft, k))
-                base.append(plain(model, tok, prompt, params))
+                spec.append(second(prompt))
+                base.append(first(prompt))
             else:
-                base.append(plain(model, tok, prompt, params))
-                spec.append(speculative(model, tok, prompt, params, draft, k))
+                base.append(first(prompt))
+                spec.append(second(prompt))
     drafted, accepted = sum(r.drafted for r in spec), sum(r.accepted for r in spec)
     return {
         "replies": len(spec),
@@ -129,9 +146,13 @@ def compare(model, tok, prompts, params, draft: Draft, k: int = 0, rounds: int =
     }
 
 
-def costs(draft: Draft) -> tuple[float, float]:
-    """What a row keeps of a draft (not the draft: its model would stay in memory)."""
-    return draft.cost, draft.verify_cost
+def costs(draft: Draft, verifier: Verifier | None = None) -> str:
+    """What a row keeps of a draft (not the draft: its model would stay in memory), with the
+    verifier's costs where it is compiled."""
+    if verifier is None or not verifier.compiled:
+        return f"{draft.cost:.2f}, {draft.verify_cost:.2f}"
+    base, verify = verifier.costs(draft.verify_cost)
+    return f"{draft.cost:.2f}, {verify:.2f} (base {base:.2f})"
 
 
 def self_draft(loaded: LoadedModel, precision: str = "int8") -> Draft:
@@ -214,28 +235,38 @@ def compiled_pair(tokens: int, prompts: list, rows: list, notes: list) -> None:
     backend = open_backend(DEMO, LoadOptions(dtype="float32", compile_drafts=True))
     draft = backend.draft(str(DEMO_D2))
     started = time.perf_counter()
-    assert draft.twin is not None
+    verifier = backend.verifier
+    assert draft.twin is not None and verifier is not None and verifier.twin is not None
     draft.twin.done.wait()
     compile_s = time.perf_counter() - started
+    verifier.twin.done.wait()
+    both_s = time.perf_counter() - started
     eager_cost = draft.cost
     draft.settle()
+    verifier.settle()
+    extra_row = verifier.costs(draft.verify_cost)[1]
     grown = current_rss_bytes() - before
     notes.append(
         f"demo-d2 compiled: the background compile took {compile_s:.0f} s after the draft was made "
         f"(inductor's on-disk cache {'warm' if compile_s < 30 else 'cold'}); the draft's cost went "
         f"{eager_cost:.2f} -> {draft.cost:.2f} of a target step "
-        f"({'adopted' if draft.compiled else 'not adopted: the eager step was faster'}); the process grew "
-        f"{grown / 2**20:.0f} MB from opening the pair to the end of the compile."
+        f"({'adopted' if draft.compiled else 'not adopted: the eager step was faster'}). The target's "
+        f"verifying passes were compiled {both_s - compile_s:.0f} s later "
+        f"({'adopted' if verifier.compiled else 'not adopted: the eager passes were faster'}: a one-row "
+        f"pass {verifier.base:.2f} of a plain step, each extra row {extra_row:.2f}). "
+        f"The process grew {grown / 2**20:.0f} MB from opening the pair to the end of both compiles."
     )
     form = "compiled" if draft.compiled else "eager (compile not adopted)"
-    name = f"depth 2 (demo-d2) {form} drafting for depth 4"
     model, tok = backend.model, backend.tok
-    for label, params in (("greedy", GREEDY), ("T 0.8, top-k 50", SAMPLED)):
-        run = params.with_values(max_tokens=tokens)
-        row = compare(model, tok, prompts, run, draft, k=4, rounds=DEMO_ROUNDS)
-        rows.append((f"demo {name}, k=4", label, costs(draft), row))
-    adaptive = compare(model, tok, prompts, GREEDY.with_values(max_tokens=tokens), draft, rounds=DEMO_ROUNDS)
-    rows.append((f"demo {name}, adaptive", "greedy", costs(draft), adaptive))
+    for checker, check_name in ((None, ""), (verifier, ", target's passes compiled")):
+        name = f"depth 2 (demo-d2) {form} drafting for depth 4{check_name}"
+        for label, params in (("greedy", GREEDY), ("T 0.8, top-k 50", SAMPLED)):
+            run = params.with_values(max_tokens=tokens)
+            row = compare(model, tok, prompts, run, draft, k=4, rounds=DEMO_ROUNDS, verifier=checker)
+            rows.append((f"demo {name}, k=4", label, costs(draft, checker), row))
+        run = GREEDY.with_values(max_tokens=tokens)
+        adaptive = compare(model, tok, prompts, run, draft, rounds=DEMO_ROUNDS, verifier=checker)
+        rows.append((f"demo {name}, adaptive", "greedy", costs(draft, checker), adaptive))
     backend.close()
 
 
@@ -246,21 +277,22 @@ def report(rows: list, memory: list, notes: list, tokens: int, seconds: float, b
         "(*replies*: how many of each were timed); speeds are tokens per second of the whole reply, "
         "prompt included (median), each ratio from the same run. *Acceptance*: drafted tokens "
         "kept; *tokens/pass*: tokens streamed per target pass (1.0 is plain decoding). *cost* and "
-        "*verify*: the draft's measured step and each extra verified row, as shares of a target step. "
+        "*verify*: the draft's measured step and each extra verified row, as shares of a target step; "
+        "*base*: a one-row pass of the target's compiled twin, likewise, where it verifies. "
         f"The whole run took {seconds:.0f} s.",
         "",
         "| pair | sampling | cost, verify | replies | acceptance | tokens/pass | plain tok/s "
         "| speculative tok/s | ratio |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for pair, label, (cost, verify), r in rows:
+    for pair, label, cost_verify, r in rows:
         acc = (
             f"{100 * r['acceptance']:.0f}% of {r['drafted']}"
             if r["acceptance"] is not None
             else "none drafted"
         )
         lines.append(
-            f"| {pair} | {label} | {cost:.2f}, {verify:.2f} | {r['replies']} | {acc} | {r['per_pass']:.2f} "
+            f"| {pair} | {label} | {cost_verify} | {r['replies']} | {acc} | {r['per_pass']:.2f} "
             f"| {r['plain']:.1f} | {r['spec']:.1f} | {r['spec'] / r['plain']:.2f}x |"
         )
     lines += ["", *notes] if notes else []

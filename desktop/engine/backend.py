@@ -206,6 +206,7 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     draft_compiled: bool = False  # the draft ran its compiled forward (engine/decode/compiled_draft.py)
+    verifier_compiled: bool = False  # the target's passes ran its compiled twin (engine/decode/verifier.py)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -79,8 +79,14 @@ def draft_label(draft: str) -> str:
 
 def speculative_line(draft: str, stats: dict) -> str:
     """ "speculative (int8) · 92% of 48 drafted kept": on, with which draft (", compiled" when it
-    ran its compiled forward), how much was kept."""
-    named = f"speculative ({draft_label(draft)}{', compiled' if stats.get('draft_compiled') else ''})"
+    ran its compiled forward; "target compiled" when the target's passes ran its compiled twin),
+    how much was kept."""
+    compiled = [
+        said
+        for key, said in (("draft_compiled", "compiled"), ("verifier_compiled", "target compiled"))
+        if stats.get(key)
+    ]
+    named = f"speculative ({', '.join([draft_label(draft), *compiled])})"
     drafted = stats.get("drafted") or 0
     if not drafted:
         return named

@@ -282,8 +282,12 @@ def test_a_compiled_draft_is_taken_up_between_replies_and_quitting_mid_compile_e
     assert second["drafted"] > 0 and reply.tokens.ids == said  # greedy: the model's own reply again
     compiled = backend.draft(d2).compiled
     assert second["draft_compiled"] == compiled
+    # The target's passes compile after the draft (one compile at a time): adopted if ready.
+    checked = backend.verifier.compiled
+    assert second["verifier_compiled"] == checked
+    named = [Path(d2).name, *(["compiled"] * compiled), *(["target compiled"] * checked)]
     footer = last(win).footer.text()
-    assert f"speculative ({Path(d2).name}{', compiled' if compiled else ''})" in footer
+    assert f"speculative ({', '.join(named)})" in footer
 
     # Another draft, then this one again: a new compile starts; quitting now ends it.
     box.draft.setCurrentIndex(box.draft.findData("int8"))
@@ -292,6 +296,9 @@ def test_a_compiled_draft_is_taken_up_between_replies_and_quitting_mid_compile_e
     send(qtbot, win, "What is 12 times 7?")
     again = backend.draft(d2).twin
     assert again is not None and again is not twin
+    checking = backend.verifier.twin  # the target's compile, if still under way
     restart(qtbot, windows, fake=False)
     qtbot.waitUntil(lambda: not again._thread.is_alive(), timeout=600_000)
     assert again.compiled is None  # stopped before its warm-up ended
+    if checking is not None:
+        qtbot.waitUntil(lambda: not checking._thread.is_alive(), timeout=600_000)

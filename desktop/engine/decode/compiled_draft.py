@@ -1,27 +1,32 @@
-"""A draft's forward compiled by ``torch.compile`` on a thread of its own, used once it is faster.
+"""A model's forward compiled by ``torch.compile`` on a thread of its own, used once it is faster:
+a draft's steps, and the target's verifying passes in speculative decoding.
 
-Why: a small draft's step is per-operation dispatch, not weights. The demo's 2-layer draft runs
+Why: a small model's step is per-operation dispatch, not weights. The demo's 2-layer draft runs
 about 400 small ops a step (1.0-1.5 ms on a 2-core AMD EPYC); inductor's fused code takes 0.46 ms
 for the same step (docs/PERFORMANCE.md, speculative). A draft owes no bits to anyone: rejection
-sampling keeps the target's distribution whatever the draft's rounding.
+sampling keeps the target's distribution whatever the draft's rounding. The target's verifying
+passes owe it their distribution, not nanochat's bits: a pass over a few rows already sums in
+another order than one-row steps (kernels.gemv.few_rows), and the compiled code computes the same
+function in fp32, its logits within float rounding of the eager ones. Plain decoding (exact
+mode) never runs compiled code.
 
 What keeps it out of the user's way:
 
 * The compile and its warm-up run on a thread of their own, one compile at a time in the
-  process, while the eager draft goes on drafting. The first compile takes about two minutes on
-  two cores (about 25 s when inductor's on-disk cache already holds the code).
-* Dropping the draft (a new draft, speculative off, unload, quit) stops the compile where it is,
-  not when its graph is done: an app closed mid-compile exits at once, and cleanly.
+  process, while the eager model goes on. The first compile takes about two minutes on two
+  cores (about 25 s when inductor's on-disk cache already holds the code).
+* Dropping the model's use (a new draft, speculative off, unload, quit) stops the compile where
+  it is, not when its graph is done: an app closed mid-compile exits at once, and cleanly.
 * The worker runs the compiled code in dynamo's run-only mode (``torch._dynamo.run``): it uses
   the code compiled for the shapes warmed up and never compiles. A call whose guards fail (a shape
-  never warmed up) runs eagerly. Passes over more than :data:`COMPILED_ROWS` rows (the draft's
-  first pass over a prompt) go to the eager model, which prefills in chunks and reads Stop.
+  never warmed up) runs eagerly. Passes over more rows than were warmed up (a prompt) go to the
+  eager model, which prefills in chunks and reads Stop.
 * It is adopted at a reply's start, on the worker's thread, once the compile has ended: both
-  forms' steps are timed there, and the compiled one is kept only if it is faster
-  (:meth:`~.speculative.Draft.settle`).
+  forms are timed there, and the compiled one is kept only if it is faster
+  (:meth:`~.speculative.Draft.settle`, :meth:`~.speculative.Verifier.settle`).
 
 It needs a C++ compiler and Python's headers (inductor's CPU code generation). Without them, in a
-frozen app, or when the compile fails, the draft stays eager and the log says why.
+frozen app, or when the compile fails, the model stays eager and the log says why.
 """
 
 from __future__ import annotations
@@ -44,9 +49,9 @@ from desktop.engine.decode.protocols import DecodingModel
 
 logger = logging.getLogger(__name__)
 
-# Passes of up to this many rows run the compiled code: a draft's steps (one row) and its catching
-# up after a round (the last proposal kept and the target's own token, or a few more after a
-# block the calculator forced). Longer passes are prompts, which the eager model prefills.
+# A draft's passes of up to this many rows run the compiled code: its steps (one row) and its
+# catching up after a round (the last proposal kept and the target's own token, or a few more
+# after a block the calculator forced). Longer passes are prompts, which the eager model prefills.
 COMPILED_ROWS = 4
 # Room left in a warm-up's cache past the rows it runs, as a reply's cache has: a cache that is
 # full, or of one position, would be guarded on as such (dynamo specialises sizes 0 and 1).
@@ -76,7 +81,7 @@ def _take_interrupt() -> None:
 
 
 def why_not_compiled() -> str | None:
-    """Why no draft can be compiled here (one line), or None when it can."""
+    """Why nothing can be compiled here (one line), or None when it can."""
     if getattr(sys, "frozen", False):
         return "a frozen app has no compiler toolchain"
     # CXX may carry a launcher or flags ("ccache g++"): its first word is the program.
@@ -89,14 +94,16 @@ def why_not_compiled() -> str | None:
 
 
 class CompiledTwin:
-    """``twin`` (a model computing what the draft computes, with kernels dynamo can trace: plain
-    ``F.linear``) compiled on a thread of its own. ``done`` is set when the thread has ended;
-    ``error`` then says why nothing was compiled.
+    """``twin`` (a model computing what the original computes, with kernels dynamo can trace:
+    plain ``F.linear``) compiled on a thread of its own. ``done`` is set when the thread has
+    ended; ``error`` then says why nothing was compiled.
 
-    It is warmed up with each row count up to :data:`COMPILED_ROWS` at each of ``positions``, on
-    caches from ``new_cache``, with ids made as the decode loop makes them. Code is compiled for
-    what the warm-up meets, so ``positions`` must reach every branch a step can take: the family
-    names them (nanochat's sliding windows attend differently once the context passes them)."""
+    It is warmed up with each row count up to ``rows`` at each of ``positions``, on caches from
+    ``new_cache``, with ids made as the decode loop makes them, and the logits of the last row
+    (a draft's passes) or, with ``every_row``, of every row of a pass over several (a target's
+    verifying passes). Code is compiled for what the warm-up meets, so ``positions`` must reach
+    every branch a step can take: the family names them (nanochat's sliding windows attend
+    differently once the context passes them)."""
 
     def __init__(
         self,
@@ -104,19 +111,24 @@ class CompiledTwin:
         new_cache: Callable[[int], Any],
         positions: Sequence[int],
         backend: str = "inductor",
+        rows: int = COMPILED_ROWS,
+        every_row: bool = False,
     ) -> None:
         self.twin = twin
         self.new_cache = new_cache
         self.positions = tuple(positions)
         self.backend = backend
+        self.rows = rows
+        self.every_row = every_row
         self.done = threading.Event()
         self.error: str | None = None
         self._stop = threading.Event()
         self._run: Callable[..., torch.Tensor] | None = None
         # Not a daemon: a daemon thread still compiling when the interpreter exits aborts the
         # process ("terminate called without an active exception"). stop() ends it promptly, and
-        # unloading a model (as quitting does) stops its draft's compile.
-        self._thread = threading.Thread(target=self._work, name="draft-compile", daemon=False)
+        # unloading a model (as quitting does) stops its compiles.
+        name = "verifier-compile" if every_row else "draft-compile"
+        self._thread = threading.Thread(target=self._work, name=name, daemon=False)
         # Held while stop() may interrupt the thread: an interrupt lands in the compile, never in
         # the code that reports how the compile ended.
         self._interruptible = threading.Lock()
@@ -156,21 +168,32 @@ class CompiledTwin:
                         with contextlib.suppress(CompileStopped):
                             _take_interrupt()
         except CompileStopped:
-            logger.info("the draft's compile was stopped")
-        except Exception as exc:  # anything the compiler raises leaves the draft eager
+            logger.info("the compile of %s was stopped", self._what)
+        except Exception as exc:  # anything the compiler raises leaves the model eager
             self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            logger.warning("the draft was not compiled: %s", self.error)
+            logger.warning("%s was not compiled: %s", self._what, self.error)
         finally:
-            if self._interrupted:
+            # Stopped mid-compile, between two warm-up passes, or before its turn came (another
+            # compile held the lock): nothing was compiled, and that is why.
+            if self._stop.is_set() and self._run is None:
                 self.error = "stopped"
             self.done.set()
+
+    def switched(self, eager: DecodingModel) -> Switched | None:
+        """``eager`` with its short passes on the compiled code, once the compile has ended with it."""
+        compiled = self.compiled
+        return None if compiled is None else Switched(eager, compiled, self.rows)
+
+    @property
+    def _what(self) -> str:
+        return "the target's verifying passes" if self.every_row else "the draft's forward"
 
     @torch.inference_mode()
     def _compile(self) -> None:
         import torch._dynamo
         import torch._inductor.config
 
-        logger.info("compiling the draft's forward (%s)", self.backend)
+        logger.info("compiling %s (%s)", self._what, self.backend)
         # Compile in this thread: a pool of compile processes would outlive the compile.
         torch._inductor.config.compile_threads = 1
         # The forward itself, not the module's __call__: dynamo keeps compiled code on the code
@@ -179,31 +202,35 @@ class CompiledTwin:
         compiled = torch.compile(forward, backend=self.backend, dynamic=True)
         # Each position and row count may be its own graph (a size of 1 is specialised).
         torch._dynamo.config.recompile_limit = max(
-            torch._dynamo.config.recompile_limit, 2 * COMPILED_ROWS * len(self.positions)
+            torch._dynamo.config.recompile_limit, 2 * self.rows * len(self.positions)
         )
         device = next(self.twin.parameters()).device
         for start in self.positions:
             # One prefill per position, rolled back after each pass (as a rejection rolls back).
-            cache = self.new_cache(start + COMPILED_ROWS + ROOM)
+            cache = self.new_cache(start + self.rows + ROOM)
             self.twin(torch.zeros(1, start, dtype=torch.long, device=device), cache, last_only=True)
-            for rows in range(1, COMPILED_ROWS + 1):
+            for rows in range(1, self.rows + 1):
                 if self._stop.is_set():
                     return
                 # A new tensor, as the decode loop passes: a view would be guarded on its offset,
                 # and an inference tensor, as its ids are (dynamo guards on the dispatch keys).
-                compiled(torch.zeros(1, rows, dtype=torch.long, device=device), cache, last_only=True)
+                ids = torch.zeros(1, rows, dtype=torch.long, device=device)
+                compiled(ids, cache, last_only=rows == 1 or not self.every_row)
                 cache.truncate(start)
         self._run = torch._dynamo.run(forward)
-        logger.info("the draft's forward is compiled (%s)", self.backend)
+        logger.info("%s: compiled (%s)", self._what, self.backend)
 
 
 class Switched:
-    """A draft model whose short passes run ``twin``'s compiled code and the others ``eager``.
-    Both compute the same function of the same weights and fill caches of one layout."""
+    """A model whose passes of up to ``rows`` rows run a twin's compiled code and the others
+    ``eager``. Both compute the same function of the same weights and fill caches of one layout."""
 
-    def __init__(self, eager: DecodingModel, compiled: Callable[..., torch.Tensor]) -> None:
+    def __init__(
+        self, eager: DecodingModel, compiled: Callable[..., torch.Tensor], rows: int = COMPILED_ROWS
+    ) -> None:
         self.eager = eager
         self.compiled = compiled
+        self.rows = rows
 
     @property
     def config(self) -> Any:
@@ -224,6 +251,6 @@ class Switched:
         last_only: bool = False,
         cancel: threading.Event | None = None,
     ) -> torch.Tensor:
-        if cache is not None and ids.shape[1] <= COMPILED_ROWS:
+        if cache is not None and ids.shape[1] <= self.rows:
             return self.compiled(ids, cache, last_only=last_only)
         return self.eager(ids, cache, last_only=last_only, cancel=cancel)

@@ -45,9 +45,11 @@ from desktop.engine.decode.compiled_draft import CompiledTwin, Switched
 from desktop.engine.decode.drafts import DraftSpec, parse_draft
 from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row, stream_reply
 from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.decode.pass_timing import TIMED_ROWS, rounded_cost, timed_ms
 from desktop.engine.decode.protocols import DecodingModel, Tokenizer
 from desktop.engine.decode.sampling import GreedyFallback, draw_token, next_token_probs
 from desktop.engine.decode.scoring import token_label
+from desktop.engine.decode.verifier import Verifier
 from desktop.engine.errors import ContextError, NanoscopeError
 from desktop.engine.kernels.gemv import few_rows
 from desktop.engine.kernels.memory import release_freed_memory
@@ -86,12 +88,6 @@ MAX_PROBES = 3
 # before it in the reply.
 GIVE_UP_AFTER = 8
 GIVE_UP_RATE = 0.1
-# Timing a draft: the rows of the timed verifying pass, and how many times each is timed.
-TIMED_ROWS = 5
-TIMINGS = 3
-# Measured costs are rounded to this, so that a machine's wobble rarely changes how many tokens
-# are drafted (and so a seed's reply).
-COST_STEP = 0.05
 
 
 # (logits (B, V), params, history (B, N) or None, told of rows that fell back) -> (B, V) probabilities
@@ -135,10 +131,16 @@ class Draft:
     follow: Callable[[Any, Any], None] | None = None
     twin: CompiledTwin | None = None
 
-    def pays(self, draft_k: int = 0) -> bool:
+    def pays(self, draft_k: int = 0, verifier: Verifier | None = None) -> bool:
         """Whether drafting can beat plain decoding: some ``k`` must pay even when every proposal
         is kept (else the backend decodes plainly); a fixed ``draft_k`` always drafts."""
-        return draft_k > 0 or not DraftLength(self.cost, self.verify_cost, cap=self.cap).hopeless
+        return draft_k > 0 or not self.length(0, verifier).hopeless
+
+    def length(self, draft_k: int, verifier: Verifier | None) -> DraftLength:
+        """How a reply chooses its draft lengths: with this draft's costs, and ``verifier``'s
+        where the target's passes run its compiled twin."""
+        base, verify_cost = (1.0, self.verify_cost) if verifier is None else verifier.costs(self.verify_cost)
+        return DraftLength(self.cost, verify_cost, draft_k, self.cap, base)
 
     def rate(self) -> float:
         """Tokens per unit of cost (one target step is 1) at the acceptance rate a reply starts
@@ -161,60 +163,29 @@ class Draft:
         if twin is None or not twin.done.is_set():
             return
         self.twin = None
-        compiled = twin.compiled
-        if compiled is None:
+        switched = twin.switched(self.model)
+        if switched is None:
             return
-        switched = Switched(self.model, compiled)
         with torch_threads(threads):
-            eager_ms = _timed_ms(self.model, self.new_cache, 1)
-            compiled_ms = _timed_ms(switched, self.new_cache, 1)
+            eager_ms = timed_ms(self.model, self.new_cache, 1)
+            compiled_ms = timed_ms(switched, self.new_cache, 1)
         logger.info(
             "draft %s: a step takes %.2f ms eager, %.2f ms compiled", self.name, eager_ms, compiled_ms
         )
         if compiled_ms < eager_ms:
             self.model = switched
-            self.cost = _rounded(self.cost * compiled_ms / eager_ms)
-
-
-def _timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int) -> float:
-    """The median time of ``model``'s pass over ``rows`` new rows after a short context, the rows'
-    distributions and a draw included (what a step costs besides the model: on a tiny model
-    that is a fair share). The first pass is not timed: one-row products choose their routes on it."""
-    context = 16
-    cache = make_cache(context + rows)
-    model(torch.zeros(1, context, dtype=torch.long, device=model.device), cache, last_only=True)
-    plain = SamplingParams()
-    rng = torch.Generator(device=model.device)
-    times = []
-    for _ in range(TIMINGS + 1):
-        # A new tensor each pass, as the decode loop makes (a compiled draft is guarded on it).
-        ids = torch.zeros(1, rows, dtype=torch.long, device=model.device)
-        start = time.perf_counter()
-        with few_rows():
-            logits = model(ids, cache, last_only=rows == 1)[0, -rows:]
-        draw_token(next_token_probs(logits.float(), plain)[-1], rng)
-        times.append(time.perf_counter() - start)
-        cache.truncate(context)
-    return sorted(times[1:])[TIMINGS // 2] * 1000
-
-
-def _rounded(cost: float) -> float:
-    return max(COST_STEP, round(cost / COST_STEP) * COST_STEP)
+            self.cost = rounded_cost(self.cost * compiled_ms / eager_ms)
 
 
 @torch.inference_mode()
 def measure_costs(target: DecodingModel, target_cache: Callable[[int], Any], draft: Draft) -> None:
     """Time one draft step, one target step and a target pass over :data:`TIMED_ROWS` rows, and
-    set ``draft.cost`` and ``draft.verify_cost``.
-
-    Measured, not derived from the bytes each streams: on a 2-core AMD EPYC an int8 copy of a
-    depth-12 model streams a quarter of the bytes and takes two thirds of the time (per-call
-    quantisation and Python overheads), and a pass over five rows is not the one row's time."""
-    step = _timed_ms(target, target_cache, 1)
+    set ``draft.cost`` and ``draft.verify_cost`` (:mod:`.pass_timing` says why measured)."""
+    step = timed_ms(target, target_cache, 1)
     draft_cache = draft.new_cache if draft.follow is None else _following(target, target_cache, draft)
-    draft.cost = _rounded(_timed_ms(draft.model, draft_cache, 1) / step)
-    wide = _timed_ms(target, target_cache, TIMED_ROWS)
-    draft.verify_cost = _rounded((wide / step - 1) / (TIMED_ROWS - 1))
+    draft.cost = rounded_cost(timed_ms(draft.model, draft_cache, 1) / step)
+    wide = timed_ms(target, target_cache, TIMED_ROWS)
+    draft.verify_cost = rounded_cost((wide / step - 1) / (TIMED_ROWS - 1))
 
 
 def _following(
@@ -319,9 +290,12 @@ class DraftLength:
     reply. ``fixed`` > 0 drafts that many every round, whatever is kept. ``cap``: the draft's own
     most (:attr:`Draft.cap`), which bounds both."""
 
-    def __init__(self, cost: float, verify_cost: float, fixed: int = 0, cap: int | None = None) -> None:
+    def __init__(
+        self, cost: float, verify_cost: float, fixed: int = 0, cap: int | None = None, base: float = 1.0
+    ) -> None:
         self.cost = cost
         self.verify_cost = verify_cost
+        self.base = base
         self.fixed = fixed if cap is None else min(fixed, cap)
         self.longest = K_MAX if cap is None else min(K_MAX, cap)
         self.acceptance = PRIOR_ACCEPTANCE
@@ -329,12 +303,14 @@ class DraftLength:
         self.probes = 0
         self.probing = False
         self.drafted = self.accepted = 0  # in this reply
-        # Where even a draft that is nearly always right cannot pay, never draft.
-        self.hopeless = self.best(MAX_ACCEPTANCE) == 0
+        # Where even a draft that is nearly always right cannot beat plain decoding (a step is 1),
+        # never draft. A compiled verifier's one-row rounds (base < 1) beat it without drafting.
+        self.hopeless = self.gain(MAX_ACCEPTANCE, self.best(MAX_ACCEPTANCE)) <= 1.0
 
     def gain(self, acceptance: float, k: int) -> float:
-        """Tokens per unit of cost of a round drafting ``k``."""
-        spent = 1 + (ROUND_COST if k else 0.0) + k * (self.cost + self.verify_cost)
+        """Tokens per unit of cost (one plain step is 1) of a round drafting ``k``; its verifying
+        pass costs ``base`` for its first row (less than 1 when compiled code computes it)."""
+        spent = self.base + (ROUND_COST if k else 0.0) + k * (self.cost + self.verify_cost)
         return expected_tokens(acceptance, k) / spent
 
     def best(self, acceptance: float) -> int:
@@ -434,15 +410,20 @@ def stream_decoded(
     given: Sequence[int],
     probs: ProbsFn = next_token_probs,
     plain: Callable[[], Iterator[TokenEvent]] | None = None,
+    verifier: Verifier | None = None,
 ) -> Iterator[TokenEvent]:
     """A family's reply, decoded as ``options`` ask: speculatively when a ``draft`` was named
     and drafting can pay, else the plain loop (generation.py, or the family's own ``plain``
-    one). ``probs``: the family's sampling distribution. The one place the two meet."""
+    one). ``probs``: the family's sampling distribution; ``verifier``: what computes the
+    target's passes when drafting (default: ``model`` itself). The one place the two meet."""
     if draft is not None:
         draft.settle(options.threads)
-    drafting = draft is not None and draft.pays(options.draft_k)
+        if verifier is not None:
+            verifier.settle(options.threads)
+    drafting = draft is not None and draft.pays(options.draft_k, verifier)
     if drafting and draft is not None and stats is not None:
         stats.draft_compiled = draft.compiled
+        stats.verifier_compiled = verifier is not None and verifier.compiled
     if isinstance(cache, KVCache) and not (drafting and draft is not None and draft.follow is not None):
         cache.keep_hidden(False)  # kept for a draft that read them; a plain pass need not write them
     if drafting and draft is not None:
@@ -464,6 +445,7 @@ def stream_decoded(
             given=given,
             draft_k=options.draft_k,
             probs=probs,
+            verifier=verifier,
         )
         return
     if plain is not None:
@@ -502,19 +484,32 @@ def stream_speculative(
     draft_k: int = 0,
     calculator: Callable[[str], object] = calculate,
     probs: ProbsFn = next_token_probs,
+    verifier: Verifier | None = None,
 ) -> Iterator[TokenEvent]:
     """Stream one reply like :func:`~.generation.stream_reply`, the draft proposing. ``cache``
     (the target's) and ``draft.cache`` may hold a prefix of ``prompt``; ``limit``: the positions
     the target attends to; ``draft_k``: tokens per round (0: adaptive); ``stats.drafted`` and
     ``stats.accepted`` count the proposals and those kept. The last ``said`` prompt ids are the
     reply's own start and ``given`` ids come first (see generation.py). ``probs``: the family's
-    sampling distribution (:func:`~.sampling.next_token_probs`'s signature)."""
+    sampling distribution (:func:`~.sampling.next_token_probs`'s signature); ``verifier``: what
+    computes the target's passes, and at what costs (default: ``model`` itself)."""
     if not prompt:
         raise ContextError("the prompt is empty")
     if len(prompt) >= limit:
         raise ContextError(f"the prompt has {len(prompt)} tokens; this model attends to {limit}")
     run = _Speculation(
-        model, tok, prompt, params, draft, cache, limit, stats, logprobs, draft_k, calculator, probs
+        verifier.model if verifier is not None else model,
+        tok,
+        prompt,
+        params,
+        draft,
+        cache,
+        limit,
+        stats,
+        logprobs,
+        draft.length(draft_k, verifier),
+        calculator,
+        probs,
     )
     run.start(said, given)
     try:
@@ -538,7 +533,7 @@ class _Speculation:
         limit: int,
         stats: GenerationStats | None,
         logprobs: int,
-        draft_k: int,
+        length: DraftLength,
         calculator: Callable[[str], object],
         probs: ProbsFn,
     ) -> None:
@@ -555,7 +550,7 @@ class _Speculation:
         self.sp = Specials.of(tok)
         self.greedy = params.temperature == 0.0
         self.row = Row()
-        self.length = DraftLength(draft.cost, draft.verify_cost, draft_k, draft.cap)
+        self.length = length
         self.generated = 0
         self.budget: int | None = params.max_tokens
         # The target's logits for the next position when its cache holds all of ``seq``.

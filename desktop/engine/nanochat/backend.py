@@ -26,16 +26,18 @@ from desktop.engine.backend import (
     Prompt,
     StreamOptions,
 )
+from desktop.engine.decode.drafts import DraftSpec
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.decode.speculative import Draft, DraftSlot, stream_decoded
+from desktop.engine.decode.verifier import Verifier
 from desktop.engine.discovery import PHASES, run_tag, source_of
 from desktop.engine.errors import NanoscopeError, TokenizerError
 from desktop.engine.kernels.tuning import shown_precision
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.nanochat.chat_format import render_completion_prompt, render_for_completion
-from desktop.engine.nanochat.drafts import make_draft
+from desktop.engine.nanochat.drafts import cache_of, make_draft, verifier_compile
 from desktop.engine.nanochat.experiment_layout import is_stage_folder
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.nanochat.tokenizer import Tokenizer, select_tokenizer
@@ -84,6 +86,7 @@ class NanochatBackend:
         self._info = self._describe()
         self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
         self._draft = DraftSlot()
+        self._verifier: Verifier | None = Verifier(self.model, cache_of(self.model))
 
     @classmethod
     def open(
@@ -210,6 +213,8 @@ class NanochatBackend:
             cap = min(cfg.rope_len, len(ids) + len(given) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
         draft = self._draft.for_reply(options.draft, self.draft)
+        if draft is None and self._verifier is not None:
+            self._verifier.stop()  # speculative decoding is off: no compile slows plain replies
         yield from stream_decoded(
             self.model,
             self.tok,
@@ -223,7 +228,13 @@ class NanochatBackend:
             stats=stats,
             said=said,
             given=given,
+            verifier=self._verifier,
         )
+
+    @property
+    def verifier(self) -> Verifier | None:
+        """What computes the target's passes when a reply drafts (None once closed)."""
+        return self._verifier
 
     def draft(self, text: str) -> Draft:
         """The draft ``text`` names (engine/decode/drafts.py), loaded once and kept."""
@@ -232,12 +243,16 @@ class NanochatBackend:
         def find_tokenizer(directory: Path, vocab: int, is_fork: bool) -> Tokenizer:
             return select_tokenizer(tokenizer_dirs(directory, opts.base_dir), vocab, is_fork)
 
-        return self._draft.get(
-            text,
-            lambda spec: make_draft(
+        def make(spec: DraftSpec) -> Draft:
+            draft = make_draft(
                 self.loaded, self.tok, spec, find_tokenizer, opts.kernel_cache, opts.compile_drafts
-            ),
-        )
+            )
+            start = verifier_compile(self.loaded) if opts.compile_drafts else None
+            if start is not None and self._verifier is not None:
+                self._verifier.compile(start)
+            return draft
+
+        return self._draft.get(text, make)
 
     def score(
         self,
@@ -264,6 +279,9 @@ class NanochatBackend:
     def close(self) -> None:
         self.reset_cache()
         self._draft.clear()
+        if self._verifier is not None:
+            self._verifier.stop()
+        self._verifier = None
         self.model = None  # type: ignore[assignment]
         self.loaded.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():

@@ -27,7 +27,7 @@ from desktop.engine.decode.compiled_draft import COMPILED_ROWS, CompiledTwin, wh
 from desktop.engine.decode.drafts import AUTO, MTP, DraftSpec, check_same_tokenizer
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.protocols import Tokenizer
-from desktop.engine.decode.speculative import Draft, cheapest, measure_costs, ready_draft
+from desktop.engine.decode.speculative import K_MAX, Draft, cheapest, measure_costs, ready_draft
 from desktop.engine.kernels.device import pick_precision
 from desktop.engine.kernels.memory import release_freed_memory
 from desktop.engine.kernels.tuning import KernelTuner, tuner_for
@@ -39,6 +39,12 @@ from desktop.engine.nanochat.mtp import HeadDraft, follow, load_head
 logger = logging.getLogger(__name__)
 # How far into the context, or past a sliding window, a compiled draft is warmed up.
 WARM_PAST = 8
+# A target whose step reads at most this many bytes of weights is per-operation dispatch on a
+# CPU, and its verifying passes are compiled (engine/decode/verifier.py): the demo's take half
+# the eager time. Past it the products dominate, and a compile (minutes, ~200 MB) would not pay.
+SMALL_TARGET_BYTES = 64 << 20
+# The most rows a verifying pass has: the pending token and the longest adaptive round.
+VERIFIED_ROWS = K_MAX + 1
 
 # (checkpoint directory, its vocab size, whether it is a fork) -> its tokenizer
 FindTokenizer = Callable[[Path, int, bool], Tokenizer]
@@ -78,38 +84,60 @@ def _shared(loaded: LoadedModel, precision: str, kernel_cache: Path | None) -> G
     return on_tensors(loaded, wanted.gemv, tuner_for(kernel_cache))
 
 
+def why_stays_eager(loaded: LoadedModel) -> str | None:
+    """Why ``loaded``'s forward cannot be compiled (engine/decode/compiled_draft.py) where it
+    could gain, or None: it can on the CPU (a GPU step is launches, not dispatch), in fp32 on its
+    own tensors, which its twin shares (plain ``F.linear`` kernels, which dynamo traces whole)."""
+    if loaded.device.type != "cpu" or not _unpacked(loaded) or loaded.precision.compute != torch.float32:
+        return f"{loaded.precision.compute} {loaded.precision.gemv} kernels on {loaded.device.type}"
+    return why_not_compiled()
+
+
 def _compile_in_background(draft: Draft, other: LoadedModel) -> None:
-    """Start compiling a checkpoint draft's forward (engine/decode/compiled_draft.py) where it can
-    gain: on the CPU (a GPU step is launches, not dispatch), in fp32 on its own tensors, which its
-    twin shares (plain ``F.linear`` kernels, which dynamo traces whole)."""
-    why = why_not_compiled()
-    if other.device.type != "cpu" or not _unpacked(other) or other.precision.compute != torch.float32:
-        why = f"{other.precision.compute} {other.precision.gemv} kernels on {other.device.type}"
+    """Start compiling a checkpoint draft's forward, where it can be."""
+    why = why_stays_eager(other)
     if why is not None:
         logger.info("draft %s stays eager: %s", draft.name, why)
         return
     draft.twin = compile_twin(other)
 
 
-def compile_twin(loaded: LoadedModel, backend: str = "inductor") -> CompiledTwin:
-    """Start compiling a twin of ``loaded`` (its own tensors, plain kernels) with ``backend``."""
+def verifier_compile(loaded: LoadedModel) -> Callable[[], CompiledTwin] | None:
+    """What starts compiling the target's verifying passes (engine/decode/verifier.py), or None
+    where that cannot be or would not pay (the log says why)."""
+    why = why_stays_eager(loaded)
+    reads = loaded.model.decode_bytes()
+    if why is None and reads > SMALL_TARGET_BYTES:
+        why = f"a step reads {reads >> 20} MB of weights, past {SMALL_TARGET_BYTES >> 20} MB"
+    if why is not None:
+        logger.info("the target's verifying passes stay eager: %s", why)
+        return None
+    return partial(compile_twin, loaded, rows=VERIFIED_ROWS, every_row=True)
+
+
+def compile_twin(
+    loaded: LoadedModel, backend: str = "inductor", rows: int = COMPILED_ROWS, every_row: bool = False
+) -> CompiledTwin:
+    """Start compiling a twin of ``loaded`` (its own tensors, plain kernels) with ``backend``, for
+    passes of up to ``rows`` rows (``every_row``: see :class:`CompiledTwin`)."""
     twin = on_tensors(loaded, "plain", tuner_for(None))
     # Its whole rotary table at once: a table grown mid-reply is a branch the compiled code was
     # not warmed up for, so every pass after it would run eagerly.
     twin.set_rotary(loaded.device, loaded.precision.compute, loaded.config.rope_len)
-    return CompiledTwin(twin, _cache_of(twin), warm_positions(loaded.config), backend).start()
+    positions = warm_positions(loaded.config, rows)
+    return CompiledTwin(twin, cache_of(twin), positions, backend, rows, every_row).start()
 
 
-def warm_positions(cfg: ModelConfig) -> list[int]:
-    """Where a compiled draft is warmed up: two positions a few tokens in (dynamo compiles the
-    first position it meets as a constant, and makes it symbolic once it meets another), and past
-    each sliding window shorter than the context (attention then skips the keys before the
-    window: another graph)."""
-    past = [w + WARM_PAST for w in set(cfg.window_sizes()) if w + WARM_PAST + COMPILED_ROWS < cfg.rope_len]
+def warm_positions(cfg: ModelConfig, rows: int = COMPILED_ROWS) -> list[int]:
+    """Where a twin compiled for passes of up to ``rows`` rows is warmed up: two positions a few
+    tokens in (dynamo compiles the first position it meets as a constant, and makes it symbolic
+    once it meets another), and past each sliding window shorter than the context (attention
+    then skips the keys before the window: another graph)."""
+    past = [w + WARM_PAST for w in set(cfg.window_sizes()) if w + WARM_PAST + rows < cfg.rope_len]
     return sorted({WARM_PAST, 2 * WARM_PAST, *past})
 
 
-def _cache_of(model: GPT) -> Callable[[int], KVCache]:
+def cache_of(model: GPT) -> Callable[[int], KVCache]:
     return lambda capacity: KVCache(model.config, 1, capacity, model.device, model.compute_dtype)
 
 
@@ -122,7 +150,7 @@ def _self_draft(loaded: LoadedModel, precision: str, kernel_cache: Path | None) 
     release_freed_memory()  # conversions and tuning buffers, freed, go back to the OS
     target = loaded.model
     name = f"self ({precision})"
-    return ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
+    return ready_draft(model, name, model.config.rope_len, cache_of(model), target, cache_of(target))
 
 
 def _head_draft(loaded: LoadedModel) -> Draft:
@@ -132,7 +160,7 @@ def _head_draft(loaded: LoadedModel) -> Draft:
     model = HeadDraft(target, load_head(loaded))
     release_freed_memory()  # the mapped file's pages and the conversions go back to the OS
     draft = Draft(model, "MTP head", target.config.rope_len, model.new_cache, cap=1, needs=2, follow=follow)
-    measure_costs(target, _cache_of(target), draft)
+    measure_costs(target, cache_of(target), draft)
     return draft
 
 
@@ -159,7 +187,7 @@ def make_draft(
     check_same_tokenizer(find_tokenizer(other.directory, cfg.vocab_size, cfg.is_fork), tok)
     model, target = other.model, loaded.model
     name = f"{other.directory.name} · step {other.step:,}"
-    draft = ready_draft(model, name, model.config.rope_len, _cache_of(model), target, _cache_of(target))
+    draft = ready_draft(model, name, model.config.rope_len, cache_of(model), target, cache_of(target))
     if compile_draft:
         _compile_in_background(draft, other)
     return draft

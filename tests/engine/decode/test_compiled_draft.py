@@ -29,8 +29,9 @@ from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
 from desktop.engine.decode import compiled_draft
 from desktop.engine.decode.compiled_draft import COMPILED_ROWS, Switched, why_not_compiled
 from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.kernels.gemv import few_rows
 from desktop.engine.messages import Message
-from desktop.engine.nanochat.drafts import compile_twin, warm_positions
+from desktop.engine.nanochat.drafts import VERIFIED_ROWS, compile_twin, warm_positions
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
@@ -62,10 +63,10 @@ def graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def served(twin: torch.nn.Module, ids: torch.Tensor, cache: KVCache) -> bool:
+def served(twin: torch.nn.Module, ids: torch.Tensor, cache: KVCache, last_only: bool = True) -> bool:
     """Whether code compiled for ``twin``'s forward accepts this call (its guards pass), i.e. the
     call runs compiled code rather than falling back to the eager forward."""
-    call = {"self": twin, "idx": ids, "cache": cache, "last_only": True, "chunk": None, "cancel": None}
+    call = {"self": twin, "idx": ids, "cache": cache, "last_only": last_only, "chunk": None, "cancel": None}
     return any(e.guard_manager.check(call) for e in _debug_get_cache_entry_list(type(twin).forward.__code__))
 
 
@@ -97,16 +98,34 @@ def reply(backend, prompt, params: SamplingParams, draft: str, k: int) -> tuple[
 
 
 @torch.inference_mode()
-def walk(model, cache: KVCache, plan: list[int], start: int, twin=None) -> list[torch.Tensor]:
-    """Feed ``model`` passes of the given row counts, as a draft's reply does (new id tensors), on
-    a cache made as a reply makes it; with ``twin``, each pass of a few rows must run compiled code."""
+def walk(
+    model, cache: KVCache, plan: list[int], start: int, twin=None, rows_compiled: int = COMPILED_ROWS
+) -> list[torch.Tensor]:
+    """Feed ``model`` passes of the given row counts, as a draft's reply does (new id tensors,
+    the last row's logits), on a cache made as a reply makes it; with ``twin``, each pass of up to
+    ``rows_compiled`` rows must run compiled code."""
     out, token = [], start
     for rows in plan:
         ids = torch.tensor([[(token + i) % 200 + 3 for i in range(rows)]], dtype=torch.long)
-        if twin is not None and rows <= COMPILED_ROWS:
+        if twin is not None and rows <= rows_compiled:
             assert served(twin, ids, cache), f"{rows} rows at position {cache.pos} ran eagerly"
         out.append(model(ids, cache, last_only=True))
         token += rows
+    return out
+
+
+@torch.inference_mode()
+def verify_walk(model, cache: KVCache, plan: list[int], twin=None) -> list[torch.Tensor]:
+    """Feed ``model`` passes as a speculative reply feeds its target (every row's logits of a pass
+    over several, within few_rows); with ``twin``, each verifying pass must run compiled code."""
+    out = []
+    for i, rows in enumerate(plan):
+        ids = torch.tensor([[(7 * i + j) % 200 + 3 for j in range(rows)]], dtype=torch.long)
+        last_only = rows == 1
+        if twin is not None and rows <= VERIFIED_ROWS:
+            assert served(twin, ids, cache, last_only), f"{rows} rows at position {cache.pos} ran eagerly"
+        with few_rows():
+            out.append(model(ids, cache, last_only=last_only))
     return out
 
 
@@ -133,6 +152,32 @@ def test_the_compiled_twin_gives_the_drafts_logits_and_the_caller_never_compiles
         assert torch.equal(a, b), f"pass {i} ({plan[i]} rows)"
     assert switched_cache.pos == eager_cache.pos == sum(plan)
     assert switched_cache.same_as(eager_cache)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name}" for c in CASES])
+def test_the_targets_compiled_twin_gives_every_row_of_a_verifying_pass(case):
+    """The target's twin (engine/decode/verifier.py) is compiled for passes of up to
+    VERIFIED_ROWS rows that return every row's logits, as a speculative round verifies: each such
+    pass, before and past every sliding window, runs compiled code, and gives the target's own
+    logits at every row to float rounding (the target's few-row products take other routes)."""
+    loaded = base_model(case)
+    twin = compile_twin(loaded, backend="eager", rows=VERIFIED_ROWS, every_row=True)
+    assert twin.done.wait(COMPILE_WAIT_S) and twin.error is None, twin.error
+    switched = twin.switched(loaded.model)
+    assert switched is not None
+    new_cache = cache_maker(loaded)
+    head = [12, 1, *range(2, VERIFIED_ROWS + 1)]
+    past = max(max(warm_positions(loaded.config, VERIFIED_ROWS)) + 2 - sum(head), VERIFIED_ROWS + 1)
+    plan = [*head, past, 1, 3, VERIFIED_ROWS, VERIFIED_ROWS + 2, 2]  # the prompt and a long block: eager
+    before = graphs()
+    eager_cache, switched_cache = new_cache(512), new_cache(512)
+    want = verify_walk(loaded.model, eager_cache, plan)
+    got = verify_walk(switched, switched_cache, plan, twin.twin)
+    assert graphs() == before  # run-only: the caller's thread compiled nothing
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.shape == b.shape, f"pass {i} ({plan[i]} rows)"
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4, msg=f"pass {i} ({plan[i]} rows)")
+    assert switched_cache.pos == eager_cache.pos == sum(plan)
 
 
 @pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
@@ -258,4 +303,14 @@ def test_a_draft_dropped_mid_compile_then_picked_again_is_compiled_by_inductor_a
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
     draft.model = switched
     assert reply(backend, prompt, params, str(DEMO_D2), k=4)[0] == plain
+
+    # The target's verifying passes, compiled after the draft: adopted where faster, and the
+    # reply is still the target's greedy reply.
+    verifier = backend.verifier
+    assert verifier is not None
+    if verifier.twin is not None:
+        assert verifier.twin.done.wait(COMPILE_WAIT_S) and verifier.twin.error is None, verifier.twin.error
+    ids, stats = reply(backend, prompt, params, str(DEMO_D2), k=4)
+    assert ids == plain and stats.drafted > 0 and stats.verifier_compiled == verifier.compiled
+    backend.close()
     backend.close()

@@ -1,0 +1,92 @@
+"""What computes the target's passes in speculative rounds: the target itself, or its compiled twin.
+
+A verifying pass owes the target its distribution, not nanochat's bits (a pass over a few rows
+already sums in another order than one-row steps; :func:`~desktop.engine.kernels.gemv.few_rows`).
+On a small model, where a pass is per-operation dispatch, the twin's compiled code
+(:mod:`.compiled_draft`) takes a pass over five rows in about half the eager time. It is compiled
+in the background once a reply drafts, adopted at a reply's start if it is faster here, and from
+then on the draft lengths are chosen with its measured costs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from desktop.engine.decode.compiled_draft import CompiledTwin
+from desktop.engine.decode.pass_timing import TIMED_ROWS, rounded_cost, timed_ms
+from desktop.engine.decode.protocols import DecodingModel
+from desktop.engine.kernels.threads import torch_threads
+
+logger = logging.getLogger(__name__)
+
+
+class Verifier:
+    """The target's passes in speculative rounds: ``model`` is ``eager`` (the target) until a
+    compiled twin is adopted. ``base``: a one-row pass as a share of the target's own step (1 for
+    the target itself); ``verify_cost``: each row a pass has beyond the first, likewise (None:
+    the draft's measure of the target's, :func:`~.speculative.measure_costs`)."""
+
+    def __init__(self, eager: DecodingModel, new_cache: Callable[[int], Any]) -> None:
+        self.eager = eager
+        self.model: DecodingModel = eager
+        self.new_cache = new_cache
+        self.twin: CompiledTwin | None = None
+        self.base = 1.0
+        self.verify_cost: float | None = None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether passes run the compiled twin (:meth:`settle` adopted it)."""
+        return self.model is not self.eager
+
+    def compile(self, start: Callable[[], CompiledTwin]) -> None:
+        """Start compiling (``start``), unless compiled already or compiling."""
+        if not self.compiled and self.twin is None:
+            self.twin = start()
+
+    def stop(self) -> None:
+        """Stop a compile under way (speculative decoding was turned off, or the model closes): a
+        background compile would slow every plain reply meanwhile. The next draft starts it again."""
+        if self.twin is not None and not self.twin.done.is_set():
+            self.twin.stop()
+            self.twin = None
+
+    @torch.inference_mode()
+    def settle(self, threads: int | None = None) -> None:
+        """Once the compile has ended: time the target's step and passes over :data:`TIMED_ROWS`
+        rows both ways here (the worker's thread, with ``threads`` as the reply will use), and run
+        passes with the compiled twin from now on if its wide pass is faster. Called at a reply's
+        start; nothing happens while it compiles."""
+        twin = self.twin
+        if twin is None or not twin.done.is_set():
+            return
+        self.twin = None
+        switched = twin.switched(self.eager)
+        if switched is None:
+            return
+        with torch_threads(threads):
+            step = timed_ms(self.eager, self.new_cache, 1)
+            eager_wide = timed_ms(self.eager, self.new_cache, TIMED_ROWS)
+            one = timed_ms(switched, self.new_cache, 1)
+            wide = timed_ms(switched, self.new_cache, TIMED_ROWS)
+        logger.info(
+            "verifying %d rows: %.2f ms eager, %.2f ms compiled (one row %.2f ms; a plain step %.2f ms)",
+            TIMED_ROWS,
+            eager_wide,
+            wide,
+            one,
+            step,
+        )
+        if wide < eager_wide:
+            self.model = switched
+            self.base = rounded_cost(one / step)
+            self.verify_cost = rounded_cost((wide - one) / step / (TIMED_ROWS - 1))
+
+    def costs(self, verify_cost: float) -> tuple[float, float]:
+        """(base, cost per extra row) of its passes; ``verify_cost``: the draft's measure of the
+        target's, which holds while the target itself verifies."""
+        return self.base, verify_cost if self.verify_cost is None else self.verify_cost
