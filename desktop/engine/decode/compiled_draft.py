@@ -41,7 +41,7 @@ import sysconfig
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -227,6 +227,23 @@ class CompiledTwin:
                 cache.truncate(start)
         self._run = torch._dynamo.run(forward)
         logger.info("%s: compiled (%s)", self._what, self.backend)
+
+
+class HoldsTwin(Protocol):
+    """What holds a compile under way until it is settled: a draft, or the target's verifier."""
+
+    twin: CompiledTwin | None
+
+
+def take_compiled(holder: HoldsTwin, eager: DecodingModel) -> Switched | None:
+    """``eager`` switched to ``holder``'s compiled code once its compile has ended (the holder
+    then lets the compile go, whether it compiled or not); None while it compiles, or if nothing
+    was compiled."""
+    twin = holder.twin
+    if twin is None or not twin.done.is_set():
+        return None
+    holder.twin = None
+    return twin.switched(eager)
 
 
 class Switched:

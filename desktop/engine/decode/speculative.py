@@ -41,7 +41,7 @@ import torch
 
 from desktop.engine.backend import GenerationStats, StreamOptions
 from desktop.engine.calculator import calculate
-from desktop.engine.decode.compiled_draft import CompiledTwin, Switched
+from desktop.engine.decode.compiled_draft import CompiledTwin, Switched, take_compiled
 from desktop.engine.decode.drafts import DraftSpec, parse_draft
 from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row, stream_reply
 from desktop.engine.decode.kvcache import KVCache
@@ -159,11 +159,7 @@ class Draft:
         eager one here (the worker's thread, with the compile thread gone and ``threads`` as the
         reply will use), and draft with the compiled form from now on if it is faster; its cost
         then shrinks in proportion. Called at a reply's start; nothing happens while it compiles."""
-        twin = self.twin
-        if twin is None or not twin.done.is_set():
-            return
-        self.twin = None
-        switched = twin.switched(self.model)
+        switched = take_compiled(self, self.model)
         if switched is None:
             return
         with torch_threads(threads):

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from desktop.engine.decode.compiled_draft import CompiledTwin
+from desktop.engine.decode.compiled_draft import CompiledTwin, take_compiled
 from desktop.engine.decode.pass_timing import TIMED_ROWS, rounded_cost, timed_ms
 from desktop.engine.decode.protocols import DecodingModel
 from desktop.engine.kernels.threads import torch_threads
@@ -61,11 +61,7 @@ class Verifier:
         rows both ways here (the worker's thread, with ``threads`` as the reply will use), and run
         passes with the compiled twin from now on if its wide pass is faster. Called at a reply's
         start; nothing happens while it compiles."""
-        twin = self.twin
-        if twin is None or not twin.done.is_set():
-            return
-        self.twin = None
-        switched = twin.switched(self.eager)
+        switched = take_compiled(self, self.eager)
         if switched is None:
             return
         with torch_threads(threads):
