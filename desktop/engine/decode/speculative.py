@@ -132,8 +132,9 @@ class Draft:
     twin: CompiledTwin | None = None
 
     def pays(self, draft_k: int = 0, verifier: Verifier | None = None) -> bool:
-        """Whether drafting can beat plain decoding: some ``k`` must pay even when every proposal
-        is kept (else the backend decodes plainly); a fixed ``draft_k`` always drafts."""
+        """Whether a speculative reply can beat plain decoding: some ``k`` must pay even when every
+        proposal is kept, or ``verifier``'s compiled one-row passes must (else the backend decodes
+        plainly); a fixed ``draft_k`` always drafts."""
         return draft_k > 0 or not self.length(0, verifier).hopeless
 
     def length(self, draft_k: int, verifier: Verifier | None) -> DraftLength:
