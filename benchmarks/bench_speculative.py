@@ -267,6 +267,16 @@ def compiled_pair(tokens: int, prompts: list, rows: list, notes: list) -> None:
         run = GREEDY.with_values(max_tokens=tokens)
         adaptive = compare(model, tok, prompts, run, draft, rounds=DEMO_ROUNDS, verifier=checker)
         rows.append((f"demo {name}, adaptive", "greedy", costs(draft, checker), adaptive))
+    # The model's own int8 copy, as the app drafts with it once the target's passes are compiled.
+    own = backend.draft("int8")
+    name = "demo step 2400's int8 copy, target's passes compiled"
+    for label, params in (("greedy", GREEDY), ("T 0.8, top-k 50", SAMPLED)):
+        run = params.with_values(max_tokens=tokens)
+        row = compare(model, tok, prompts, run, own, 4, DEMO_ROUNDS, verifier)
+        rows.append((f"{name}, k=4", label, costs(own, verifier), row))
+    run = GREEDY.with_values(max_tokens=tokens)
+    adaptive = compare(model, tok, prompts, run, own, 0, DEMO_ROUNDS, verifier)
+    rows.append((f"{name}, adaptive", "greedy", costs(own, verifier), adaptive))
     backend.close()
 
 
