@@ -413,6 +413,10 @@ def stream_decoded(
     and drafting can pay, else the plain loop (generation.py, or the family's own ``plain``
     one). ``probs``: the family's sampling distribution; ``verifier``: what computes the
     target's passes when drafting (default: ``model`` itself). The one place the two meet."""
+    if draft is not None and draft.follow is not None:
+        # A draft that reads the target's hidden states needs passes that write them; a compiled
+        # twin was warmed up on caches without them, so each of its passes would run eagerly.
+        verifier = None
     if draft is not None:
         draft.settle(options.threads)
         if verifier is not None:

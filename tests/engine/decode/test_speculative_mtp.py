@@ -34,7 +34,7 @@ from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.speculative import Draft, DraftLength, cheapest, stream_speculative
 from desktop.engine.errors import CheckpointError
 from desktop.engine.nanochat.backend import NanochatBackend
-from desktop.engine.nanochat.drafts import self_candidates
+from desktop.engine.nanochat.drafts import VERIFIED_ROWS, compile_twin, self_candidates
 from desktop.engine.nanochat.mtp import follow
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
@@ -356,3 +356,24 @@ def test_a_spoiled_head_is_one_line_naming_the_file(tmp_path, spoil, says):
     with pytest.raises(CheckpointError, match=rf"^draft mtp: {tmp_path}.*model_{name}\.pt: .*{says}"):
         backend.draft("mtp")
     backend.close()
+
+
+def test_the_heads_rounds_are_verified_by_the_target_itself_even_once_a_twin_is_compiled():
+    """The head reads the target's hidden states, which a compiled verifier's twin was not warmed up
+    to write: with the twin adopted (as ``Verifier.settle`` adopts a faster one), the head's
+    rounds still verify with the target, and give its greedy reply; a draft that reads nothing of
+    the target's (its int8 copy) verifies with the twin."""
+    m = manifest(CASE)
+    backend = open_case(CASE)
+    twin = compile_twin(backend.loaded, backend="eager", rows=VERIFIED_ROWS, every_row=True)
+    assert twin.done.wait(600) and twin.error is None, twin.error
+    verifier, switched = backend.verifier, twin.switched(backend.model)
+    assert verifier is not None and switched is not None
+    verifier.model, verifier.base = switched, 0.5
+    ids = m["cases"][0]["prompt_ids"]
+    plain, _ = events_of(backend, ids, GREEDY)
+    got, stats = events_of(backend, ids, GREEDY, draft="mtp", draft_k=1)
+    assert [e.id for e in got] == [e.id for e in plain]
+    assert stats.drafted > 0 and not stats.verifier_compiled
+    got, stats = events_of(backend, ids, GREEDY, draft="int8", draft_k=2)
+    assert stats.drafted > 0 and stats.verifier_compiled
