@@ -10,6 +10,7 @@ demo's 2-layer draft with inductor, as the app does, where this machine has a C+
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import sys
@@ -99,33 +100,23 @@ def reply(backend, prompt, params: SamplingParams, draft: str, k: int) -> tuple[
 
 @torch.inference_mode()
 def walk(
-    model, cache: KVCache, plan: list[int], start: int, twin=None, rows_compiled: int = COMPILED_ROWS
+    model, cache: KVCache, plan: list[int], start: int, twin=None, every_row: bool = False
 ) -> list[torch.Tensor]:
-    """Feed ``model`` passes of the given row counts, as a draft's reply does (new id tensors,
-    the last row's logits), on a cache made as a reply makes it; with ``twin``, each pass of up to
-    ``rows_compiled`` rows must run compiled code."""
+    """Feed ``model`` passes of the given row counts on a cache made as a reply makes it, with new
+    id tensors: as a draft's reply does (the last row's logits), or with ``every_row`` as a
+    speculative reply feeds its target (every row's logits of a pass over several, within
+    few_rows). With ``twin``, each pass of up to the rows it was compiled for must run compiled
+    code."""
+    compiled_rows = VERIFIED_ROWS if every_row else COMPILED_ROWS
     out, token = [], start
     for rows in plan:
         ids = torch.tensor([[(token + i) % 200 + 3 for i in range(rows)]], dtype=torch.long)
-        if twin is not None and rows <= rows_compiled:
-            assert served(twin, ids, cache), f"{rows} rows at position {cache.pos} ran eagerly"
-        out.append(model(ids, cache, last_only=True))
-        token += rows
-    return out
-
-
-@torch.inference_mode()
-def verify_walk(model, cache: KVCache, plan: list[int], twin=None) -> list[torch.Tensor]:
-    """Feed ``model`` passes as a speculative reply feeds its target (every row's logits of a pass
-    over several, within few_rows); with ``twin``, each verifying pass must run compiled code."""
-    out = []
-    for i, rows in enumerate(plan):
-        ids = torch.tensor([[(7 * i + j) % 200 + 3 for j in range(rows)]], dtype=torch.long)
-        last_only = rows == 1
-        if twin is not None and rows <= VERIFIED_ROWS:
+        last_only = rows == 1 or not every_row
+        if twin is not None and rows <= compiled_rows:
             assert served(twin, ids, cache, last_only), f"{rows} rows at position {cache.pos} ran eagerly"
-        with few_rows():
+        with few_rows() if every_row else contextlib.nullcontext():
             out.append(model(ids, cache, last_only=last_only))
+        token += rows
     return out
 
 
@@ -171,8 +162,8 @@ def test_the_targets_compiled_twin_gives_every_row_of_a_verifying_pass(case):
     plan = [*head, past, 1, 3, VERIFIED_ROWS, VERIFIED_ROWS + 2, 2]  # the prompt and a long block: eager
     before = graphs()
     eager_cache, switched_cache = new_cache(512), new_cache(512)
-    want = verify_walk(loaded.model, eager_cache, plan)
-    got = verify_walk(switched, switched_cache, plan, twin.twin)
+    want = walk(loaded.model, eager_cache, plan, 5, every_row=True)
+    got = walk(switched, switched_cache, plan, 5, twin.twin, every_row=True)
     assert graphs() == before  # run-only: the caller's thread compiled nothing
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert a.shape == b.shape, f"pass {i} ({plan[i]} rows)"
