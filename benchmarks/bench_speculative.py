@@ -26,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,19 +109,16 @@ def speculative(
 def compare(
     model, tok, prompts, params, draft: Draft, k: int = 0, rounds: int = 1, verifier: Verifier | None = None
 ) -> dict:
-    """Plain and speculative replies to each prompt (see :func:`alternated`)."""
-    return alternated(
-        prompts,
-        lambda prompt: plain(model, tok, prompt, params),
-        lambda prompt: speculative(model, tok, prompt, params, draft, k, verifier),
-        rounds,
-    )
+    """Plain and speculative replies to each prompt, alternated, ``rounds`` times, which of the two
+    goes first swapping each round (after one of each untimed, for first-call costs); speeds are
+    medians."""
 
+    def first(prompt: list) -> Run:
+        return plain(model, tok, prompt, params)
 
-def alternated(prompts, first: Callable[[list], Run], second: Callable[[list], Run], rounds: int) -> dict:
-    """``first`` (the baseline) and ``second`` on each prompt, alternated, ``rounds`` times, which
-    of the two goes first swapping each round (after one of each untimed, for first-call costs);
-    speeds are medians."""
+    def second(prompt: list) -> Run:
+        return speculative(model, tok, prompt, params, draft, k, verifier)
+
     first(prompts[0])
     second(prompts[0])
     base, spec = [], []
