@@ -23,7 +23,7 @@ What keeps it out of the user's way:
   eager model, which prefills in chunks and reads Stop.
 * It is adopted at a reply's start, on the worker's thread, once the compile has ended: both
   forms are timed there, and the compiled one is kept only if it is faster
-  (:meth:`~.speculative.Draft.settle`, :meth:`~.speculative.Verifier.settle`).
+  (:meth:`~.speculative.Draft.settle`, :meth:`~.verifier.Verifier.settle`).
 
 It needs a C++ compiler and Python's headers (inductor's CPU code generation). Without them, in a
 frozen app, or when the compile fails, the model stays eager and the log says why.
