@@ -2,7 +2,8 @@
 
 The SDPA path mirrors nanochat's fallback branch for branch (same calls, same masks), so on CPU
 float32 it computes the same numbers nanochat does. flash-attn's KV-cache kernel is used on
-Hopper when installed (docs/ARCHITECTURE.md, Eras).
+Hopper when installed (docs/ARCHITECTURE.md, Eras). :func:`inlined_attention` computes the same
+function for the compiled twins of small models (engine/decode/compiled_draft.py).
 """
 
 from __future__ import annotations
@@ -49,3 +50,26 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: in
         # temporary (8 MB at a 1,024-token prefill, per sliding-window layer).
         mask &= col >= row - window
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+def inlined_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """What :func:`sdpa_attention` computes (to float rounding), as broadcast products and sums.
+
+    For the compiled twin of a small model only: inductor fuses these into its own loops with
+    the ops around them, where SDPA stays a call to its CPU kernel, which costs ~80 us a layer
+    for the demo's one-row step, most of the layer (2-core AMD EPYC). Run eagerly, the products
+    are materialised: (rows, keys, head size) per head, small for the passes of a few rows a twin
+    runs."""
+    b, h, tq, d = q.shape
+    hkv, tk = k.size(1), k.size(2)
+    # Query heads grouped under their key/value head (GQA) instead of repeating the keys.
+    q = q.reshape(b, hkv, h // hkv, tq, 1, d)
+    k = k.reshape(b, hkv, 1, 1, tk, d)
+    v = v.reshape(b, hkv, 1, 1, tk, d)
+    scores = (q * k).sum(-1) * d**-0.5  # (b, hkv, group, tq, tk)
+    # Query i sits at absolute position tk - tq + i, and sees keys from position - window to itself.
+    row = (tk - tq) + torch.arange(tq, device=q.device).unsqueeze(1)
+    col = torch.arange(tk, device=q.device).unsqueeze(0)
+    seen = (col <= row) & (col >= row - window)
+    weights = scores.masked_fill(~seen, float("-inf")).softmax(-1).unsqueeze(-1)
+    return (weights * v).sum(-2).reshape(b, h, tq, d)

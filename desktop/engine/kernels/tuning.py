@@ -353,6 +353,8 @@ class KernelTuner:
             raise ValueError(f"unknown matrix-vector kind {kind!r}")
         if kind == "plain":
             return gemv.PlainLinear(weight)
+        if kind == "inlined":
+            return gemv.InlinedLinear(weight)
         if kind == "exact" or not gemv.packs(weight, kind):
             return self.exact(weight, parts)
         return self._lossy(weight, kind)

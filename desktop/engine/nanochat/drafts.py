@@ -43,6 +43,12 @@ WARM_PAST = 8
 # CPU, and its verifying passes are compiled (engine/decode/verifier.py): the demo's take half
 # the eager time. Past it the products dominate, and a compile (minutes, ~200 MB) would not pay.
 SMALL_TARGET_BYTES = 64 << 20
+# A model whose step reads at most this many bytes of weights is compiled with its products and
+# attention inlined (gemv.InlinedLinear, attention.inlined_attention): inductor fuses them into
+# its own loops, where a BLAS or SDPA call costs more than such a small product computes (the
+# demo's compiled one-row step: ~0.55 -> ~0.3 ms). Past it a product streams its weight, and a
+# pass that ran eagerly (its guards failed) would hold rows x the largest matrix.
+INLINED_BYTES = 16 << 20
 # The most rows a verifying pass has: the pending token and the longest adaptive round.
 VERIFIED_ROWS = K_MAX + 1
 
@@ -118,9 +124,11 @@ def verifier_compile(loaded: LoadedModel) -> Callable[[], CompiledTwin] | None:
 def compile_twin(
     loaded: LoadedModel, backend: str = "inductor", rows: int = COMPILED_ROWS, every_row: bool = False
 ) -> CompiledTwin:
-    """Start compiling a twin of ``loaded`` (its own tensors, plain kernels) with ``backend``, for
-    passes of up to ``rows`` rows (``every_row``: see :class:`CompiledTwin`)."""
-    twin = on_tensors(loaded, "plain", tuner_for(None))
+    """Start compiling a twin of ``loaded`` (its own tensors; plain kernels, or inlined ones for a
+    small model) with ``backend``, for passes of up to ``rows`` rows (``every_row``: see
+    :class:`CompiledTwin`)."""
+    kind = "inlined" if loaded.model.decode_bytes() <= INLINED_BYTES else "plain"
+    twin = on_tensors(loaded, kind, tuner_for(None))
     # Its whole rotary table at once: a table grown mid-reply is a branch the compiled code was
     # not warmed up for, so every pass after it would run eagerly.
     twin.set_rotary(loaded.device, loaded.precision.compute, loaded.config.rope_len)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from desktop.engine.decode.attention import flash_attn_kvcache_fn, sdpa_attention
+from desktop.engine.decode.attention import flash_attn_kvcache_fn, inlined_attention, sdpa_attention
 from desktop.engine.decode.chunked import (
     CHECK_ROWS,
     chunk_step,
@@ -91,6 +91,7 @@ class Attention(nn.Module):
         if self.ve_channels:
             self.ve_gate = nn.Linear(self.ve_channels, cfg.n_kv_head, bias=False)
         self.use_flash = False
+        self.attend = sdpa_attention  # inlined_attention in a compiled twin of a small model
         self.qkv: Kernel | None = None  # q|k|v as one matrix, once bound for inference
         self.proj: Product | None = None
 
@@ -104,6 +105,7 @@ class Attention(nn.Module):
         (see ``gemv.ExactLinear``): a BLAS may sum a 3C-row product in another order than three
         C-row ones (MKL's threaded SGEMV splits the rows among threads by the row count).
         """
+        self.attend = inlined_attention if kind == "inlined" else sdpa_attention
         self.qkv = self._fuse_qkv(kind, tuner) if kind != "plain" else None
         if self.qkv is None:
             for lin in (self.c_q, self.c_k, self.c_v):
@@ -167,9 +169,7 @@ class Attention(nn.Module):
             qk = qk * self.qk_scale
         q, k = qk[:, :, :H], qk[:, :, H:]
         if cache is None:
-            y = sdpa_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window).transpose(
-                1, 2
-            )
+            y = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window).transpose(1, 2)
         else:
             y = self._cached(q, k, v, window, cache)
         return (self.proj or self.c_proj)(y.contiguous().view(B, T, -1))
@@ -194,7 +194,7 @@ class Attention(nn.Module):
         k_cache[:, pos : pos + T] = k
         v_cache[:, pos : pos + T] = v
         k_full, v_full = k_cache[:, : pos + T], v_cache[:, : pos + T]
-        return sdpa_attention(
+        return self.attend(
             q.transpose(1, 2), k_full.transpose(1, 2), v_full.transpose(1, 2), window
         ).transpose(1, 2)
 
@@ -381,8 +381,9 @@ class GPT(nn.Module):
     ) -> None:
         """Ready a model whose weights were just attached for inference: rotary tables, frozen
         weights, scalars in their cheapest form, and the matrix-vector kernels of ``gemv``:
-        "exact", "fp16", "int8" (see :mod:`.gemv`), or "plain" for torch's own ``F.linear``,
-        each chosen by ``tuner``'s measurements (default: timings kept in memory only).
+        "exact", "fp16", "int8" (see :mod:`.gemv`), "plain" for torch's own ``F.linear``, or
+        "inlined" for a compiled twin's products and attention (``gemv.InlinedLinear``), each
+        chosen by ``tuner``'s measurements (default: timings kept in memory only).
 
         Scalars cost more than the arithmetic in a one-token step: torch wraps a Python float into
         a tensor on every op (~2 us), and indexing a parameter makes a view each time. So learned
