@@ -24,6 +24,7 @@ import torch
 from support.golden import GOLDEN, manifest
 from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
+from torch.profiler import ProfilerActivity, profile
 
 from desktop.config.paths import DEMO_DIR, resource_path
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions
@@ -31,6 +32,7 @@ from desktop.engine.decode import compiled_draft
 from desktop.engine.decode.attention import inlined_attention
 from desktop.engine.decode.compiled_draft import COMPILED_ROWS, CompiledTwin, Switched, why_not_compiled
 from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.decode.pass_timing import TIMED_ROWS, TIMINGS, timed_ms
 from desktop.engine.kernels.gemv import few_rows
 from desktop.engine.messages import Message
 from desktop.engine.nanochat import drafts
@@ -353,3 +355,18 @@ def test_a_draft_dropped_mid_compile_then_picked_again_is_compiled_by_inductor_a
     assert ids == plain and stats.drafted > 0 and stats.verifier_compiled == verifier.compiled
     backend.close()
     backend.close()
+
+
+@pytest.mark.parametrize("rows", [1, TIMED_ROWS])
+def test_the_timing_that_adopts_a_twin_times_its_compiled_code(rows):
+    """A twin is adopted when its timed passes (pass_timing.timed_ms) beat the eager model's: those
+    passes must run the compiled code, not its eager fallback (their cache once filled up
+    exactly, a case the compiled code was not warmed up for)."""
+    loaded = load_model(DEMO_D2, None, "cpu", "float32")
+    twin = compile_twin(loaded, backend="eager", rows=VERIFIED_ROWS, every_row=rows > 1)
+    assert twin.done.wait(COMPILE_WAIT_S) and twin.error is None, twin.error
+    switched = twin.switched(loaded.model)
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as timed:
+        timed_ms(switched, cache_maker(loaded), rows)
+    regions = [e for e in timed.events() if e.name.startswith("Torch-Compiled Region")]
+    assert len(regions) == TIMINGS + 1  # every timed pass (the first, untimed, too); the prefill is eager
