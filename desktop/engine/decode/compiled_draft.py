@@ -2,8 +2,9 @@
 a draft's steps, and the target's verifying passes in speculative decoding.
 
 Why: a small model's step is per-operation dispatch, not weights. The demo's 2-layer draft runs
-about 400 small ops a step (1.0-1.5 ms on a 2-core AMD EPYC); inductor's fused code takes 0.46 ms
-for the same step (docs/PERFORMANCE.md, speculative). A draft owes no bits to anyone: rejection
+about 400 small ops a step (1.0-1.5 ms on a 2-core AMD EPYC); inductor's fused code takes
+0.25-0.33 ms for the same step, its products and attention inlined (docs/PERFORMANCE.md,
+speculative). A draft owes no bits to anyone: rejection
 sampling keeps the target's distribution whatever the draft's rounding. The target's verifying
 passes owe it their distribution, not nanochat's bits: a pass over a few rows already sums in
 another order than one-row steps (kernels.gemv.few_rows), and the compiled code computes the same
