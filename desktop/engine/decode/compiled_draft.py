@@ -117,8 +117,9 @@ def private_forward(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
 
 class CompiledTwin:
     """``twin`` (a model computing what the original computes, with kernels dynamo can trace:
-    plain ``F.linear``) compiled on a thread of its own. ``done`` is set when the thread has
-    ended; ``error`` then says why nothing was compiled.
+    plain ``F.linear``, or a small model's inlined products and attention) compiled on a thread
+    of its own, on a code object of its own (:func:`private_forward`). ``done`` is set when the
+    thread has ended; ``error`` then says why nothing was compiled.
 
     It is warmed up with each row count up to ``rows`` at each of ``positions``, on caches from
     ``new_cache``, with ids made as the decode loop makes them, and the logits of the last row
