@@ -26,15 +26,11 @@ from desktop.engine.decode.chunked import (
 )
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.kernels.gemv import Kernel, alignment, packs, weight_bytes
+from desktop.engine.kernels.rms_norm import rms_norm as norm
 from desktop.engine.kernels.tuning import Choice, KernelTuner, tuner_for
 from desktop.engine.nanochat.config import ModelConfig
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x -> x @ W.T, whichever kernel computes it
-
-
-def norm(x: torch.Tensor) -> torch.Tensor:
-    # torch.rms_norm, not F.rms_norm: the same op without the Python wrapper's checks.
-    return torch.rms_norm(x, (x.size(-1),))
 
 
 def apply_rotary(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
