@@ -37,8 +37,13 @@ def rms_norm(x: torch.Tensor) -> torch.Tensor:
         width = x.size(-1)
         length = _widths[width] if width in _widths else _check(width)
         if length is not None:
-            return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True).div_(length).add_(_EPS))
+            return _by_ops(x, length)
     return torch.rms_norm(x, (x.size(-1),))
+
+
+def _by_ops(x: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """torch's CPU composite, op for op (its ``pow(x, 2)`` is computed as ``x * x``)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True).div_(length).add_(_EPS))
 
 
 def _check(width: int) -> torch.Tensor | None:
@@ -47,8 +52,7 @@ def _check(width: int) -> torch.Tensor | None:
     generator = torch.Generator().manual_seed(width)
     rows = torch.randn(PROBE_ROWS, width, generator=generator)
     rows *= torch.logspace(-6, 6, PROBE_ROWS).unsqueeze(1)  # tiny to large, where rounding differs
-    ours = rows * torch.rsqrt(rows.pow(2).sum(-1, keepdim=True).div_(length).add_(_EPS))
-    same = torch.equal(ours, torch.rms_norm(rows, (width,)))
+    same = torch.equal(_by_ops(rows, length), torch.rms_norm(rows, (width,)))
     if not same:
         logger.info("rms_norm: the ops differ from torch.rms_norm at width %d; using torch's", width)
     _widths[width] = length if same else None
