@@ -17,7 +17,8 @@ What keeps it out of the user's way:
   process, while the eager model goes on. The first compile takes about two minutes on two
   cores (about 25 s when inductor's on-disk cache already holds the code).
 * Dropping the model's use (a new draft, speculative off, unload, quit) stops the compile where
-  it is, not when its graph is done: an app closed mid-compile exits at once, and cleanly.
+  it is, not when its graph is done: at the next Python function it calls (:class:`CallStop`), so
+  an app closed mid-compile exits at once, and cleanly.
 * The worker runs the compiled code in dynamo's run-only mode (``torch._dynamo.run``): it uses
   the code compiled for the shapes warmed up and never compiles. A call whose guards fail (a shape
   never warmed up) runs eagerly. Passes over more rows than were warmed up (a prompt) go to the
@@ -32,8 +33,6 @@ frozen app, or when the compile fails, the model stays eager and the log says wh
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import shutil
@@ -73,18 +72,39 @@ class CompileStopped(BaseException):
     ``except Exception`` handlers (which would wrap it, or fall back) let it through."""
 
 
-def _raise_in(thread_id: int) -> None:
-    """Have the thread raise :class:`CompileStopped` when it next checks for interrupts (a call
-    or a loop's jump back in Python code), so a C++ compile it waits on ends first."""
-    # CPython's documented way to interrupt another thread. Never call it to withdraw one (exc
-    # NULL): that leaves the interpreter's "pending" flag set for good, which slows every thread
-    # and hangs the next traced call (sys.settrace) in CPython 3.11. An interrupt raised is
-    # always taken by the thread instead (CompiledTwin._work).
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(CompileStopped))
+class CallStop:
+    """Ends the code run inside it, on its thread, once :meth:`request` is called from any thread:
+    :class:`CompileStopped` is raised at the entry of the next Python function that thread calls
+    (by a trace function, set for this thread alone, that raises at most once).
 
+    Not an asynchronous exception (``PyThreadState_SetAsyncExc``), which lands at whatever
+    instruction the thread is at: it once landed after a lock's ``acquire()`` had returned and
+    before the ``try`` that releases it (Python 3.11's logging takes its module lock so), and that
+    lock stayed held by the ended thread: the next compile, and every other thread's logging,
+    waited on it for good. A function's entry comes before any lock the function takes, and the
+    cleanup the exception unwinds through runs whole (nothing is raised in it). The price: Python
+    code runs slower traced (a compile of the demo's draft, inductor's cache warm: 19 -> 29 s on a
+    2-core AMD EPYC). A C++ compile it waits on ends first."""
 
-def _take_interrupt() -> None:
-    """Nothing; a Python call, at whose start the interpreter raises an interrupt still pending."""
+    def __init__(self) -> None:
+        self._requested: list[bool] = []  # a list: the trace function reads it without a lookup
+
+    def request(self) -> None:
+        self._requested.append(True)
+
+    def __enter__(self) -> CallStop:
+        requested = self._requested
+
+        def check(frame: types.FrameType, event: str, arg: object) -> None:
+            if requested:
+                sys.settrace(None)  # once: what the exception unwinds through runs untraced
+                raise CompileStopped
+
+        sys.settrace(check)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
 
 
 def why_not_compiled() -> str | None:
@@ -154,23 +174,17 @@ class CompiledTwin:
         # unloading a model (as quitting does) stops its compiles.
         name = "verifier-compile" if every_row else "draft-compile"
         self._thread = threading.Thread(target=self._work, name=name, daemon=False)
-        # Held while stop() may interrupt the thread: an interrupt lands in the compile, never in
-        # the code that reports how the compile ended.
-        self._interruptible = threading.Lock()
-        self._compiling = False
-        self._interrupted = False  # at most one interrupt is raised
+        self._call_stop = CallStop()  # ends the compile at its next Python call (stop())
 
     def start(self) -> CompiledTwin:
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """End the compile: at once where it runs Python code, else between two passes."""
-        with self._interruptible:
-            self._stop.set()
-            if self._compiling and not self._interrupted:
-                self._interrupted = True
-                _raise_in(self._thread.ident or 0)
+        """End the compile: at its next Python call (after a C++ compile it waits on), or before
+        it starts."""
+        self._stop.set()
+        self._call_stop.request()
 
     @property
     def compiled(self) -> Callable[..., torch.Tensor] | None:
@@ -180,21 +194,14 @@ class CompiledTwin:
     def _work(self) -> None:
         try:
             with _ONE_AT_A_TIME:
-                with self._interruptible:
-                    self._compiling = True
                 switch = sys.getswitchinterval()
                 try:
                     if not self._stop.is_set():
                         sys.setswitchinterval(SWITCH_WHILE_COMPILING_S)
-                        self._compile()
+                        with self._call_stop:
+                            self._compile()
                 finally:
                     sys.setswitchinterval(switch)
-                    with self._interruptible:
-                        self._compiling = False  # no interrupt is raised from here on
-                        owed = self._interrupted
-                    if owed:  # raised, maybe not yet taken: take it here rather than below
-                        with contextlib.suppress(CompileStopped):
-                            _take_interrupt()
         except CompileStopped:
             logger.info("the compile of %s was stopped", self._what)
         except Exception as exc:  # anything the compiler raises leaves the model eager

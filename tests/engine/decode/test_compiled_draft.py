@@ -226,6 +226,54 @@ def test_the_targets_compiled_twin_gives_every_row_of_a_verifying_pass(case):
     assert switched_cache.pos == eager_cache.pos == sum(plan)
 
 
+STOPS = 100  # stops, each of a thread caught somewhere in a loop that takes and releases a lock
+
+
+def test_a_stop_never_leaves_a_lock_held():
+    """A compile is stopped wherever its thread is; the lock it was taking must not stay held.
+
+    The loop takes a lock as Python 3.11's logging takes its module lock: a call that acquires it,
+    then the ``try`` that releases it. An exception raised asynchronously landed between the two
+    in 2 to 7 stops of 40 here, and the lock stayed held by the ended thread for good (the
+    next compile, and every logging call, then waited on it: a CI run hung so). A stop raised at
+    a function's entry lands before the acquire or inside the ``try``."""
+    lock = threading.RLock()
+
+    def take() -> None:
+        lock.acquire()
+
+    def hold() -> None:
+        pass
+
+    for _ in range(STOPS):
+        looping = threading.Event()
+        stopped: list[BaseException] = []
+        call_stop = compiled_draft.CallStop()
+
+        def work(call_stop=call_stop, looping=looping, stopped=stopped) -> None:
+            try:
+                with call_stop:
+                    while True:
+                        take()
+                        try:
+                            hold()
+                        finally:
+                            lock.release()
+                        looping.set()
+            except compiled_draft.CompileStopped as exc:
+                stopped.append(exc)
+
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        assert looping.wait(COMPILE_WAIT_S)
+        call_stop.request()
+        thread.join(COMPILE_WAIT_S)
+        assert not thread.is_alive() and stopped
+        assert lock.acquire(timeout=COMPILE_WAIT_S), "the stopped thread left the lock held"
+        lock.release()
+    assert sys.gettrace() is None  # the stops traced their own threads only
+
+
 @pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
 def test_a_process_that_ends_mid_compile_exits_at_once_and_cleanly():
     """Quitting closes the model (the app's shutdown unloads every worker's backend); a compile
@@ -262,7 +310,7 @@ def worker():
 thread = threading.Thread(target=worker, daemon=True)
 thread.start()
 thread.join()
-# The interrupt left nothing pending: a traced call (a debugger's, a coverage tool's) returns.
+# The stop left nothing behind: a traced call (a debugger's, a coverage tool's) returns.
 def called():
     return None
 def trace_a_call():
