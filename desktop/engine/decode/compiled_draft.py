@@ -88,23 +88,25 @@ class CallStop:
 
     def __init__(self) -> None:
         self._requested: list[bool] = []  # a list: the trace function reads it without a lookup
+        self._before: Callable[..., Any] | None = None  # the thread's trace function before it
 
     def request(self) -> None:
         self._requested.append(True)
 
     def __enter__(self) -> CallStop:
         requested = self._requested
+        self._before = before = sys.gettrace()  # a debugger's or a coverage tool's, given back
 
         def check(frame: types.FrameType, event: str, arg: object) -> None:
             if requested:
-                sys.settrace(None)  # once: what the exception unwinds through runs untraced
+                sys.settrace(before)  # once: what the exception unwinds through runs unchecked
                 raise CompileStopped
 
         sys.settrace(check)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        sys.settrace(None)
+        sys.settrace(self._before)
 
 
 def why_not_compiled() -> str | None:

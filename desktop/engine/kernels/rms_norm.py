@@ -4,12 +4,12 @@ On the CPU, torch computes ``rms_norm`` as a composite of plain ops: ``x * rsqrt
 eps)``, the mean being a sum divided by the row length. Two of those ops take a Python-side
 scalar (the row length, float32's machine epsilon), which torch wraps into a new tensor and
 casts to float32 on every call. In a one-row decode step that bookkeeping costs more than the
-arithmetic: the demo runs 14 norms a step (measured in a step on a 2-core AMD EPYC, the demo's
-4-layer model: 2.63 -> 2.38 ms median, same logits bit for bit).
+arithmetic: the demo runs 14 norms a step (its whole step 2.82 -> 2.59 ms median on a 2-core
+AMD EPYC, same logits bit for bit; docs/PERFORMANCE.md, Per-step overhead).
 
 :func:`rms_norm` runs the same ops on the same values, with both scalars as 0-dim float32 tensors
-made once, so its bits are torch's. That is checked, not assumed: the first row of each width is
-normed both ways on random probe rows, and a width whose results differ (a torch whose CPU
+made once, so its bits are torch's. That is checked, not assumed: the first call at each width
+norms random probe rows both ways, and a width whose results differ (a torch whose CPU
 ``rms_norm`` became a fused kernel, with its own summation order) keeps ``torch.rms_norm``.
 Elsewhere torch's own op runs: on CUDA and MPS it is a fused kernel, and autograd (the demo
 trainer) and the compiler want the op whole.

@@ -245,12 +245,16 @@ def test_a_stop_never_leaves_a_lock_held():
     def hold() -> None:
         pass
 
+    def debugger(frame, event, arg) -> None:  # a trace function the thread had before (unused)
+        return None
+
     for _ in range(STOPS):
         looping = threading.Event()
-        stopped: list[BaseException] = []
+        stopped: list[bool] = []
         call_stop = compiled_draft.CallStop()
 
         def work(call_stop=call_stop, looping=looping, stopped=stopped) -> None:
+            sys.settrace(debugger)
             try:
                 with call_stop:
                     while True:
@@ -260,15 +264,17 @@ def test_a_stop_never_leaves_a_lock_held():
                         finally:
                             lock.release()
                         looping.set()
-            except compiled_draft.CompileStopped as exc:
-                stopped.append(exc)
+            except compiled_draft.CompileStopped:
+                stopped.append(sys.gettrace() is debugger)  # given back
+            finally:
+                sys.settrace(None)
 
         thread = threading.Thread(target=work, daemon=True)
         thread.start()
         assert looping.wait(COMPILE_WAIT_S)
         call_stop.request()
         thread.join(COMPILE_WAIT_S)
-        assert not thread.is_alive() and stopped
+        assert not thread.is_alive() and stopped == [True]
         assert lock.acquire(timeout=COMPILE_WAIT_S), "the stopped thread left the lock held"
         lock.release()
     assert sys.gettrace() is None  # the stops traced their own threads only
