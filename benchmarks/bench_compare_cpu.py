@@ -42,8 +42,8 @@ from desktop.engine.messages import Message  # noqa: E402
 from desktop.engine.nanochat.backend import NanochatBackend  # noqa: E402
 from desktop.engine.nanochat.loader import load_model  # noqa: E402
 from desktop.engine.params import SamplingParams  # noqa: E402
-from desktop.gui.compare.analysis import cpu_cores, cpu_threads  # noqa: E402
-from desktop.gui.worker import TurnLock, WorkerHost  # noqa: E402
+from desktop.qt.model.worker import TurnLock, WorkerHost  # noqa: E402
+from desktop.session.compare.analysis import cpu_cores, cpu_threads  # noqa: E402
 
 MODES = ("parallel", "interleaved")
 PROMPT = "Compare these checkpoints on one prompt, token by token, " * 2

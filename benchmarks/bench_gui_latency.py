@@ -47,7 +47,7 @@ def main() -> int:
     ckpt = write_checkpoint(tmp, "E7", phase="chatsft", cfg=cfg, tokenizer="pkl")
     app = QApplication.instance() or QApplication([])
     from desktop.engine.params import SamplingParams
-    from desktop.gui.app import build
+    from desktop.qt.app.app import build
 
     window = build()
     window.resize(1280, 800)

@@ -23,7 +23,7 @@ from perf_report import write_section  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message, Part  # noqa: E402
-from desktop.ui.chat_view import ChatView  # noqa: E402
+from desktop.qt.chat.chat_view import ChatView  # noqa: E402
 
 
 def conversation(n: int) -> list[Message]:

@@ -83,7 +83,7 @@ def cycles(ckpt: Path, n: int) -> dict:
     from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 
     from desktop.engine.messages import Message
-    from desktop.gui.worker import WorkerHost
+    from desktop.qt.model.worker import WorkerHost
 
     app = QCoreApplication.instance() or QCoreApplication([])
     before_py, before_os = threading.active_count(), os_threads()

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from desktop.engine.kernels.tuning import machine_id  # noqa: E402
 from desktop.engine.runs.timeline import timeline_of  # noqa: E402
-from desktop.ui.run_view import RunView  # noqa: E402
+from desktop.qt.run.view import RunView  # noqa: E402
 
 
 def write_run(root: Path, steps: int) -> Path:

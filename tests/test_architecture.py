@@ -82,16 +82,83 @@ def test_the_engine_imports_nothing_from_the_app_and_nothing_from_qt():
     assert offenders == []
 
 
-def test_the_compare_analysis_and_run_record_are_qt_free():
-    for module in ("analysis.py", "run.py"):
-        names = imports_of(DESKTOP / "gui" / "compare" / module)
-        assert not [n for n in names if n.split(".")[0] in QT], module
+def qt_modules() -> set[str]:
+    """Modules that import Qt themselves."""
+    return {
+        module_name(p) for p in DESKTOP.rglob("*.py") if any(n.split(".")[0] in QT for n in imports_of(p))
+    }
+
+
+def qt_imports(paths: list[Path]) -> list[tuple[str, str]]:
+    """(module, import) pairs where a module imports Qt."""
+    return [(module_name(p), n) for p in paths for n in sorted(imports_of(p)) if n.split(".")[0] in QT]
+
+
+def imports_under(paths: list[Path], package: str) -> list[tuple[str, str]]:
+    """(module, import) pairs where a module imports from ``package``."""
+    return [
+        (module_name(p), n)
+        for p in paths
+        for n in sorted(imports_of(p))
+        if n == package or n.startswith(package + ".")
+    ]
+
+
+def back_up_imports(paths: list[Path], qt: set[str]) -> list[tuple[str, str]]:
+    """(module, import) pairs where a Qt-free module imports a module of the Qt layer: Qt sits on
+    top, so nothing under it may lean on it (the CLI starts the window, and only that)."""
+    offenders = []
+    for path in paths:
+        name = module_name(path)
+        if name in qt or name.startswith("desktop.cli"):
+            continue
+        offenders += [(name, n) for n in sorted(imports_of(path)) if n in qt]
+    return offenders
+
+
+def test_the_session_imports_no_qt():
+    assert qt_imports(sorted((DESKTOP / "session").rglob("*.py"))) == []
+
+
+def test_the_store_and_the_session_import_nothing_from_the_qt_package():
+    paths = sorted((DESKTOP / "store").rglob("*.py")) + sorted((DESKTOP / "session").rglob("*.py"))
+    assert imports_under(paths, "desktop.qt") == []
+
+
+def test_no_qt_free_module_imports_a_qt_module():
+    assert back_up_imports(sorted(DESKTOP.rglob("*.py")), qt_modules()) == []
+
+
+def test_the_three_qt_rules_catch_a_violation():
+    bad = DESKTOP / "session" / "_probe_violation.py"  # parsed, never imported
+    try:
+        bad.write_text("from PySide6.QtCore import QObject\n", encoding="utf-8")
+        assert qt_imports([bad]) == [
+            ("desktop.session._probe_violation", "PySide6.QtCore"),
+            ("desktop.session._probe_violation", "PySide6.QtCore.QObject"),
+        ]
+        bad.write_text("from desktop.qt.widgets.palette import LIGHT\n", encoding="utf-8")
+        assert imports_under([bad], "desktop.qt") == [
+            ("desktop.session._probe_violation", "desktop.qt.widgets.palette"),
+            ("desktop.session._probe_violation", "desktop.qt.widgets.palette.LIGHT"),
+        ]
+        bad.write_text("import json\nfrom desktop.qt.widgets.theme import colors\n", encoding="utf-8")
+        assert back_up_imports([bad], qt_modules()) == [
+            ("desktop.session._probe_violation", "desktop.qt.widgets.theme")
+        ]
+    finally:
+        bad.unlink()
+
+
+def test_qt_lives_in_one_package():
+    """Every module that imports Qt is under desktop/qt/."""
+    assert sorted(m for m in qt_modules() if not m.startswith("desktop.qt.")) == []
 
 
 # Reads that are not of a user's file, each with the reason it may skip engine/files/bounded.py.
 NOT_USER_FILES = {
-    ("desktop/cli/desktop_entry.py", "read_text"): "the app's own launcher template, from its resources",
-    ("desktop/cli/desktop_entry.py", "read_bytes"): "the app's own icons, from its resources",
+    ("desktop/qt/app/desktop_entry.py", "read_text"): "the app's own launcher template, from its resources",
+    ("desktop/qt/app/desktop_entry.py", "read_bytes"): "the app's own icons, from its resources",
     ("desktop/engine/kernels/tuning.py", "open"): "/proc/cpuinfo, for the CPU's name",
     ("desktop/engine/bench.py", "read_text"): "/proc/self/status, for peak memory",
     ("desktop/engine/files/safe_json.py", "json.loads"): "the bounded parser itself",
@@ -221,17 +288,32 @@ def widget_violations(paths: list[Path]) -> list[tuple[str, str]]:
     return offenders
 
 
+# The Qt modules that run engine work (each on a model thread or a job), and so may reach past
+# the protocol; every other Qt module is a view.
+RUN_ENGINE_WORK = {
+    "desktop.qt.model.worker": "opens a backend on the model thread",
+    "desktop.qt.model.slot": "a KempnerForge run's remembered config",
+    "desktop.qt.app.background": "folder scans and checkpoint summaries",
+    "desktop.qt.app.hf_export_task": "the Hugging Face export",
+    "desktop.qt.app.smoke": "the smoke test finds the demo's steps",
+    "desktop.qt.compare.memory_check": "the memory estimate of the picked checkpoints",
+    "desktop.qt.run.report_task": "the report card",
+    "desktop.qt.run.sweep_task": "the Run tab's evaluation sweeps",
+}
+
+
 def test_the_widgets_know_the_engine_only_through_its_protocol():
-    assert widget_violations(sorted((DESKTOP / "ui").rglob("*.py"))) == []
+    views = [p for p in sorted((DESKTOP / "qt").rglob("*.py")) if module_name(p) not in RUN_ENGINE_WORK]
+    assert widget_violations(views) == []
 
 
 def test_the_widget_rule_catches_a_violation():
-    bad = DESKTOP / "ui" / "_probe_violation.py"  # parsed, never imported
+    bad = DESKTOP / "qt" / "chat" / "_probe_violation.py"  # parsed, never imported
     try:
         bad.write_text("from desktop.engine.runs.evals import sample_sweep\n", encoding="utf-8")
         assert widget_violations([bad]) == [
-            ("desktop.ui._probe_violation", "desktop.engine.runs.evals"),
-            ("desktop.ui._probe_violation", "desktop.engine.runs.evals.sample_sweep"),
+            ("desktop.qt.chat._probe_violation", "desktop.engine.runs.evals"),
+            ("desktop.qt.chat._probe_violation", "desktop.engine.runs.evals.sample_sweep"),
         ]
     finally:
         bad.unlink()

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from desktop.cli import desktop_entry
 from desktop.config.paths import resource_path
 from desktop.engine.errors import NanoscopeError
+from desktop.qt.app import desktop_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 ICONS = ROOT / "resources" / "icons"
@@ -187,7 +187,7 @@ def test_checkout_without_console_script_runs_the_module_from_the_checkout(tmp_p
     monkeypatch.delattr(sys, "frozen", raising=False)
     argv, try_exec, workdir = desktop_entry.launch_command()
     assert argv == [str(tmp_path / "python3"), "-m", "desktop"]
-    assert (workdir / "desktop" / "cli/desktop_entry.py").is_file()
+    assert (workdir / "desktop" / "qt" / "app" / "desktop_entry.py").is_file()
     text = desktop_entry.render_desktop_file(argv, try_exec, workdir)
     assert f"\nPath={workdir}\n" in text
 
@@ -206,7 +206,7 @@ def test_a_path_with_spaces_is_double_quoted():
 
 def test_desktop_entry_module_needs_neither_qt_nor_torch():
     code = (
-        "import sys, desktop.cli.desktop_entry; "
+        "import sys, desktop.qt.app.desktop_entry; "
         "print(sorted(m for m in ('PySide6', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

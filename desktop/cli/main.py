@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     with cli_logging():  # errors (and the GUI's whole run) also go to the log file
         try:
             if args.command is None:  # the GUI: `nanoscope`, `nanoscope-gui`, the frozen app
-                from desktop.gui.app import run_app
+                from desktop.qt.app.app import run_app
 
                 return run_app(args)
             return handlers[args.command](args)

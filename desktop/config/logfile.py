@@ -3,8 +3,8 @@
 A frozen macOS app has no console, so the file is the only place a crash report can go: uncaught
 exceptions, on the main thread (``sys.excepthook``, which PySide6 also calls for exceptions in
 slots) and on other threads (``threading.excepthook``), are written there with their traceback.
-The CLI uses the same file, so Qt is imported only by ``open_log_folder``. Nothing is opened
-at import; ``setup_logging()`` does it.
+The CLI uses the same file, and nothing here imports Qt (``qt.app.log_folder`` opens the
+folder). Nothing is opened at import; ``setup_logging()`` does it.
 """
 
 from __future__ import annotations
@@ -178,21 +178,6 @@ def cli_logging() -> Iterator[None]:
         raise
     finally:
         teardown_logging()
-
-
-def open_log_folder() -> bool:
-    """Help › Open log folder: show the folder in the system's file manager; False if it could not.
-
-    Qt is imported here, not at the top, so the CLI can use this module without it.
-    """
-    from PySide6.QtCore import QUrl
-    from PySide6.QtGui import QDesktopServices
-
-    folder = paths.log_dir()
-    opened = QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
-    if not opened:
-        logger.warning("Could not open the log folder %s", folder)
-    return opened
 
 
 def log_startup(what: str) -> None:

@@ -42,7 +42,7 @@ from desktop.engine.messages import (
     TOOL_RESULT,
     Message,
 )
-from desktop.gui.compare.analysis import checkpoint_label, describe_sampling
+from desktop.session.compare.analysis import checkpoint_label, describe_sampling
 
 FORMAT = "nanoscope.conversation"
 VERSION = 1

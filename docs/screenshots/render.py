@@ -48,8 +48,8 @@ async def _settle() -> None:
 async def scenario(window, out: Path, theme: str, size: tuple[int, int]) -> None:
     from desktop.config.paths import demo_checkpoint
     from desktop.engine.nanochat.checkpoint import model_steps
-    from desktop.gui.compare.analysis import sweep_steps
-    from desktop.ui.theme import apply_theme
+    from desktop.qt.widgets.theme import apply_theme
+    from desktop.session.compare.analysis import sweep_steps
 
     window.settings.set("theme", theme)  # start() applies the theme of the settings
     apply_theme(QApplication.instance(), theme)
@@ -141,7 +141,7 @@ def main() -> int:
 
     paths.set_home(tempfile.mkdtemp(prefix="nanoscope-shots-"))
     _app = QApplication.instance() or QApplication(sys.argv[:1])  # kept alive while rendering
-    from desktop.gui.app import build
+    from desktop.qt.app.app import build
 
     window = build()
     args.out.mkdir(parents=True, exist_ok=True)

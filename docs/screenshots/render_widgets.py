@@ -34,16 +34,16 @@ from desktop.engine.messages import (  # noqa: E402
     Part,
     TokenEvent,
 )
-from desktop.ui.chat_view import ChatView  # noqa: E402
-from desktop.ui.checkpoint_picker import CheckpointPicker  # noqa: E402
-from desktop.ui.error_banner import ErrorBanner  # noqa: E402
-from desktop.ui.history_sidebar import MARK_END, MARK_START, HistorySidebar  # noqa: E402
-from desktop.ui.input_box import InputBox  # noqa: E402
-from desktop.ui.model_picker import ModelPicker  # noqa: E402
-from desktop.ui.sampling_panel import SamplingPanel  # noqa: E402
-from desktop.ui.shortcuts_dialog import ShortcutsDialog  # noqa: E402
-from desktop.ui.status_bar import StatusBar  # noqa: E402
-from desktop.ui.theme import apply_theme  # noqa: E402
+from desktop.qt.app.shortcuts_dialog import ShortcutsDialog  # noqa: E402
+from desktop.qt.chat.chat_view import ChatView  # noqa: E402
+from desktop.qt.chat.history_sidebar import MARK_END, MARK_START, HistorySidebar  # noqa: E402
+from desktop.qt.chat.input_box import InputBox  # noqa: E402
+from desktop.qt.widgets.checkpoint_picker import CheckpointPicker  # noqa: E402
+from desktop.qt.widgets.error_banner import ErrorBanner  # noqa: E402
+from desktop.qt.widgets.model_picker import ModelPicker  # noqa: E402
+from desktop.qt.widgets.sampling_panel import SamplingPanel  # noqa: E402
+from desktop.qt.widgets.status_bar import StatusBar  # noqa: E402
+from desktop.qt.widgets.theme import apply_theme  # noqa: E402
 
 SAMPLING = {
     "temperature": 0.8,

@@ -214,7 +214,7 @@ def test_listeners_hear_real_changes_only() -> None:
 
 @pytest.mark.gui
 def test_a_burst_of_changes_reaches_disk_once_it_settles(qtbot) -> None:
-    from desktop.gui.settings_autosave import SettingsAutosave
+    from desktop.qt.app.settings_autosave import SettingsAutosave
 
     s = Settings()
     autosave = SettingsAutosave(s, delay_ms=50)
@@ -229,13 +229,13 @@ def test_a_burst_of_changes_reaches_disk_once_it_settles(qtbot) -> None:
 def test_a_failed_autosave_is_logged_and_the_next_change_retries(
     qtbot, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from desktop.gui.settings_autosave import SettingsAutosave
+    from desktop.qt.app.settings_autosave import SettingsAutosave
 
     blocked = tmp_path / "blocked"
     blocked.write_text("")  # a file where the settings folder should be: every save fails
     s = Settings(blocked / "settings.json")
     autosave = SettingsAutosave(s, delay_ms=10)
-    with caplog.at_level(logging.WARNING, logger="desktop.gui.settings_autosave"):
+    with caplog.at_level(logging.WARNING, logger="desktop.qt.app.settings_autosave"):
         s.set("theme", "dark")
         qtbot.waitUntil(lambda: any("Settings not saved" in r.message for r in caplog.records), timeout=5000)
     blocked.unlink()

@@ -210,7 +210,7 @@ def test_cli_text_output_states_the_differences(e0, tmp_path, capsys):
 
 @pytest.fixture
 def window(qtbot):
-    from desktop.gui.app import build, shutdown
+    from desktop.qt.app.app import build, shutdown
 
     win = build()
     qtbot.addWidget(win)
@@ -279,7 +279,7 @@ def test_quitting_mid_export_stops_it_and_keeps_nothing(qtbot, tmp_path, monkeyp
     """File › Export to Hugging Face…, then quit at once: the export's thread has ended when the
     window has closed (a daemon thread left in torch code aborts the interpreter's exit), and the
     new folder is gone."""
-    from desktop.gui.app import build, shutdown
+    from desktop.qt.app.app import build, shutdown
 
     win = build()
     qtbot.addWidget(win)

@@ -1,2 +1,0 @@
-"""The app's glue between widgets and engine: the app, the chat and Compare controllers, the model
-slot and its worker thread, background tasks."""

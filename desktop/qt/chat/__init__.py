@@ -1,0 +1,1 @@
+"""The Chat screen: the conversation view, its messages, the input box and the history sidebar."""

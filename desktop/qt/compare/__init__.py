@@ -1,0 +1,1 @@
+"""The Compare screen: panes over the Qt-free ``session.compare`` state, and their model slots."""

@@ -1,0 +1,1 @@
+"""The Run screen: a run's curves, its evaluations and report card, and their sweeps."""

@@ -1,0 +1,222 @@
+"""The Run tab's sweeps off the GUI thread: one step after another, one checkpoint open at a
+time, each result, the progress and the end reported as signals (Qt delivers them to the
+window's thread as queued calls). Stop ends a sweep after the item in hand; one sweep of a kind
+runs at a time.
+
+* :class:`SampleSweepTask`: nanochat's base_train prompts (or the user's), greedy, 16 tokens.
+* :class:`GradedSweepTask`: multiple choice from the user's JSONL (nanochat's categorical method),
+  or the bundled problems whose replies are checked.
+* :class:`BitsSweepTask`: bits per byte of the user's text.
+* :class:`CoreSweepTask`: nanochat's CORE over its eval_bundle (every task, or the first N
+  examples of each, as its ``--max-per-task N``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from desktop.config import paths
+from desktop.engine.backend import LoadOptions
+from desktop.engine.errors import NanoscopeError, is_out_of_memory
+from desktop.engine.files.bounded import FileRefused
+from desktop.engine.runs import core_bundle
+from desktop.engine.runs.bits_per_byte import read_text
+from desktop.engine.runs.checked_answers import bundled_problems
+from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep
+from desktop.engine.runs.grading import Graded, accuracy, what_flipped
+from desktop.engine.runs.multiple_choice import read_questions
+from desktop.engine.runs.sweep import tasks_sweep
+from desktop.engine.runs.timeline import Point
+from desktop.qt.jobs.stoppable_job import StoppableJob
+from desktop.store.eval_results import (
+    StoreKeeper,
+    core_key,
+    kept_answers,
+    kept_bits,
+    kept_choices,
+    shared_results,
+)
+
+logger = logging.getLogger(__name__)
+
+# A sweep's work: it reads the Event between its items.
+SweepWork = Callable[[threading.Event, LoadOptions], None]
+
+
+class SweepTask(QObject):
+    """Signals: progress(done, total), kept(steps read back from the eval results store, of all
+    steps), finished(error: "" when it completed or was stopped)."""
+
+    progress = Signal(int, int)
+    kept = Signal(int, int)
+    finished = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._job = StoppableJob()
+
+    def running(self) -> bool:
+        return self._job.running()
+
+    def stop(self, wait: float = 0.0) -> None:
+        self._job.stop(wait)
+
+    def _launch(self, name: str, work: SweepWork) -> bool:
+        options = LoadOptions(base_dir=paths.nanochat_base_dir(), kernel_cache=paths.kernel_timings_file())
+        return self._job.start(name, lambda cancel: self._run(work, cancel, options))
+
+    def _run(self, work: SweepWork, cancel: threading.Event, options: LoadOptions) -> None:
+        try:
+            work(cancel, options)
+        except (NanoscopeError, FileRefused) as exc:
+            self.finished.emit(str(exc))
+        except (MemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                logger.exception("sweep failed")
+                self.finished.emit(f"the sweep failed: {exc}")
+            else:
+                self.finished.emit("out of memory while loading a step; close other models first")
+        else:
+            self.finished.emit("")
+
+
+class SampleSweepTask(SweepTask):
+    """Signals: sample(stage, step, prompt, text), and the sweep's progress and end."""
+
+    sample = Signal(str, int, str, str)
+
+    def start(self, points: Sequence[Point], prompts: Sequence[str] = SAMPLE_PROMPTS) -> bool:
+        if not points:
+            return False
+        points, prompts = list(points), list(prompts)
+
+        def work(cancel: threading.Event, options: LoadOptions) -> None:
+            said = sample_sweep(points, prompts, options=options, cancel=cancel, progress=self.progress.emit)
+            for s in said:
+                self.sample.emit(s.stage, s.step, s.prompt, s.text)
+
+        return self._launch("sample-sweep", work)
+
+
+class GradedSweepTask(SweepTask):
+    """Questions with a right answer: multiple choice from the user's JSONL ("mc") or the
+    bundled checked-answer problems ("answers"). Signals: questions([(line, question, text
+    asked)], problems) once they are read; answered(stage, step, line, correct) for each step
+    and question; scored(task, {(stage, step): share right}) and flipped(earlier, later, lost
+    lines, gained lines) between the first and last step answered, by the engine's rules; then
+    the sweep's end."""
+
+    questions = Signal(list, list)
+    answered = Signal(str, int, int, bool)
+    scored = Signal(str, object)
+    flipped = Signal(object, object, list, list)
+
+    def start(self, points: Sequence[Point], data: Path | None, kind: str = "mc") -> bool:
+        if not points:
+            return False
+        points = list(points)
+
+        def work(cancel: threading.Event, options: LoadOptions) -> None:
+            graded: Iterator[tuple[Graded, bool]]
+            store = shared_results()
+            if kind == "mc" and data is not None:
+                asked, problems = read_questions(Path(data))
+                self.questions.emit([(q.line, q.question, q.text()) for q in asked], problems)
+                task, count = f"multiple choice: {Path(data).name}", len(asked)
+                graded = kept_choices(store, points, asked, options, cancel)
+            else:
+                bundled = bundled_problems()
+                self.questions.emit([(p.line, p.question, p.question) for p in bundled], [])
+                task, count = "arithmetic and spelling", len(bundled)
+                graded = kept_answers(store, points, bundled, options, cancel)
+            answers = []
+            read_back: set[tuple[str, int]] = set()
+            for a, kept in graded:
+                answers.append(a)
+                if kept:
+                    read_back.add((a.stage, a.step))
+                self.answered.emit(a.stage, a.step, a.line, a.correct)
+                self.progress.emit(len(answers), count * len(points))
+            scores = accuracy(answers)
+            self.kept.emit(len(read_back), len(scores))
+            self.scored.emit(task, scores)
+            if len(scores) >= 2:
+                earlier, *_, later = scores
+                flips = what_flipped(answers, earlier, later)
+                self.flipped.emit(earlier, later, list(flips.lost), list(flips.gained))
+
+        return self._launch("graded-sweep", work)
+
+
+class BitsSweepTask(SweepTask):
+    """Signals: scored(task, {(stage, step): bits per byte}) after each step (the curve grows as
+    the sweep goes), and the sweep's progress and end."""
+
+    scored = Signal(str, object)
+
+    def start(self, points: Sequence[Point], data: Path) -> bool:
+        if not points:
+            return False
+        points = list(points)
+
+        def work(cancel: threading.Event, options: LoadOptions) -> None:
+            text, more = read_text(Path(data))
+            task = f"bits per byte: {Path(data).name}" + (" (start)" if more else "")
+            scores: dict[tuple[str, int], float] = {}
+            read_back = 0
+            for r, kept in kept_bits(shared_results(), points, text, more, options, cancel):
+                read_back += kept
+                scores[(r.stage, r.step)] = r.bits_per_byte
+                self.progress.emit(len(scores), len(points))
+                self.scored.emit(task, dict(scores))
+            self.kept.emit(read_back, len(scores))
+
+        return self._launch("bits-sweep", work)
+
+
+class CoreSweepTask(SweepTask):
+    """Signals: scored("CORE …", {(stage, step): CORE}) as each step's every task is answered
+    (the curve grows step by step), as the CLI's ``--task core`` computes it."""
+
+    scored = Signal(str, object)
+
+    def start(self, points: Sequence[Point], bundle: Path | None, lite: int | None) -> bool:
+        """``bundle``: the eval_bundle folder (None: ``$NANOCHAT_BASE_DIR/eval_bundle``);
+        ``lite``: the first N examples of each task (None: all)."""
+        if not points:
+            return False
+        points = list(points)
+
+        def work(cancel: threading.Event, options: LoadOptions) -> None:
+            folder = core_bundle.find_bundle(bundle, paths.nanochat_base_dir())
+            tasks, problems = core_bundle.read_tasks(folder)
+            for problem in problems:
+                logger.warning("CORE: %s", problem)
+            asked, keys = [], {}
+            for task in tasks:
+                examples, _skipped = core_bundle.read_examples(task, lite)
+                one = core_bundle.core_task(task, examples)
+                asked.append(one)
+                keys[one.name] = core_key(task, examples, lite)
+            title = f"CORE (lite {lite})" if lite else "CORE"
+            total = len(points) * sum(len(one.items) for one in asked)
+            keeper = StoreKeeper(shared_results(), keys, cancel)
+            answers: list[core_bundle.CoreAnswer] = []
+            sweep = tasks_sweep(points, asked, options=options, cancel=cancel, keeper=keeper)
+            for done, r in enumerate(sweep, start=1):
+                # Steps come one after another: a new one means the last is complete, and CORE
+                # is computed then (not after every answer: that grows with the square).
+                if answers and (r.result.stage, r.result.step) != (answers[-1].stage, answers[-1].step):
+                    self.scored.emit(title, core_bundle.core_scores(answers, tasks))
+                answers.append(r.result)
+                self.progress.emit(done, total)
+            if answers:
+                self.scored.emit(title, core_bundle.core_scores(answers, tasks))
+            self.kept.emit(len({(stage, step) for stage, step, _ in keeper.read_back}), len(points))
+
+        return self._launch("core-sweep", work)

@@ -1,0 +1,511 @@
+"""The Run tab: one training run on a timeline, each saved step a point to open or compare.
+
+The user picks a run (a nanochat tag, whose stages are chained, or a KempnerForge run); the view
+asks for its timeline (read off the GUI thread, from metas only) and draws the chosen number
+against the step or the tokens seen, a marker at every saved checkpoint and a line where each
+stage starts. Hovering a marker shows what the step's files state (its numbers, what changed in
+its config since the step before, its size); a click opens it in Chat; Shift+click marks steps,
+and "Compare" sends the marked ones (two to four) to the Compare tab. "Sample prompts" asks
+the marked steps (all, when none is marked) nanochat's base_train sample prompts and fills a
+table, prompts by steps, as the sweep goes. "Multiple choice…" asks
+them the questions of a JSONL the user picks (nanochat's categorical scoring): each step's share
+right joins the timeline as a curve, the table of steps by tasks, and "what flipped" between the
+first and last step lists the questions that changed, each a click from Compare. "Report…"
+writes the run's report card (Markdown and a PNG per curve) into a folder the user picks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pyqtgraph as pg
+import pyqtgraph.exporters
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QFileDialog,
+    QHeaderView,
+    QLabel,
+    QMenu,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop.engine.discovery import CheckpointEntry
+from desktop.engine.runs.timeline import Curve, Point, Timeline
+from desktop.qt.run.evals import EvalResults
+from desktop.qt.run.parts import PlainLogAxis, point_tip, run_targets
+from desktop.qt.widgets import common, theme
+
+# What each evaluation reads: the file dialog's title and name filter.
+EVAL_FILES = {
+    "mc": ("Questions to ask each step", "JSON Lines (*.jsonl *.json);;All files (*)"),
+    "bpb": ("A text to measure bits per byte on", "Text (*.txt *.md *.jsonl);;All files (*)"),
+}
+PLOT_WIDTH = 1200  # pixels of a report's curve image
+STEPS = "saved steps"  # the "metric" of a run whose metas state no numbers: markers on one line
+MAX_COMPARED = 4
+CORE_LITE = 100  # examples per CORE task in the lite run (nanochat's --max-per-task)
+
+
+class RunView(QWidget):
+    """Signals: run_chosen(Path) asks for a timeline; open_step(Path, int) opens a step in Chat;
+    compare_steps(list[(Path, int)]) sends the marked steps to Compare."""
+
+    run_chosen = Signal(object)
+    open_step = Signal(object, int)
+    compare_steps = Signal(list)
+    samples_wanted = Signal(list)  # the points to sample
+    samples_stopped = Signal()
+    report_wanted = Signal(object)  # the folder to write the report card into
+    eval_wanted = Signal(str, list, object)  # "mc" | "bpb", the points to ask, the data file
+    eval_stopped = Signal()
+    compare_question = Signal(list, str)  # [(folder, step)] x 2 and the question they were asked
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.timeline: Timeline | None = None
+        self.marked: list[Point] = []
+        self.runs = QComboBox()
+        self.runs.setMinimumContentsLength(18)
+        self.runs.currentIndexChanged.connect(self._on_run)
+        self.curve = QComboBox()
+        self.curve.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.curve.setMinimumContentsLength(16)
+        self.curve.currentIndexChanged.connect(self._draw)
+        self.axis = QComboBox()
+        self.axis.addItems(["step", "tokens"])
+        self.axis.currentIndexChanged.connect(self._draw)
+        self.compare_btn = QPushButton("Compare")
+        self.compare_btn.setEnabled(False)
+        self.compare_btn.clicked.connect(self._send_to_compare)
+        self.sample_btn = QPushButton("Sample prompts")
+        self.sample_btn.setToolTip(
+            "Ask each marked step (every step when none is marked) nanochat's seven base_train "
+            "prompts: greedy, 16 tokens, one checkpoint in memory at a time"
+        )
+        self.sample_btn.clicked.connect(self._on_sample_btn)
+        self.report_btn = QPushButton("Report…")
+        self.report_btn.setToolTip(
+            "Write this run's report card into a folder: Markdown with its curves as PNG, every "
+            "step's numbers and weights hash, the sampled prompts, the config"
+        )
+        self.report_btn.clicked.connect(self._on_report_btn)
+        self.eval_btn = QPushButton()
+        self.eval_btn.setToolTip(
+            "Evaluate each marked step (every step when none is marked), one checkpoint in memory "
+            "at a time: multiple choice from a JSONL, or bits per byte of a text (docs/EVALS.md)"
+        )
+        self.eval_menu = QMenu(self.eval_btn)
+        self.eval_menu.addAction("Multiple choice…", lambda: self._pick_eval_file("mc"))
+        self.eval_menu.addAction("Bits per byte…", lambda: self._pick_eval_file("bpb"))
+        self.eval_menu.addAction("Arithmetic and spelling", lambda: self.evaluate("answers", None))
+        self.eval_menu.addSeparator()
+        self.eval_menu.addAction(
+            f"CORE, lite ({CORE_LITE} per task)", lambda: self.evaluate("core-lite", None)
+        )
+        self.eval_menu.addAction("CORE, every example", lambda: self.evaluate("core", None))
+        self.eval_menu.addAction("CORE from an eval_bundle folder…", self._pick_bundle)
+        self.eval_btn.clicked.connect(self._on_eval_btn)
+        self.evaluating = ""  # the running evaluation's kind, "" when none runs
+        self._kept_note = ""  # what the running evaluation read back from kept results
+        self._started = 0.0  # when it started (for its estimate)
+        self._idle_eval_btn()
+        self.evals = EvalResults()
+        self.evals.compare_question.connect(self.compare_question)
+        self.sweeping = False
+        self.said: list[tuple[str, int, str, str]] = []  # (stage, step, prompt, text) of the last sweep
+        self.table = QTableWidget(0, 0)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.setWordWrap(True)
+        self.results = QTabWidget()
+        self.results.setDocumentMode(True)
+        self.results.addTab(self.table, "Sample prompts")
+        self.results.addTab(self.evals, "Evaluations")
+        self.results.hide()
+        self._rows: list[str] = []  # the table's prompts and step columns, in order
+        self._columns: list[str] = []
+        self.status = QLabel("Pick a run: its saved steps and the numbers their metas state.")
+        self.status.setTextFormat(Qt.TextFormat.PlainText)
+        self.status.setWordWrap(True)
+        bar = QWidget()  # groups that wrap as a whole onto a second row on a narrow window
+        flow = common.FlowLayout(bar, spacing=14)
+        flow.setContentsMargins(0, 0, 0, 0)
+        for label, widget in (("Run", self.runs), ("Curve", self.curve), ("Against", self.axis)):
+            flow.addWidget(common.group(QLabel(label), widget))
+        flow.addWidget(common.group(self.sample_btn, self.eval_btn, self.report_btn, self.compare_btn))
+        self.plot = pg.PlotWidget(axisItems={"left": PlainLogAxis("left")})
+        self.plot.showGrid(x=True, y=True, alpha=0.15)
+        self.plot.setMenuEnabled(False)
+        self.scatter = pg.ScatterPlotItem(hoverable=True, tip=self._tip, size=11, hoverSize=15)
+        self.scatter.sigClicked.connect(self._on_click)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.addWidget(bar)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.plot)
+        split.addWidget(self.results)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        layout.addWidget(split, 1)
+        layout.addWidget(self.status)
+        self.apply_theme()
+
+    # ----- inputs ----------------------------------------------------------------------------
+
+    def set_entries(self, entries: list[CheckpointEntry]) -> None:
+        """The runs among the scan's checkpoints (the chosen one stays chosen)."""
+        current = self.runs.currentData()
+        self.runs.blockSignals(True)
+        self.runs.clear()
+        for label, folder in run_targets(entries):
+            self.runs.addItem(label, folder)
+        index = self.runs.findData(current) if current is not None else -1
+        self.runs.setCurrentIndex(max(index, 0) if self.runs.count() else -1)
+        self.runs.blockSignals(False)
+        if self.runs.currentData() != current:
+            self._on_run()
+
+    def choose_run(self, folder: Path) -> None:
+        index = self.runs.findData(Path(folder))
+        if index < 0:
+            self.runs.addItem(Path(folder).name, Path(folder))
+            index = self.runs.count() - 1
+        self.runs.setCurrentIndex(index)
+
+    def show_timeline(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+        self.marked = []
+        self._list_curves(timeline)
+
+    def _list_curves(self, timeline: Timeline) -> None:
+        chosen = self.curve.currentText()
+        self.curve.blockSignals(True)
+        self.curve.clear()
+        self.curve.addItems(timeline.metric_names() or [STEPS])
+        self.curve.setCurrentIndex(max(self.curve.findText(chosen), 0))
+        self.curve.blockSignals(False)
+        self._draw()
+
+    def add_sample(self, stage: str, step: int, prompt: str, text: str) -> None:
+        """One step's continuation of one prompt, into its cell (prompts down, steps across)."""
+        self.said.append((stage, step, prompt, text))
+        column = f"{stage} {step}"
+        if column not in self._columns:
+            self.table.insertColumn(len(self._columns))
+            self.table.setHorizontalHeaderItem(len(self._columns), QTableWidgetItem(column))
+            self._columns.append(column)
+        if prompt not in self._rows:
+            self.table.insertRow(len(self._rows))
+            self.table.setVerticalHeaderItem(len(self._rows), QTableWidgetItem(prompt))
+            self._rows.append(prompt)
+        cell = QTableWidgetItem(text.strip() or "(nothing)")
+        cell.setToolTip(f"{prompt}{text}")
+        self.table.setItem(self._rows.index(prompt), self._columns.index(column), cell)
+        self.table.resizeRowsToContents()
+
+    def save_plots(self, folder: Path) -> list[tuple[str, str]]:
+        """Each curve of the run drawn as the tab draws it, against the step, into
+        ``folder/<metric>.png``; (metric, file name) for each. The user's choice is kept."""
+        if self.timeline is None:
+            return []
+        chosen, axis, marked = self.curve.currentIndex(), self.axis.currentIndex(), self.marked
+        self.axis.setCurrentIndex(0)
+        self.marked = []  # a card shows the run, not this session's marks
+        written: list[tuple[str, str]] = []
+        try:
+            for index in range(self.curve.count()):
+                metric = self.curve.itemText(index)
+                if metric == STEPS:
+                    continue
+                self.curve.setCurrentIndex(index)
+                name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in metric) + ".png"
+                exporter = pyqtgraph.exporters.ImageExporter(self.plot.getPlotItem())
+                exporter.parameters()["width"] = PLOT_WIDTH
+                exporter.export(str(Path(folder) / name))
+                written.append((metric, name))
+        finally:
+            self.marked = marked
+            self.curve.setCurrentIndex(chosen)
+            self.axis.setCurrentIndex(axis)
+            self._draw()
+        return written
+
+    # ----- evaluations -----------------------------------------------------------------------
+
+    def _idle_eval_btn(self) -> None:
+        self.eval_btn.setText("Evaluate")
+        self.eval_btn.setMenu(self.eval_menu)
+
+    def _on_eval_btn(self) -> None:
+        if self.evaluating:  # while one runs the button is its Stop
+            self.eval_stopped.emit()
+
+    def _pick_eval_file(self, kind: str) -> None:
+        title, pattern = EVAL_FILES[kind]
+        path, _ = QFileDialog.getOpenFileName(self, title, "", pattern)
+        if path:
+            self.evaluate(kind, Path(path))
+
+    def _pick_bundle(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "nanochat's eval_bundle folder (core.yaml)")
+        if path:
+            self.evaluate("core-lite", Path(path))
+
+    def evaluate(self, kind: str, data: Path | None) -> None:
+        """Evaluate the marked steps (every step when none is marked): ``kind`` "mc" asks the
+        questions in ``data``, "bpb" measures the text in it, "answers" checks the replies to
+        the bundled arithmetic and spelling problems (no file), "core" and "core-lite" score
+        nanochat's CORE on the eval_bundle folder ``data`` (None: the base dir's)."""
+        if self.timeline is None or not self.timeline.points or self.evaluating:
+            return
+        self.evaluating = kind
+        self._started = time.monotonic()
+        self.eval_btn.setMenu(None)  # type: ignore[arg-type]  # Qt takes None: no menu
+        self.eval_btn.setText("Stop evaluating")
+        if kind.startswith("core"):
+            self.status.setText("Reading nanochat's eval_bundle…")
+        else:
+            self.status.setText(f"Reading {data.name}…" if data else "Asking the bundled problems…")
+        self.eval_wanted.emit(kind, list(self.marked) or list(self.timeline.points), data)
+
+    def choices_read(self, questions: list, problems: list) -> None:
+        timeline = self.timeline
+        folders = {(p.stage, p.step): p.path for p in timeline.points} if timeline else {}
+        self.evals.set_questions(questions, folders)
+        self.results.show()
+        self.results.setCurrentWidget(self.evals)
+        if problems:
+            self.status.setText(f"{len(questions)} questions; {len(problems)} problems: {problems[0]}")
+
+    def show_eval_progress(self, done: int, total: int) -> None:
+        spent = time.monotonic() - self._started
+        left = spent / done * (total - done) if done else 0.0
+        self.status.setText(f"Evaluating: {done} of {total} done, about {left:.0f} s left")
+
+    def show_scores(self, task: str, scores: dict) -> None:
+        """Each step's score on ``task``: a column of the table and a curve on the timeline."""
+        self.evals.set_scores(task, scores)
+        self.results.show()
+        self.results.setCurrentWidget(self.evals)
+        if self.timeline is None:
+            return
+        curves = [c for c in self.timeline.curves if c.name != task]
+        for stage in dict.fromkeys(p.stage for p in self.timeline.points):
+            placed = sorted(
+                (float(p.x), scores[(p.stage, p.step)])
+                for p in self.timeline.points
+                if p.stage == stage and (p.stage, p.step) in scores
+            )
+            if placed:
+                xs, ys = zip(*placed, strict=True)
+                curves.append(Curve(task, stage, xs, ys, "sweep"))
+        self.timeline = replace(self.timeline, curves=tuple(curves))
+        self._list_curves(self.timeline)
+
+    def choices_flipped(self, earlier: tuple, later: tuple, lost: list, gained: list) -> None:
+        self.evals.set_flips(earlier, later, lost, gained)
+
+    def note_kept(self, read_back: int, steps: int) -> None:
+        """How many of the evaluated steps were read back from the kept results."""
+        self._kept_note = f"{read_back} of {steps} steps read from kept results" if read_back else ""
+
+    def eval_done(self, error: str) -> None:
+        self.evaluating = ""
+        self._idle_eval_btn()
+        if error:
+            self.status.setText(f"Evaluation stopped: {error}")
+        elif self.timeline is not None:
+            self._say(self.timeline, 0)
+            if self._kept_note:
+                self.status.setText(f"{self.status.text()} · {self._kept_note}")
+        self._kept_note = ""
+
+    def report_done(self, message: str) -> None:
+        self.report_btn.setEnabled(True)
+        self.status.setText(message)
+
+    def show_sweep_progress(self, done: int, total: int) -> None:
+        self.status.setText(f"Sampling: {done} of {total} prompts answered")
+
+    def sweep_done(self, error: str) -> None:
+        self.sweeping = False
+        self.sample_btn.setText("Sample prompts")
+        if error:
+            self.status.setText(f"Sampling stopped: {error}")
+        elif self.timeline is not None:
+            self._say(self.timeline, 0)
+
+    def show_problem(self, folder: Path, message: str) -> None:
+        self.timeline = None
+        self.plot.clear()
+        self.status.setText(f"{Path(folder).name}: {message}")
+
+    def apply_theme(self) -> None:
+        c = theme.colors()
+        self.plot.setBackground(c.surface)
+        for name in ("left", "bottom"):
+            axis = self.plot.getAxis(name)
+            axis.enableAutoSIPrefix(False)  # "val_bpb (x0.001)" reads as another number
+            axis.setPen(pg.mkPen(c.border))
+            axis.setTextPen(pg.mkPen(c.muted))
+        self._draw()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:  # the theme changed
+            self.apply_theme()
+
+    # ----- drawing ---------------------------------------------------------------------------
+
+    def _x(self, point: Point) -> float | None:
+        return float(point.x) if self.axis.currentText() == "step" else point.tokens
+
+    def _line(self, timeline: Timeline, metric: str) -> list[tuple[float, float]]:
+        """The metric's known values against the chosen axis. Against tokens, a logged value
+        between saves is placed by its stage's tokens per step (a run's batch is fixed)."""
+        line = timeline.line(metric)
+        if self.axis.currentText() == "step":
+            return line
+        starts = sorted(start for start, _ in timeline.stages) or [0]
+
+        def stage_start(x: float) -> int:
+            return max((s for s in starts if s <= x), default=0)
+
+        rate: dict[int, float] = {}  # tokens per step, by the x where the stage starts
+        for p in timeline.points:
+            if p.tokens is not None and p.step > 0:
+                rate.setdefault(stage_start(p.x), p.tokens / p.step)
+        placed: list[tuple[float, float]] = []
+        for x, y in line:
+            start = stage_start(x)
+            if start in rate:
+                placed.append(((x - start) * rate[start], y))
+        return placed
+
+    def _draw(self) -> None:
+        self.plot.clear()
+        timeline = self.timeline
+        if timeline is None:
+            return
+        c = theme.colors()
+        metric = self.curve.currentText()
+        placed = [(x, p) for p in timeline.points if (x := self._x(p)) is not None]
+        line = self._line(timeline, metric)
+        values = [y for _, y in line]
+        # A loss that falls by orders of magnitude reads on a log scale.
+        log = bool(values) and min(values) > 0 and max(values) / min(values) > 20
+        self.plot.setLogMode(y=log)
+        if len(line) > 1:
+            self.plot.plot([x for x, _ in line], values, pen=pg.mkPen(c.accent, width=2))
+        # Every saved step gets a marker: on its value, or (it has none) on the curve's floor.
+        floor = min(values) if values else 0.0
+        on_curve = [timeline.value_at(p, metric) for _, p in placed]
+        ys = [floor if y is None else y for y in on_curve]
+        brushes = [
+            pg.mkBrush(c.warning if p in self.marked else c.accent if y is not None else c.muted)
+            for (_, p), y in zip(placed, on_curve, strict=True)
+        ]
+        self.scatter.setData(
+            x=[x for x, _ in placed],
+            y=[math.log10(y) if log else y for y in ys],
+            data=[p for _, p in placed],
+            brush=brushes,
+            pen=pg.mkPen(c.surface),
+        )
+        self.plot.addItem(self.scatter)
+        if self.axis.currentText() == "step":
+            for start, stage in timeline.stages[1:] if len(timeline.stages) > 1 else ():
+                line = pg.InfiniteLine(pos=start, angle=90, pen=pg.mkPen(c.muted, style=Qt.PenStyle.DashLine))
+                line.label = pg.InfLineLabel(line, text=stage, position=0.95, color=c.muted)
+                self.plot.addItem(line)
+        if placed:
+            xs = [x for x, _ in placed]
+            self.plot.setXRange(min(0.0, min(xs)), max(xs) or 1.0, padding=0.05)
+        self.plot.setLabel("left", metric if metric != STEPS else "")
+        self.plot.setLabel("bottom", self.axis.currentText())
+        self._say(timeline, len(timeline.points) - len(placed))
+
+    def _say(self, timeline: Timeline, without_x: int) -> None:
+        parts = [f"{timeline.name}: {len(timeline.points)} saved steps"]
+        if without_x:
+            parts.append(f"{without_x} without a token count")
+        if timeline.problems:
+            parts.append(f"{len(timeline.problems)} values left out ({timeline.problems[0]})")
+        if "bpb" in self.curve.currentText():
+            parts += timeline.notes
+        if self.marked:
+            parts.append(f"marked for Compare: {', '.join(str(p.step) for p in self.marked)}")
+        self.status.setText(" · ".join(parts))
+        self.compare_btn.setEnabled(2 <= len(self.marked) <= MAX_COMPARED)
+        self.compare_btn.setText(f"Compare {len(self.marked)}" if self.marked else "Compare")
+
+    def _tip(self, x: float, y: float, data: Point) -> str:
+        return point_tip(data)
+
+    # ----- actions -----------------------------------------------------------------------------
+
+    def _on_run(self) -> None:
+        folder = self.runs.currentData()
+        if folder is not None:
+            self.status.setText(f"Reading {Path(folder).name}…")
+            self.run_chosen.emit(Path(folder))
+
+    def _on_click(self, _item: object, spots: list, _event: object = None) -> None:
+        if not spots:
+            return
+        self.click_point(spots[0].data(), QApplication.keyboardModifiers())
+
+    def click_point(self, point: Point, modifiers: Qt.KeyboardModifier) -> None:
+        """What a click on ``point`` does: open it, or with Shift mark or unmark it."""
+        if modifiers & Qt.KeyboardModifier.ShiftModifier:
+            if point in self.marked:
+                self.marked.remove(point)
+            elif len(self.marked) < MAX_COMPARED:
+                self.marked.append(point)
+            self._draw()
+        else:
+            self.open_step.emit(point.path, point.step)
+
+    def _on_sample_btn(self) -> None:
+        if self.sweeping:
+            self.samples_stopped.emit()
+            return
+        if self.timeline is None or not self.timeline.points:
+            return
+        points = list(self.marked) or list(self.timeline.points)
+        self.table.setRowCount(0)
+        self.table.setColumnCount(0)
+        self._rows, self._columns = [], []
+        self.said = []
+        self.results.show()
+        self.results.setCurrentWidget(self.table)
+        self.sweeping = True
+        self.sample_btn.setText("Stop sampling")
+        self.samples_wanted.emit(points)
+
+    def _on_report_btn(self) -> None:
+        if self.timeline is None:
+            return
+        folder = QFileDialog.getExistingDirectory(self, "Write the report card into")
+        if folder:
+            self.report_to(Path(folder))
+
+    def report_to(self, folder: Path) -> None:
+        self.report_btn.setEnabled(False)
+        self.status.setText(f"Writing the report card into {folder}…")
+        self.report_wanted.emit(Path(folder))
+
+    def _send_to_compare(self) -> None:
+        if 2 <= len(self.marked) <= MAX_COMPARED:
+            self.compare_steps.emit([(p.path, p.step) for p in self.marked])

@@ -1,1 +1,0 @@
-"""Qt widgets of the Nanoscope window (one widget per module). Only the GUI thread uses them."""
