@@ -4,6 +4,7 @@ from the rest of the app. Every import counts, including those inside functions.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 DESKTOP = Path(__file__).resolve().parents[1] / "desktop"
@@ -82,8 +83,9 @@ def test_the_engine_imports_nothing_from_the_app_and_nothing_from_qt():
     assert offenders == []
 
 
-def qt_modules() -> set[str]:
-    """Modules that import Qt themselves."""
+@functools.cache
+def qt_modules() -> frozenset[str]:
+    """Modules that import Qt themselves (parsed once per test run)."""
     return {
         module_name(p) for p in DESKTOP.rglob("*.py") if any(n.split(".")[0] in QT for n in imports_of(p))
     }
@@ -104,7 +106,7 @@ def imports_under(paths: list[Path], package: str) -> list[tuple[str, str]]:
     ]
 
 
-def back_up_imports(paths: list[Path], qt: set[str]) -> list[tuple[str, str]]:
+def back_up_imports(paths: list[Path], qt: frozenset[str]) -> list[tuple[str, str]]:
     """(module, import) pairs where a Qt-free module imports a module of the Qt layer: Qt sits on
     top, so nothing under it may lean on it (the CLI starts the window, and only that)."""
     offenders = []
