@@ -86,9 +86,9 @@ def test_the_engine_imports_nothing_from_the_app_and_nothing_from_qt():
 @functools.cache
 def qt_modules() -> frozenset[str]:
     """Modules that import Qt themselves (parsed once per test run)."""
-    return {
+    return frozenset(
         module_name(p) for p in DESKTOP.rglob("*.py") if any(n.split(".")[0] in QT for n in imports_of(p))
-    }
+    )
 
 
 def qt_imports(paths: list[Path]) -> list[tuple[str, str]]:
