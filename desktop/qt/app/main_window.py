@@ -622,9 +622,7 @@ class MainWindow(QMainWindow):
     def _request(self) -> tuple[SamplingParams, str]:
         """The sampling values for the next reply (a fresh seed when the seed is unlocked) and the
         system prompt."""
-        values = self.sampling.values()
-        values["seed"] = self.sampling.next_seed()
-        return SamplingParams.from_dict(values), str(values.get("system_prompt") or "")
+        return self.sampling.state.next_request()
 
     def _send(self, text: str) -> None:
         if self.controller.send(text, *self._request(), prefill=self.input.prefill()):
