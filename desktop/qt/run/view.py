@@ -45,7 +45,7 @@ from PySide6.QtWidgets import (
 from desktop.engine.discovery import CheckpointEntry
 from desktop.engine.runs.timeline import Point, Timeline
 from desktop.qt.run.evals import EvalResults
-from desktop.qt.run.parts import PlainLogAxis, point_tip, run_targets
+from desktop.qt.run.parts import PlainLogAxis, against_tokens, point_tip, run_targets
 from desktop.qt.widgets import common, theme
 from desktop.session.run import RunSession
 
@@ -368,26 +368,9 @@ class RunView(QWidget):
         return float(point.x) if self.axis.currentText() == "step" else point.tokens
 
     def _line(self, timeline: Timeline, metric: str) -> list[tuple[float, float]]:
-        """The metric's known values against the chosen axis. Against tokens, a logged value
-        between saves is placed by its stage's tokens per step (a run's batch is fixed)."""
+        """The metric's known values against the chosen axis."""
         line = timeline.line(metric)
-        if self.axis.currentText() == "step":
-            return line
-        starts = sorted(start for start, _ in timeline.stages) or [0]
-
-        def stage_start(x: float) -> int:
-            return max((s for s in starts if s <= x), default=0)
-
-        rate: dict[int, float] = {}  # tokens per step, by the x where the stage starts
-        for p in timeline.points:
-            if p.tokens is not None and p.step > 0:
-                rate.setdefault(stage_start(p.x), p.tokens / p.step)
-        placed: list[tuple[float, float]] = []
-        for x, y in line:
-            start = stage_start(x)
-            if start in rate:
-                placed.append(((x - start) * rate[start], y))
-        return placed
+        return line if self.axis.currentText() == "step" else against_tokens(timeline, line)
 
     def _draw(self) -> None:
         self.plot.clear()
