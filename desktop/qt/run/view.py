@@ -166,7 +166,6 @@ class RunView(QWidget):
         events.sample_added.connect(self._show_sample)
         events.questions_changed.connect(self._show_evals)
         events.scores_changed.connect(self._on_scores)
-        events.flips_changed.connect(self._show_evals)
         self.apply_theme()
 
     @property
