@@ -60,7 +60,7 @@ CORE_LITE = 100  # examples per CORE task in the lite run (nanochat's --max-per-
 
 
 class RunView(QWidget):
-    """A view over ``session`` (the run chosen goes to it, which asks for the timeline). Signals:
+    """A view over ``session`` (the run chosen goes to it, and it asks for the timeline). Signals:
     open_step(Path, int) opens a step in Chat; compare_steps(list[(Path, int)]) sends the marked
     steps to Compare."""
 
@@ -73,9 +73,9 @@ class RunView(QWidget):
     eval_stopped = Signal()
     compare_question = Signal(list, str)  # [(folder, step)] x 2 and the question they were asked
 
-    def __init__(self, session: RunSession | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.session = session if session is not None else RunSession()
+        self.session = session
         self._card = False  # drawing a report card's plots: no marks
         self.runs = QComboBox()
         self.runs.setMinimumContentsLength(18)
