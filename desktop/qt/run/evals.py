@@ -3,13 +3,11 @@ across), and "what flipped" between two steps: the questions the later step got 
 earlier one got right, and the reverse. Clicking one sends the two steps and that question to
 Compare, side by side.
 
-The scores and flips are computed by the sweep (off this thread, by the engine's rules); this
-widget only shows them, and keeps them for the report card.
+The scores and flips are computed by the sweep (off this thread, by the engine's rules) and
+kept in the Run session (for the report card too); this widget only shows them.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -24,7 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-StepKey = tuple[str, int]  # (stage, step)
+from desktop.session.run import RunSession
+
 MAX_SHOWN = 500  # flips listed; a count says how many more
 
 
@@ -37,15 +36,13 @@ def shown_score(task: str, value: float) -> str:
 
 
 class EvalResults(QWidget):
-    """Signals: compare_question([(folder, step), (folder, step)], text) when a flip is clicked."""
+    """A view over ``session``'s evaluations. Signals: flip_chosen(line) when a flip is clicked."""
 
-    compare_question = Signal(list, str)
+    flip_chosen = Signal(int)
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.scores: dict[str, dict[StepKey, float]] = {}  # task -> step -> score
-        self.questions: dict[int, tuple[str, str]] = {}  # line -> (the question, the text asked)
-        self.folders: dict[StepKey, Path] = {}
+        self.session = session
         self.table = QTableWidget(0, 0)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
@@ -68,48 +65,45 @@ class EvalResults(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(split)
+        session.events.questions_changed.connect(self._show_flips)
+        session.events.scores_changed.connect(self._show_scores)
+        session.events.flips_changed.connect(self._show_flips)
 
-    def set_questions(self, questions: list[tuple[int, str, str]], folders: dict[StepKey, Path]) -> None:
-        """A new sweep: its questions by line (the question, the whole text asked), and where
-        each step's files are."""
-        self.questions = {line: (question, asked) for line, question, asked in questions}
-        self.folders = dict(folders)
-        self.flips.clear()
-        self.flips_title.setText("What flipped: when the sweep ends")
-
-    def set_scores(self, task: str, scores: dict[StepKey, float]) -> None:
-        self.scores[task] = dict(scores)
-        tasks = list(self.scores)
-        steps = sorted({k for s in self.scores.values() for k in s}, key=lambda k: (k[0] != "base", k[1]))
+    def _show_scores(self, _task: str) -> None:
+        scores = self.session.scores
+        tasks = list(scores)
+        steps = sorted({k for s in scores.values() for k in s}, key=lambda k: (k[0] != "base", k[1]))
         self.table.setRowCount(len(steps))
         self.table.setColumnCount(len(tasks))
         self.table.setHorizontalHeaderLabels(tasks)
         self.table.setVerticalHeaderLabels([f"{stage} {step:,}" for stage, step in steps])
         for r, key in enumerate(steps):
             for c, name in enumerate(tasks):
-                value = self.scores[name].get(key)
+                value = scores[name].get(key)
                 self.table.setItem(r, c, QTableWidgetItem("" if value is None else shown_score(name, value)))
 
-    def set_flips(self, earlier: StepKey, later: StepKey, lost: list[int], gained: list[int]) -> None:
-        """The questions that changed between two steps, each a click away from Compare."""
+    def _show_flips(self) -> None:
+        """The questions that changed between two steps, each a click away from Compare (until a
+        sweep ends, a line saying they come then)."""
         self.flips.clear()
+        flips = self.session.flips
+        if flips is None:
+            self.flips_title.setText("What flipped: when the sweep ends")
+            return
+        earlier, later, lost, gained = flips.earlier, flips.later, flips.lost, flips.gained
         e, l_ = f"{earlier[0]} {earlier[1]:,}", f"{later[0]} {later[1]:,}"
         self.flips_title.setText(f"What flipped from {e} to {l_}: {len(lost)} lost, {len(gained)} gained")
         rows = [(line, f"✗ lost at {l_}") for line in lost] + [(line, f"✓ gained at {l_}") for line in gained]
         for line, what in rows[:MAX_SHOWN]:
-            question = self.questions.get(line, ("", ""))[0]
+            question = self.session.questions.get(line, ("", ""))[0]
             item = QListWidgetItem(f"{what} · line {line}: {' '.join(question.split())[:200]}")
             item.setToolTip("Click: ask both steps this question side by side in Compare")
-            item.setData(Qt.ItemDataRole.UserRole, (line, earlier, later))
+            item.setData(Qt.ItemDataRole.UserRole, line)
             self.flips.addItem(item)
         if len(rows) > MAX_SHOWN:
             self.flips.addItem(f"… and {len(rows) - MAX_SHOWN} more")
 
     def _on_flip(self, item: QListWidgetItem) -> None:
-        data = item.data(Qt.ItemDataRole.UserRole)
-        if not data:
-            return
-        line, earlier, later = data
-        steps = [(self.folders[k], k[1]) for k in (earlier, later) if k in self.folders]
-        if len(steps) == 2:
-            self.compare_question.emit(steps, self.questions.get(line, ("", ""))[1])
+        line = item.data(Qt.ItemDataRole.UserRole)
+        if line is not None:  # not the "… and N more" row
+            self.flip_chosen.emit(line)

@@ -1,5 +1,5 @@
 """The Run tab's small pieces: a log axis that writes plain numbers, the runs among the scanned
-checkpoints, and a saved step's hover text."""
+checkpoints, a curve placed against the tokens seen, and a saved step's hover text."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pyqtgraph as pg
 
 from desktop.engine.discovery import CheckpointEntry
-from desktop.engine.runs.timeline import Point
+from desktop.engine.runs.timeline import Point, Timeline
 
 
 class PlainLogAxis(pg.AxisItem):
@@ -40,6 +40,29 @@ def run_targets(entries: list[CheckpointEntry]) -> list[tuple[str, Path]]:
         elif e.source == "kempnerforge":
             runs.setdefault((Path(e.path), ""), (f"{e.tag} (KempnerForge)", Path(e.path)))
     return list(runs.values())
+
+
+def against_tokens(timeline: Timeline, line: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``line`` (x on the step axis) against the tokens seen: a logged value between saves is
+    placed by its stage's tokens per step (a run's batch is fixed); a stage whose steps state no
+    tokens is left out."""
+    starts = sorted(start for start, _ in timeline.stages) or [0]
+
+    def stage_start(x: float) -> int:
+        return max((s for s in starts if s <= x), default=0)
+
+    # A stage's last step sits where the next stage starts: a step's stage is its own, not its x's.
+    start_of = {stage: start for start, stage in timeline.stages}
+    rate: dict[int, float] = {}  # tokens per step, by the x where the stage starts
+    for p in timeline.points:
+        if p.tokens is not None and p.step > 0:
+            rate.setdefault(start_of.get(p.stage, stage_start(p.x)), p.tokens / p.step)
+    placed: list[tuple[float, float]] = []
+    for x, y in line:
+        start = stage_start(x)
+        if start in rate:
+            placed.append(((x - start) * rate[start], y))
+    return placed
 
 
 def point_tip(point: Point) -> str:

@@ -12,13 +12,15 @@ them the questions of a JSONL the user picks (nanochat's categorical scoring): e
 right joins the timeline as a curve, the table of steps by tasks, and "what flipped" between the
 first and last step lists the questions that changed, each a click from Compare. "Report…"
 writes the run's report card (Markdown and a PNG per curve) into a folder the user picks.
+
+The state (the run, its timeline, the marks, what was said and scored) is a Qt-free
+:class:`~desktop.session.run.RunSession`: this view renders it and sends the user's intents to it.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pyqtgraph as pg
@@ -41,10 +43,11 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.engine.discovery import CheckpointEntry
-from desktop.engine.runs.timeline import Curve, Point, Timeline
+from desktop.engine.runs.timeline import Point, Timeline
 from desktop.qt.run.evals import EvalResults
-from desktop.qt.run.parts import PlainLogAxis, point_tip, run_targets
+from desktop.qt.run.parts import PlainLogAxis, against_tokens, point_tip, run_targets
 from desktop.qt.widgets import common, theme
+from desktop.session.run import RunSession
 
 # What each evaluation reads: the file dialog's title and name filter.
 EVAL_FILES = {
@@ -53,15 +56,14 @@ EVAL_FILES = {
 }
 PLOT_WIDTH = 1200  # pixels of a report's curve image
 STEPS = "saved steps"  # the "metric" of a run whose metas state no numbers: markers on one line
-MAX_COMPARED = 4
 CORE_LITE = 100  # examples per CORE task in the lite run (nanochat's --max-per-task)
 
 
 class RunView(QWidget):
-    """Signals: run_chosen(Path) asks for a timeline; open_step(Path, int) opens a step in Chat;
-    compare_steps(list[(Path, int)]) sends the marked steps to Compare."""
+    """A view over ``session`` (the run chosen goes to it, and it asks for the timeline). Signals:
+    open_step(Path, int) opens a step in Chat; compare_steps(list[(Path, int)]) sends the marked
+    steps to Compare."""
 
-    run_chosen = Signal(object)
     open_step = Signal(object, int)
     compare_steps = Signal(list)
     samples_wanted = Signal(list)  # the points to sample
@@ -71,10 +73,10 @@ class RunView(QWidget):
     eval_stopped = Signal()
     compare_question = Signal(list, str)  # [(folder, step)] x 2 and the question they were asked
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.timeline: Timeline | None = None
-        self.marked: list[Point] = []
+        self.session = session
+        self._card = False  # drawing a report card's plots: no marks
         self.runs = QComboBox()
         self.runs.setMinimumContentsLength(18)
         self.runs.currentIndexChanged.connect(self._on_run)
@@ -117,13 +119,11 @@ class RunView(QWidget):
         self.eval_menu.addAction("CORE from an eval_bundle folder…", self._pick_bundle)
         self.eval_btn.clicked.connect(self._on_eval_btn)
         self.evaluating = ""  # the running evaluation's kind, "" when none runs
-        self._kept_note = ""  # what the running evaluation read back from kept results
         self._started = 0.0  # when it started (for its estimate)
         self._idle_eval_btn()
-        self.evals = EvalResults()
-        self.evals.compare_question.connect(self.compare_question)
+        self.evals = EvalResults(self.session)
+        self.evals.flip_chosen.connect(self._on_flip)
         self.sweeping = False
-        self.said: list[tuple[str, int, str, str]] = []  # (stage, step, prompt, text) of the last sweep
         self.table = QTableWidget(0, 0)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
@@ -159,7 +159,18 @@ class RunView(QWidget):
         split.setStretchFactor(1, 2)
         layout.addWidget(split, 1)
         layout.addWidget(self.status)
+        events = self.session.events
+        events.timeline_changed.connect(self._on_timeline)
+        events.marks_changed.connect(self._draw)
+        events.samples_started.connect(self._clear_samples)
+        events.sample_added.connect(self._show_sample)
+        events.questions_changed.connect(self._show_evals)
+        events.scores_changed.connect(self._on_scores)
         self.apply_theme()
+
+    @property
+    def timeline(self) -> Timeline | None:
+        return self.session.timeline
 
     # ----- inputs ----------------------------------------------------------------------------
 
@@ -183,10 +194,12 @@ class RunView(QWidget):
             index = self.runs.count() - 1
         self.runs.setCurrentIndex(index)
 
-    def show_timeline(self, timeline: Timeline) -> None:
-        self.timeline = timeline
-        self.marked = []
-        self._list_curves(timeline)
+    def _on_timeline(self) -> None:
+        if self.timeline is not None:
+            self._list_curves(self.timeline)
+        else:
+            self.plot.clear()
+            self.status.setText(self.session.problem)
 
     def _list_curves(self, timeline: Timeline) -> None:
         chosen = self.curve.currentText()
@@ -197,9 +210,15 @@ class RunView(QWidget):
         self.curve.blockSignals(False)
         self._draw()
 
-    def add_sample(self, stage: str, step: int, prompt: str, text: str) -> None:
+    def _clear_samples(self) -> None:
+        self.table.setRowCount(0)
+        self.table.setColumnCount(0)
+        self._rows, self._columns = [], []
+        self.results.show()
+        self.results.setCurrentWidget(self.table)
+
+    def _show_sample(self, stage: str, step: int, prompt: str, text: str) -> None:
         """One step's continuation of one prompt, into its cell (prompts down, steps across)."""
-        self.said.append((stage, step, prompt, text))
         column = f"{stage} {step}"
         if column not in self._columns:
             self.table.insertColumn(len(self._columns))
@@ -219,9 +238,9 @@ class RunView(QWidget):
         ``folder/<metric>.png``; (metric, file name) for each. The user's choice is kept."""
         if self.timeline is None:
             return []
-        chosen, axis, marked = self.curve.currentIndex(), self.axis.currentIndex(), self.marked
+        chosen, axis = self.curve.currentIndex(), self.axis.currentIndex()
         self.axis.setCurrentIndex(0)
-        self.marked = []  # a card shows the run, not this session's marks
+        self._card = True  # a card shows the run, not this session's marks
         written: list[tuple[str, str]] = []
         try:
             for index in range(self.curve.count()):
@@ -235,7 +254,7 @@ class RunView(QWidget):
                 exporter.export(str(Path(folder) / name))
                 written.append((metric, name))
         finally:
-            self.marked = marked
+            self._card = False
             self.curve.setCurrentIndex(chosen)
             self.axis.setCurrentIndex(axis)
             self._draw()
@@ -277,14 +296,10 @@ class RunView(QWidget):
             self.status.setText("Reading nanochat's eval_bundle…")
         else:
             self.status.setText(f"Reading {data.name}…" if data else "Asking the bundled problems…")
-        self.eval_wanted.emit(kind, list(self.marked) or list(self.timeline.points), data)
+        self.eval_wanted.emit(kind, self.session.start_evaluation(), data)
 
-    def choices_read(self, questions: list, problems: list) -> None:
-        timeline = self.timeline
-        folders = {(p.stage, p.step): p.path for p in timeline.points} if timeline else {}
-        self.evals.set_questions(questions, folders)
-        self.results.show()
-        self.results.setCurrentWidget(self.evals)
+    def say_problems(self, questions: list, problems: list) -> None:
+        """The lines of the questions file that could not be read."""
         if problems:
             self.status.setText(f"{len(questions)} questions; {len(problems)} problems: {problems[0]}")
 
@@ -293,32 +308,15 @@ class RunView(QWidget):
         left = spent / done * (total - done) if done else 0.0
         self.status.setText(f"Evaluating: {done} of {total} done, about {left:.0f} s left")
 
-    def show_scores(self, task: str, scores: dict) -> None:
-        """Each step's score on ``task``: a column of the table and a curve on the timeline."""
-        self.evals.set_scores(task, scores)
+    def _show_evals(self) -> None:
         self.results.show()
         self.results.setCurrentWidget(self.evals)
-        if self.timeline is None:
-            return
-        curves = [c for c in self.timeline.curves if c.name != task]
-        for stage in dict.fromkeys(p.stage for p in self.timeline.points):
-            placed = sorted(
-                (float(p.x), scores[(p.stage, p.step)])
-                for p in self.timeline.points
-                if p.stage == stage and (p.stage, p.step) in scores
-            )
-            if placed:
-                xs, ys = zip(*placed, strict=True)
-                curves.append(Curve(task, stage, xs, ys, "sweep"))
-        self.timeline = replace(self.timeline, curves=tuple(curves))
-        self._list_curves(self.timeline)
 
-    def choices_flipped(self, earlier: tuple, later: tuple, lost: list, gained: list) -> None:
-        self.evals.set_flips(earlier, later, lost, gained)
-
-    def note_kept(self, read_back: int, steps: int) -> None:
-        """How many of the evaluated steps were read back from the kept results."""
-        self._kept_note = f"{read_back} of {steps} steps read from kept results" if read_back else ""
+    def _on_scores(self, _task: str) -> None:
+        """A task's scores: a column of the table and a curve on the timeline."""
+        self._show_evals()
+        if self.timeline is not None:
+            self._list_curves(self.timeline)
 
     def eval_done(self, error: str) -> None:
         self.evaluating = ""
@@ -327,9 +325,11 @@ class RunView(QWidget):
             self.status.setText(f"Evaluation stopped: {error}")
         elif self.timeline is not None:
             self._say(self.timeline, 0)
-            if self._kept_note:
-                self.status.setText(f"{self.status.text()} · {self._kept_note}")
-        self._kept_note = ""
+            read_back, steps = self.session.kept
+            if read_back:
+                self.status.setText(
+                    f"{self.status.text()} · {read_back} of {steps} steps read from kept results"
+                )
 
     def report_done(self, message: str) -> None:
         self.report_btn.setEnabled(True)
@@ -345,11 +345,6 @@ class RunView(QWidget):
             self.status.setText(f"Sampling stopped: {error}")
         elif self.timeline is not None:
             self._say(self.timeline, 0)
-
-    def show_problem(self, folder: Path, message: str) -> None:
-        self.timeline = None
-        self.plot.clear()
-        self.status.setText(f"{Path(folder).name}: {message}")
 
     def apply_theme(self) -> None:
         c = theme.colors()
@@ -372,26 +367,9 @@ class RunView(QWidget):
         return float(point.x) if self.axis.currentText() == "step" else point.tokens
 
     def _line(self, timeline: Timeline, metric: str) -> list[tuple[float, float]]:
-        """The metric's known values against the chosen axis. Against tokens, a logged value
-        between saves is placed by its stage's tokens per step (a run's batch is fixed)."""
+        """The metric's known values against the chosen axis."""
         line = timeline.line(metric)
-        if self.axis.currentText() == "step":
-            return line
-        starts = sorted(start for start, _ in timeline.stages) or [0]
-
-        def stage_start(x: float) -> int:
-            return max((s for s in starts if s <= x), default=0)
-
-        rate: dict[int, float] = {}  # tokens per step, by the x where the stage starts
-        for p in timeline.points:
-            if p.tokens is not None and p.step > 0:
-                rate.setdefault(stage_start(p.x), p.tokens / p.step)
-        placed: list[tuple[float, float]] = []
-        for x, y in line:
-            start = stage_start(x)
-            if start in rate:
-                placed.append(((x - start) * rate[start], y))
-        return placed
+        return line if self.axis.currentText() == "step" else against_tokens(timeline, line)
 
     def _draw(self) -> None:
         self.plot.clear()
@@ -399,6 +377,7 @@ class RunView(QWidget):
         if timeline is None:
             return
         c = theme.colors()
+        marked = [] if self._card else self.session.marked
         metric = self.curve.currentText()
         placed = [(x, p) for p in timeline.points if (x := self._x(p)) is not None]
         line = self._line(timeline, metric)
@@ -413,7 +392,7 @@ class RunView(QWidget):
         on_curve = [timeline.value_at(p, metric) for _, p in placed]
         ys = [floor if y is None else y for y in on_curve]
         brushes = [
-            pg.mkBrush(c.warning if p in self.marked else c.accent if y is not None else c.muted)
+            pg.mkBrush(c.warning if p in marked else c.accent if y is not None else c.muted)
             for (_, p), y in zip(placed, on_curve, strict=True)
         ]
         self.scatter.setData(
@@ -444,11 +423,12 @@ class RunView(QWidget):
             parts.append(f"{len(timeline.problems)} values left out ({timeline.problems[0]})")
         if "bpb" in self.curve.currentText():
             parts += timeline.notes
-        if self.marked:
-            parts.append(f"marked for Compare: {', '.join(str(p.step) for p in self.marked)}")
+        marked = self.session.marked
+        if marked:
+            parts.append(f"marked for Compare: {', '.join(str(p.step) for p in marked)}")
         self.status.setText(" · ".join(parts))
-        self.compare_btn.setEnabled(2 <= len(self.marked) <= MAX_COMPARED)
-        self.compare_btn.setText(f"Compare {len(self.marked)}" if self.marked else "Compare")
+        self.compare_btn.setEnabled(self.session.can_compare())
+        self.compare_btn.setText(f"Compare {len(marked)}" if marked else "Compare")
 
     def _tip(self, x: float, y: float, data: Point) -> str:
         return point_tip(data)
@@ -459,7 +439,7 @@ class RunView(QWidget):
         folder = self.runs.currentData()
         if folder is not None:
             self.status.setText(f"Reading {Path(folder).name}…")
-            self.run_chosen.emit(Path(folder))
+            self.session.choose_run(Path(folder))
 
     def _on_click(self, _item: object, spots: list, _event: object = None) -> None:
         if not spots:
@@ -469,11 +449,7 @@ class RunView(QWidget):
     def click_point(self, point: Point, modifiers: Qt.KeyboardModifier) -> None:
         """What a click on ``point`` does: open it, or with Shift mark or unmark it."""
         if modifiers & Qt.KeyboardModifier.ShiftModifier:
-            if point in self.marked:
-                self.marked.remove(point)
-            elif len(self.marked) < MAX_COMPARED:
-                self.marked.append(point)
-            self._draw()
+            self.session.toggle_mark(point)
         else:
             self.open_step.emit(point.path, point.step)
 
@@ -483,13 +459,7 @@ class RunView(QWidget):
             return
         if self.timeline is None or not self.timeline.points:
             return
-        points = list(self.marked) or list(self.timeline.points)
-        self.table.setRowCount(0)
-        self.table.setColumnCount(0)
-        self._rows, self._columns = [], []
-        self.said = []
-        self.results.show()
-        self.results.setCurrentWidget(self.table)
+        points = self.session.start_samples()
         self.sweeping = True
         self.sample_btn.setText("Stop sampling")
         self.samples_wanted.emit(points)
@@ -507,5 +477,10 @@ class RunView(QWidget):
         self.report_wanted.emit(Path(folder))
 
     def _send_to_compare(self) -> None:
-        if 2 <= len(self.marked) <= MAX_COMPARED:
-            self.compare_steps.emit([(p.path, p.step) for p in self.marked])
+        if steps := self.session.compare_steps():
+            self.compare_steps.emit(steps)
+
+    def _on_flip(self, line: int) -> None:
+        """A flipped question clicked: both steps and the question go to Compare."""
+        if (asked := self.session.flip_question(line)) is not None:
+            self.compare_question.emit(*asked)

@@ -4,11 +4,13 @@ Each knob is a slider and a spin box kept in sync; the spin box holds the true v
 0.73 stays 0.73 while the slider shows the nearest step). Values are plain dicts with the keys of
 ``DEFAULTS`` so they go straight into settings and the worker's request. The panel folds to a
 thin strip with its header button.
+
+The values live in a :class:`~desktop.session.sampling.SamplingState`: the panel shows it and
+sends the user's changes to it, so the window takes each reply's request from the state.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Collection
 
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
@@ -30,18 +32,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.config.settings import DEFAULT_SAMPLING
 from desktop.engine.params import FILTER_KEYS, KNOB, PRESETS, Knob
 from desktop.qt.widgets import common, icons, theme
 from desktop.qt.widgets.speculative_box import SpeculativeBox
+from desktop.session.sampling import DEFAULTS, SEED_MAX, SamplingState
 
 # The knobs, their ranges, the presets and the defaults all come from engine/params.py.
 PANEL_KNOBS = tuple(KNOB[k] for k in (*FILTER_KEYS, "max_tokens"))
-SEED_MAX = int(KNOB["seed"].ui_hi)  # a spin box holds 32-bit values
 BUILTIN_PRESETS: dict[str, dict] = {
     name: {k: getattr(preset, k) for k in FILTER_KEYS} for name, preset in PRESETS.items()
 }
-DEFAULTS = {**DEFAULT_SAMPLING, "system_prompt": ""}
 EXPANDED_MIN_WIDTH = 270
 COLLAPSED_WIDTH = 44
 
@@ -128,8 +128,9 @@ class _KnobRow(QWidget):
 
 
 class SamplingPanel(QFrame):
-    """Signals:
-    values_changed(dict): any value changed (by the user, a preset, Reset or ``set_values``).
+    """A view over ``state`` (its own when none is given). Signals:
+    values_changed(dict): any value changed (by the user, a preset, Reset, ``set_values`` or the
+    state itself, as a reply's fresh seed).
     presets_changed(dict): the user presets (name → values) after a save or delete.
     collapsed_changed(bool): the panel was folded or unfolded.
     """
@@ -138,8 +139,9 @@ class SamplingPanel(QFrame):
     presets_changed = Signal(dict)
     collapsed_changed = Signal(bool)
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, state: SamplingState | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.state = state if state is not None else SamplingState()
         self.setObjectName("SamplingPanel")
         self.setAccessibleName("Sampling settings")
         self.setMinimumWidth(EXPANDED_MIN_WIDTH)
@@ -184,7 +186,7 @@ class SamplingPanel(QFrame):
                 col.addSpacing(8)
                 col.addWidget(self._section("LENGTH"))
             row = _KnobRow(knob)
-            row.changed.connect(self._changed)
+            row.changed.connect(lambda key=knob.key: self._send({key: self.rows[key].value()}))
             self.rows[knob.key] = row
             col.addWidget(row)
         col.addSpacing(8)
@@ -217,9 +219,12 @@ class SamplingPanel(QFrame):
         self._filler.hide()
         outer.addWidget(self._filler, 1)
 
-        self.system_edit.textChanged.connect(self._changed)
+        self.system_edit.textChanged.connect(
+            lambda: self._send({"system_prompt": self.system_edit.toPlainText()})
+        )
         self._refresh_presets()
-        self.set_values(DEFAULTS)
+        self.state.events.changed.connect(self._render)
+        self._render(self.state.values())
 
     @staticmethod
     def _section(text: str) -> QLabel:
@@ -260,9 +265,9 @@ class SamplingPanel(QFrame):
             "Locked: every reply uses this seed.\nUnlocked: a new random seed for each reply."
         )
         self.random_btn = common.flat_button("dice", "Pick a new random seed")
-        self.seed_box.valueChanged.connect(lambda _seed: self._changed())
-        self.lock_btn.toggled.connect(self._on_lock)
-        self.random_btn.clicked.connect(lambda: self.seed_box.setValue(random.randint(0, SEED_MAX)))
+        self.seed_box.valueChanged.connect(lambda seed: self._send({"seed": seed}))
+        self.lock_btn.toggled.connect(lambda locked: self._send({"seed_locked": locked}))
+        self.random_btn.clicked.connect(lambda: self.state.new_seed())
         row = QHBoxLayout()
         row.setSpacing(4)
         row.addWidget(self.seed_box, 1)
@@ -273,29 +278,11 @@ class SamplingPanel(QFrame):
     # ----- values ----------------------------------------------------------------------------
 
     def values(self) -> dict:
-        out: dict = {key: row.value() for key, row in self.rows.items()}
-        out.update(
-            seed=self.seed_box.value(),
-            seed_locked=self.lock_btn.isChecked(),
-            system_prompt=self.system_edit.toPlainText(),
-        )
-        return out
+        return self.state.values()
 
     def set_values(self, values: dict) -> None:
         """Show ``values`` (missing keys keep their value); emits values_changed once if any changed."""
-        self._quiet = True
-        for key, row in self.rows.items():
-            if key in values:
-                row.set_value(values[key])
-        if "seed" in values:
-            self.seed_box.setValue(int(values["seed"]))
-        if "seed_locked" in values:
-            self.lock_btn.setChecked(bool(values["seed_locked"]))
-        if "system_prompt" in values and values["system_prompt"] != self.system_edit.toPlainText():
-            self.system_edit.setPlainText(values["system_prompt"])
-        self._quiet = False
-        self._update_lock_look()
-        self._changed()
+        self.state.update(values)
 
     def reset(self) -> None:
         self.set_values({k: v for k, v in DEFAULTS.items() if k != "system_prompt"})
@@ -307,27 +294,29 @@ class SamplingPanel(QFrame):
             row.setEnabled(not ignored)
             row.setToolTip(f"Ignored by this model: {why}" if ignored and why else "")
 
-    def next_seed(self) -> int:
-        """The seed for the next reply: the locked one, or a fresh random one (shown in the box)."""
-        if not self.lock_btn.isChecked():
-            self.seed_box.setValue(random.randint(0, SEED_MAX))
-        return self.seed_box.value()
-
-    def _on_lock(self, _locked: bool) -> None:
-        self._update_lock_look()
-        self._changed()
-
     def _update_lock_look(self) -> None:
         locked = self.lock_btn.isChecked()
         self.lock_btn.setText("Locked" if locked else "Random")
         self.lock_btn.setProperty("icon_name", "lock" if locked else "unlock")
         self.lock_btn.setIcon(icons.icon("lock" if locked else "unlock", theme.colors().muted))
 
-    def _changed(self) -> None:
-        if self._quiet:
-            return
+    def _send(self, values: dict) -> None:
+        """A widget the user changed: the state takes the value (and re-renders the panel)."""
+        if not self._quiet:
+            self.state.update(values)
+
+    def _render(self, values: dict) -> None:
+        """Show the state's values; the widgets' own signals are held so nothing echoes back."""
+        self._quiet = True
+        for key, row in self.rows.items():
+            row.set_value(values[key])
+        self.seed_box.setValue(min(int(values["seed"]), SEED_MAX))
+        self.lock_btn.setChecked(bool(values["seed_locked"]))
+        if values["system_prompt"] != self.system_edit.toPlainText():
+            self.system_edit.setPlainText(values["system_prompt"])
+        self._quiet = False
+        self._update_lock_look()
         self._sync_preset_box()
-        values = self.values()
         if values != self._last_emitted:
             self._last_emitted = values
             self.values_changed.emit(dict(values))

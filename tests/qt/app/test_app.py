@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,22 @@ def test_sampling_values_reach_the_worker_and_are_stored_with_the_reply(qtbot, w
     }
     assert stored.meta["step"] == 10 and stored.meta["era"] == "E7" and stored.meta["dtype"] == "float32"
     assert stored.meta["stats"]["new_tokens"] == stats["new_tokens"]
+
+
+def test_unlocked_seeds_stay_fresh_when_a_library_reseeds_random(qtbot, window, sft_dir):
+    """Regenerate with the seed unlocked: each reply gets a new seed, the one the panel shows,
+    even when something in the process calls random.seed between the replies."""
+    load(qtbot, window, sft_dir)
+    window.sampling.set_values({"temperature": 1.0, "max_tokens": 4, "seed_locked": False})
+    seeds = []
+    for text in ("first", "second", "third"):
+        random.seed(0)
+        send(qtbot, window, text)
+        reply_id, _ = window.controller.path[-1]
+        stored = dict(window.controller.store.active_path(window.controller.conv_id))[reply_id]
+        assert stored.meta["sampling"]["seed"] == window.sampling.seed_box.value()
+        seeds.append(stored.meta["sampling"]["seed"])
+    assert len(set(seeds)) == 3
 
 
 def test_history_survives_closing_and_reopening(qtbot, sft_dir):

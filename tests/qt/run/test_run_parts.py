@@ -9,8 +9,8 @@ import shutil
 
 from support import REPO
 
-from desktop.engine.runs.timeline import timeline_of
-from desktop.qt.run.parts import PlainLogAxis, point_tip
+from desktop.engine.runs.timeline import Point, Timeline, timeline_of
+from desktop.qt.run.parts import PlainLogAxis, against_tokens, point_tip
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 
@@ -35,3 +35,18 @@ def test_log_ticks_are_plain_numbers_and_only_1_2_5_between_decades(qapp):
     values = [math.log10(m * 10.0**e) for e in (-3, -2) for m in range(1, 10)]
     shown = [s for s in axis.logTickStrings(values, 1.0, 1.0) if s]
     assert shown == ["0.001", "0.002", "0.005", "0.01", "0.02", "0.05"]
+
+
+def test_a_curve_against_tokens_uses_each_stages_tokens_per_step(tmp_path):
+    def point(stage: str, step: int, x: int, tokens: int | None) -> Point:
+        return Point(stage, step, x, tmp_path, {}, tokens, 0)
+
+    points = (
+        point("base", 50, 50, 50_000),
+        point("base", 100, 100, 100_000),  # 1,000 tokens a step
+        point("sft", 20, 120, 200),  # 10 tokens a step, counted from the stage's start
+        point("rl", 5, 205, None),  # no tokens stated: its values have no place
+    )
+    timeline = Timeline("t", points, stages=((0, "base"), (100, "sft"), (200, "rl")))
+    line = [(25.0, 1.0), (110.0, 2.0), (120.0, 3.0), (210.0, 4.0)]
+    assert against_tokens(timeline, line) == [(25_000.0, 1.0), (100.0, 2.0), (200.0, 3.0)]

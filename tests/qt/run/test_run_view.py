@@ -30,8 +30,8 @@ DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 
 
 def show_run(qtbot, win, folder: Path):
-    view = win.run_view
-    win.tabs.setCurrentWidget(view)
+    view = win.run_page.run_view
+    win.tabs.setCurrentWidget(win.run_page)
     with qtbot.waitSignal(win.background.timeline_ready, timeout=WAIT):
         view.choose_run(folder)
     return view
@@ -46,7 +46,7 @@ def test_a_run_on_its_timeline_opens_a_step_in_chat_and_races_three_in_compare(
     base = GOLDEN / "nanochat" / "E7"
     win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
     sft = base / "chatsft_checkpoints" / "d2"
-    qtbot.waitUntil(lambda: win.run_view.runs.count() >= 2, timeout=WAIT)
+    qtbot.waitUntil(lambda: win.run_page.run_view.runs.count() >= 2, timeout=WAIT)
 
     view = show_run(qtbot, win, sft)  # the tag's base and SFT stages, one timeline
     want = timeline_of(sft)
@@ -79,7 +79,7 @@ def test_sample_prompts_fill_a_table_of_steps_and_stop_stops(
 ):
     win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
     view = show_run(qtbot, win, DEMO)
-    sweep = win.sample_sweep
+    sweep = win.run_page.sample_sweep
     # Every step, then Stop once the first answer is in: the sweep ends early and says nothing wrong.
     first: list = []
 
@@ -152,10 +152,10 @@ def test_a_report_card_holds_the_curves_every_step_and_what_the_sweep_said(
     chosen = view.curve.currentText()
     last = view.timeline.points[-1]
     view.click_point(last, Qt.KeyboardModifier.ShiftModifier)
-    with qtbot.waitSignal(win.sample_sweep.finished, timeout=WAIT):
+    with qtbot.waitSignal(win.run_page.sample_sweep.finished, timeout=WAIT):
         qtbot.mouseClick(view.sample_btn, Qt.MouseButton.LeftButton)
     out = tmp_path / "card"
-    with qtbot.waitSignal(win.run_report.finished, timeout=WAIT) as done:
+    with qtbot.waitSignal(win.run_page.run_report.finished, timeout=WAIT) as done:
         view.report_to(out)
     assert str(out / "report.md") in done.args[0] and view.report_btn.isEnabled()
     card = (out / "report.md").read_text(encoding="utf-8")
@@ -166,8 +166,13 @@ def test_a_report_card_holds_the_curves_every_step_and_what_the_sweep_said(
     assert view.curve.currentText() == chosen  # the user's curve is still the one shown
     digest = hashlib.sha256((DEMO / f"model_{last.step:06d}.pt").read_bytes()).hexdigest()
     assert f"`{digest}`" in card
-    assert len(view.said) == 7
-    for stage, step, prompt, text in view.said:  # the sweep's answers: prompts down, the marked step across
+    assert len(view.session.said) == 7
+    for (
+        stage,
+        step,
+        prompt,
+        text,
+    ) in view.session.said:  # the sweep's answers: prompts down, the marked step across
         assert (stage, step) == (last.stage, last.step)
         assert f"| {cell(prompt)} | {cell(text)} |" in card
 
@@ -201,7 +206,7 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     want = what_flipped(answers, *keys)
     assert want.lost or want.gained  # the demo's steps 300 and 1000 part on this set
 
-    with qtbot.waitSignal(win.graded_sweep.finished, timeout=WAIT) as ended:
+    with qtbot.waitSignal(win.run_page.graded_sweep.finished, timeout=WAIT) as ended:
         view.evaluate("mc", data)
     assert ended.args == [""] and view.eval_btn.text() == "Evaluate" and view.eval_btn.menu() is not None
     task = f"multiple choice: {data.name}"
@@ -213,7 +218,7 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     flips = view.evals.flips
     assert flips.count() == len(want.lost) + len(want.gained)
     first = flips.item(0)
-    line = first.data(Qt.ItemDataRole.UserRole)[0]
+    line = first.data(Qt.ItemDataRole.UserRole)
     assert line == (list(want.lost) + list(want.gained))[0]
 
     flips.itemClicked.emit(first)
@@ -226,17 +231,17 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     )
 
     # Bits per byte of a text joins the same table as a second task, and the timeline as a curve.
-    win.tabs.setCurrentWidget(view)
+    win.tabs.setCurrentWidget(win.run_page)
     text = tmp_path / "text.txt"
     text.write_text((REPO / "README.md").read_text(encoding="utf-8")[:1500], encoding="utf-8")
-    with qtbot.waitSignal(win.bits_sweep.finished, timeout=WAIT) as ended:
+    with qtbot.waitSignal(win.run_page.bits_sweep.finished, timeout=WAIT) as ended:
         view.evaluate("bpb", text)
     assert ended.args == [""]
     measured = {
         (r.stage, r.step): r.bits_per_byte for r in bpb_sweep(points, text.read_text(encoding="utf-8"))
     }
     bits = f"bits per byte: {text.name}"
-    assert view.evals.scores[bits] == pytest.approx(measured)
+    assert view.session.scores[bits] == pytest.approx(measured)
     column = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())].index(bits)
     assert [table.item(r, column).text() for r in range(2)] == [f"{measured[k]:.4f}" for k in keys]
     assert [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())] == [task, bits]
@@ -245,20 +250,20 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     assert list(ys) == pytest.approx([measured[(p.stage, p.step)] for p in points])
 
     # The bundled problems, each reply checked: a third column, and what flipped between the steps.
-    with qtbot.waitSignal(win.graded_sweep.finished, timeout=WAIT) as ended:
+    with qtbot.waitSignal(win.run_page.graded_sweep.finished, timeout=WAIT) as ended:
         view.evaluate("answers", None)
     assert ended.args == [""]
     checked = list(answer_sweep(points, bundled_problems()))
-    assert view.evals.scores["arithmetic and spelling"] == accuracy(checked)
+    assert view.session.scores["arithmetic and spelling"] == accuracy(checked)
     flipped = what_flipped(checked, *keys)
     assert view.evals.flips.count() == len(flipped.lost) + len(flipped.gained)
 
     # Asked again, the same steps are read back from the kept results, with the same scores.
     assert "kept results" not in view.status.text()
-    with qtbot.waitSignal(win.graded_sweep.finished, timeout=WAIT):
+    with qtbot.waitSignal(win.run_page.graded_sweep.finished, timeout=WAIT):
         view.evaluate("mc", data)
     assert f"{len(points)} of {len(points)} steps read from kept results" in view.status.text()
-    assert view.evals.scores[task] == scores
+    assert view.session.scores[task] == scores
 
 
 def test_an_experiment_run_shows_its_logged_curves_opens_a_step_and_races_three(
@@ -275,8 +280,8 @@ def test_an_experiment_run_shows_its_logged_curves_opens_a_step_and_races_three(
     m = manifest(case)
     win = start_with_base(qtbot, windows, monkeypatch, case, fake=False)
     tag = f"{m['experiment']}/{m['tag']}"
-    qtbot.waitUntil(lambda: win.run_view.runs.findText(tag) >= 0, timeout=WAIT)
-    folder = win.run_view.runs.itemData(win.run_view.runs.findText(tag))
+    qtbot.waitUntil(lambda: win.run_page.run_view.runs.findText(tag) >= 0, timeout=WAIT)
+    folder = win.run_page.run_view.runs.itemData(win.run_page.run_view.runs.findText(tag))
 
     view = show_run(qtbot, win, folder)
     want = timeline_of(folder)
@@ -293,7 +298,7 @@ def test_an_experiment_run_shows_its_logged_curves_opens_a_step_and_races_three(
     assert (Path(loaded.args[0].path), loaded.args[0].step) == (first.path, first.step)
     assert win.tabs.currentIndex() == 0 and win.picker.current() == (first.path, first.step)
 
-    win.tabs.setCurrentWidget(view)
+    win.tabs.setCurrentWidget(win.run_page)
     for point in view.timeline.points:
         view.click_point(point, Qt.KeyboardModifier.ShiftModifier)
     assert view.compare_btn.text() == "Compare 3"
@@ -328,11 +333,11 @@ def test_core_on_the_base_dirs_eval_bundle_fills_the_table_and_a_curve_and_is_ke
     want = core_scores(answers, tasks)
     assert len(want) == 2
 
-    with qtbot.waitSignal(win.core_sweep.finished, timeout=WAIT) as ended:
+    with qtbot.waitSignal(win.run_page.core_sweep.finished, timeout=WAIT) as ended:
         core_action(view).trigger()
     assert ended.args == [""]
     title = f"CORE (lite {lite})"
-    assert view.evals.scores[title] == pytest.approx(want)
+    assert view.session.scores[title] == pytest.approx(want)
     table = view.evals.table
     headers = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())]
     column = headers.index(title)
@@ -344,10 +349,10 @@ def test_core_on_the_base_dirs_eval_bundle_fills_the_table_and_a_curve_and_is_ke
     assert list(xs) == [float(p.x) for p in points]
     assert list(ys) == pytest.approx([want[(p.stage, p.step)] for p in points])
 
-    with qtbot.waitSignal(win.core_sweep.finished, timeout=WAIT):
+    with qtbot.waitSignal(win.run_page.core_sweep.finished, timeout=WAIT):
         core_action(view).trigger()
     assert f"{len(points)} of {len(points)} steps read from kept results" in view.status.text()
-    assert view.evals.scores[title] == pytest.approx(want)
+    assert view.session.scores[title] == pytest.approx(want)
 
 
 def test_core_without_an_eval_bundle_says_where_it_looked(
@@ -359,7 +364,7 @@ def test_core_without_an_eval_bundle_says_where_it_looked(
 ):
     win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
     view = show_run(qtbot, win, DEMO)
-    with qtbot.waitSignal(win.core_sweep.finished, timeout=WAIT) as ended:
+    with qtbot.waitSignal(win.run_page.core_sweep.finished, timeout=WAIT) as ended:
         core_action(view).trigger()
     assert "no eval_bundle (core.yaml)" in ended.args[0] and "eval_bundle" in view.status.text()
     assert view.eval_btn.text() == "Evaluate"

@@ -145,9 +145,9 @@ def test_next_seed_is_fresh_unless_locked(qtbot):
     panel = SamplingPanel()
     qtbot.addWidget(panel)
     panel.set_values({"seed": 5, "seed_locked": True})
-    assert panel.next_seed() == 5
+    assert panel.state.next_request()[0].seed == 5
     panel.set_values({"seed_locked": False})
-    seeds = {panel.next_seed() for _ in range(5)}
+    seeds = {panel.state.next_request()[0].seed for _ in range(5)}
     assert panel.seed_box.value() in seeds and len(seeds) > 1
 
 
