@@ -137,6 +137,11 @@ class CompareView(QWidget):
         self._connect_signals()
         self._restyle()
         self._update_actions()
+        session = controller.session
+        for i in range(len(self.panes)):  # a session restored from the last run shows at once
+            self._on_pane_refreshed(i)
+        if session.prompt:
+            self._on_opened(session.prompt, session.shared)
 
     # ----- construction ----------------------------------------------------------------------
 
@@ -252,11 +257,8 @@ class CompareView(QWidget):
         c = self.controller
         c.pane_added.connect(self._add_pane_widget)
         c.pane_removed.connect(self._remove_pane_widget)
-        c.pane_selected.connect(self._on_pane_selected)
-        c.pane_overrides_changed.connect(self._on_pane_overrides)
-        c.pane_loading.connect(self._on_pane_loading)
+        c.pane_changed.connect(self._on_pane_changed)
         c.pane_loaded.connect(self._on_pane_loaded)
-        c.pane_load_failed.connect(self._on_pane_load_failed)
         c.pane_unloaded.connect(self._on_pane_unloaded)
         c.pane_started.connect(self._on_pane_started)
         c.pane_token.connect(self._on_pane_token)
@@ -295,8 +297,9 @@ class CompareView(QWidget):
         """The checkpoint list from a folder scan, for every pane's picker and the step sweep."""
         self.entries = list(entries)
         self._scanned = True
-        for pane in self.panes:
+        for index, pane in enumerate(self.panes):
             pane.set_entries(self.entries)
+            self._pick_shown(index)
 
     def set_sampling(self, values: dict) -> None:
         """Pre-fill the shared sampling row (keys as in settings' sampling, plus system_prompt)."""
@@ -377,9 +380,15 @@ class CompareView(QWidget):
         pane.remove_requested.connect(self._pane_remove_requested)
         pane.overrides_changed.connect(self._pane_overrides_changed)
         pane.fork_requested.connect(self._pane_fork_requested)
-        if (current := pane.current()) is not None:
-            self.controller.select(index, *current)
+        pane.show_state(self.controller.session.panes[index])
+        self._pick_shown(index)
         self._relabel()
+
+    def _pick_shown(self, index: int) -> None:
+        """A pane with no pick yet picks what its lists show first (the newest step of the first
+        checkpoint), so Load loads what the user sees."""
+        if self.controller.session.panes[index].picked is None and (shown := self.panes[index].current()):
+            self.controller.select(index, *shown)
 
     def _remove_pane_widget(self, index: int) -> None:
         pane = self.panes.pop(index)
@@ -428,20 +437,11 @@ class CompareView(QWidget):
 
     # ----- controller → panes ----------------------------------------------------------------
 
-    def _on_pane_selected(self, index: int, path: Path, step: int) -> None:
-        self.panes[index].select(path, step)
+    def _on_pane_changed(self, index: int) -> None:
+        if index < len(self.panes):
+            self.panes[index].show_state(self.controller.session.panes[index])
 
-    def _on_pane_overrides(self, index: int, overrides: dict) -> None:
-        self.panes[index].set_overrides(overrides)
-
-    def _on_pane_loading(self, index: int, percent: int, message: str) -> None:
-        self.panes[index].set_loading(percent, message)
-
-    def _on_pane_load_failed(self, index: int, reason: str) -> None:
-        self.panes[index].set_load_failed(reason)
-
-    def _on_pane_unloaded(self, index: int) -> None:
-        self.panes[index].set_unloaded()
+    def _on_pane_unloaded(self, _index: int) -> None:
         self._fill_speed()
 
     def _on_pane_started(self, index: int, _params: SamplingParams) -> None:
@@ -457,8 +457,7 @@ class CompareView(QWidget):
     def _on_cross_scored(self, source: int, index: int, result: dict) -> None:
         self.panes[index].set_score(LETTERS[source], result)
 
-    def _on_pane_loaded(self, index: int, info: ModelInfo) -> None:
-        self.panes[index].set_loaded(info)
+    def _on_pane_loaded(self, _index: int, _info: ModelInfo) -> None:
         self._update_actions()
         self._fill_speed()
 
@@ -496,7 +495,7 @@ class CompareView(QWidget):
 
     def _update_actions(self) -> None:
         busy = self.controller.busy
-        has_result = self.controller.has_result()
+        has_result = self.controller.session.has_result()
         self.add_btn.setEnabled(not busy and len(self.panes) < MAX_PANES)
         for w in (self.sweep_btn, self.temps_btn):
             w.setEnabled(not busy)
@@ -584,9 +583,9 @@ class CompareView(QWidget):
         self.diff_a.setEnabled(on)
         self.diff_b.setEnabled(on)
         if on:
-            self.controller.set_diff_pair(self.diff_a.currentIndex(), self.diff_b.currentIndex())
+            self.controller.session.set_diff_pair(self.diff_a.currentIndex(), self.diff_b.currentIndex())
         else:
-            self.controller.set_diff_pair(None)
+            self.controller.session.set_diff_pair(None)
 
     def _on_diff(self, diff: tuple[int, int, list[DiffSpan]] | None) -> None:
         marks: list[dict[int, str]] = [{} for _ in self.panes]
@@ -602,7 +601,7 @@ class CompareView(QWidget):
         self._show_divergence_status()
 
     def _show_divergence_status(self) -> None:
-        c = self.controller
+        c = self.controller.session
         if not c.has_result():
             self.status.setText("")
         elif c.divergence is not None:
