@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Signal, Slot
 
 from desktop.config.settings import Settings
 from desktop.engine.backend import ModelInfo, Prompt
@@ -115,8 +115,8 @@ class CompareController(QObject):
         self._busy = False
         self.memory = MemoryCheck(settings, self._picked, self)
         self.memory.checked.connect(self.memory_checked)
-        self.scoring = Scoring(self)
-        self.races = Races(self)
+        self.scoring = Scoring(self, self)
+        self.races = Races(self, self)
         self.session = CompareSession(store)
         for i in range(len(self.session.panes)):
             self._add_slot(i)
@@ -380,7 +380,7 @@ class CompareController(QObject):
             self.pane_loading.emit(i, percent, message)
 
     def _pane_loaded(self, pane: Pane, info: ModelInfo) -> None:
-        QTimer.singleShot(0, self, self.races.start_pending)  # after the pane's own handlers
+        self.races.pane_settled()
         if (i := self.index_of(pane)) is None:
             return
         self.session.set_loaded(i, info)
@@ -392,7 +392,7 @@ class CompareController(QObject):
             self.notice.emit(level, f"Pane {LETTERS[i]}: {title[:1].lower()}{title[1:]}", message)
 
     def _pane_load_failed(self, pane: Pane, target: str, reason: str) -> None:
-        QTimer.singleShot(0, self, self.races.start_pending)
+        self.races.pane_settled()
         if (i := self.index_of(pane)) is None:
             return
         self.session.set_load_failed(i, reason)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from PySide6.QtCore import QObject, QTimer, Slot
+
 from desktop.engine.backend import StreamOptions
 from desktop.engine.messages import Message
 from desktop.engine.params import SamplingParams
@@ -50,11 +52,12 @@ class Host(Protocol):
     ) -> bool: ...
 
 
-class Races:
+class Races(QObject):
     """Forks raced on every pane: one from a pane's own reply, or Chat's, sent once the panes
-    have loaded."""
+    have loaded (a child of the controller)."""
 
-    def __init__(self, controller: Host) -> None:
+    def __init__(self, controller: Host, parent: QObject) -> None:
+        super().__init__(parent)
         self.c = controller
         # A race waiting for its panes to load: (question, sampling, system prompt, earlier, fork).
         self._pending: tuple[str, SamplingParams, str, list[Message], Fork] | None = None
@@ -99,6 +102,12 @@ class Races:
         self._pending = (question, shared, system_prompt, list(earlier or ()), fork)
         self.start_pending()
 
+    def pane_settled(self) -> None:
+        """A pane loaded or failed to: the race waiting for it may start, once the pane's own
+        handlers have run."""
+        QTimer.singleShot(0, self, self.start_pending)
+
+    @Slot()
     def start_pending(self) -> None:
         c = self.c
         if self._pending is None or any(p.is_loading for p in c.panes) or c.busy:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from PySide6.QtCore import QObject, Slot
+
 from desktop.engine.backend import ModelInfo
 from desktop.engine.messages import Message
 from desktop.engine.params import SamplingParams
@@ -39,8 +41,11 @@ class Host(Protocol):
     def send(self, text: str, shared: SamplingParams, system_prompt: str = "") -> bool: ...
 
 
-class Scoring:
-    def __init__(self, controller: Host) -> None:
+class Scoring(QObject):
+    """Score requests in flight and what to do with their results (a child of the controller)."""
+
+    def __init__(self, controller: Host, parent: QObject) -> None:
+        super().__init__(parent)
         self.c = controller
         self._scores: dict[int, tuple[str, Pane, Pane]] = {}  # request -> (kind, source, scorer)
         self._same_model: tuple[Pane, Pane] | None = None  # a "Same model?" run in flight
@@ -99,6 +104,7 @@ class Scoring:
         request = scorer.score(self.c.messages, list(source.run.trace.ids), top, skip)
         self._scores[request] = (kind, source, scorer)
 
+    @Slot(int, dict)
     def done(self, request_id: int, result: dict) -> None:
         entry = self._scores.pop(request_id, None)
         if entry is None:

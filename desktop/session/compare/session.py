@@ -286,6 +286,19 @@ class CompareSession:
         self.events.divergence_changed.emit(None)
         self.advance_divergence()
 
+    def divergence_status(self) -> str:
+        """The status line under the panes: where the replies diverge, or why none is marked."""
+        if not self.has_result():
+            return ""
+        if self.divergence is not None:
+            agreed = f"{self.divergence} token{'' if self.divergence == 1 else 's'}"
+            return f"The replies agree for {agreed}, then diverge (marked ▍ in each pane)."
+        if self.busy:
+            return "The replies agree so far…"
+        if self.comparable():
+            return "The replies are identical."
+        return "Different seeds: token positions are not comparable, so no divergence is marked."
+
     def set_diff_pair(self, a: int | None, b: int | None = None) -> None:
         """Diff the replies of panes ``a`` and ``b`` token by token; None switches the diff off."""
         self.diff_pair = None if a is None or b is None or a == b else (a, b)
