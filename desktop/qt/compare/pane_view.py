@@ -277,15 +277,8 @@ class ComparePane(QFrame):
             self.checkpoint.setItemData(
                 self.checkpoint.count() - 1, str(picked[0]), Qt.ItemDataRole.ToolTipRole
             )
-        row = next(
-            (
-                i
-                for i in range(self.checkpoint.count())
-                if picked and Path(self.checkpoint.itemData(i)) == picked[0]
-            ),
-            0,
-        )
-        self.checkpoint.setCurrentIndex(row)
+        paths = [Path(self.checkpoint.itemData(i)) for i in range(self.checkpoint.count())]
+        self.checkpoint.setCurrentIndex(paths.index(picked[0]) if picked is not None else 0)
         self._fill_steps_of(picked[1] if picked is not None else None)
         for box in boxes:
             box.blockSignals(False)
@@ -295,10 +288,11 @@ class ComparePane(QFrame):
         steps = set(entry.steps) if entry is not None else set()
         if step is not None:
             steps.add(step)
+        ordered = sorted(steps, reverse=True)  # newest first
         self.step.clear()
-        for s in sorted(steps, reverse=True):
+        for s in ordered:
             self.step.addItem(f"step {s:,}", s)
-        self.step.setCurrentIndex(max(0, self.step.findData(step)) if step is not None else 0)
+        self.step.setCurrentIndex(ordered.index(step) if step is not None else 0)
 
     def _on_checkpoint_chosen(self) -> None:
         self.step.blockSignals(True)
