@@ -4,12 +4,13 @@ after a restart. Plain pytest: the session is driven the way the Qt controller d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from desktop.config.settings import Settings
+from desktop.config.settings import SCHEMA_VERSION, Settings
 from desktop.engine.backend import ModelInfo
 from desktop.engine.messages import TokenEvent
 from desktop.engine.params import SamplingParams
@@ -252,3 +253,18 @@ def test_nothing_to_restore_leaves_two_empty_panes(store, tmp_path):
     again = CompareSession(store)
     again.restore(settings)
     assert all(p.picked is None for p in again.panes) and again.conv_id is None
+
+
+def test_a_hand_broken_compare_setting_falls_back_to_the_default_with_a_warning(store, tmp_path):
+    settings_file = tmp_path / "settings.json"
+    broken = {"panes": [{"dir": 3, "step": "x"}]}
+    doc = {"schema_version": SCHEMA_VERSION, "compare_session": broken}
+    settings_file.write_text(json.dumps(doc), encoding="utf-8")
+    settings = Settings(settings_file)
+    assert settings.get("compare_session") == {"panes": [], "conversation": None}
+    assert any("compare_session" in w for w in settings.warnings)
+    with pytest.raises(ValueError):
+        settings.set("compare_session", {"panes": [], "conversation": True})
+    back = CompareSession(store)
+    back.restore(settings)
+    assert len(back.panes) == MIN_PANES and all(p.picked is None for p in back.panes)
