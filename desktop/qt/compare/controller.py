@@ -130,6 +130,7 @@ class CompareController(QObject):
         events.saved.connect(self.saved.emit)
         events.opened.connect(self._on_opened)
         self.session.restore(settings)  # the session the app's last run left, if any
+        self.memory.check()  # of the picks restored
 
     # ----- the session's round, as the window and tests read it ------------------------------
 
