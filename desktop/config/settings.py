@@ -56,6 +56,9 @@ DEFAULTS: dict[str, Any] = {
     # OpenAI-compatible servers: {"id", "name", "url", "stall_timeout", "models"}; keys live in the
     # OS keyring (desktop/config/keystore.py), never here.
     "servers": [],
+    # The Compare screen at quit: each pane's pick {"dir", "step", "overrides"} and the comparison
+    # it showed (a history conversation id), restored at the next start.
+    "compare_session": {"panes": [], "conversation": None},
 }
 
 # MIGRATIONS[i] turns a version i+1 document into a version i+2 one (version 1 is the first).
@@ -141,6 +144,35 @@ def _folders(key: str, value: Any) -> list[str]:
     return list(dict.fromkeys(value))  # each folder once, in the order opened
 
 
+def _compare_session(key: str, value: Any) -> dict[str, Any]:
+    def pane(v: Any) -> bool:
+        return (
+            isinstance(v, dict)
+            and set(v) <= {"dir", "step", "overrides"}
+            and isinstance(v.get("dir"), str)
+            and isinstance(v.get("step"), int)
+            and not isinstance(v["step"], bool)
+            and isinstance(v.get("overrides", {}), dict)
+        )
+
+    conv = value.get("conversation") if isinstance(value, dict) else None
+    if (
+        not isinstance(value, dict)
+        or set(value) - {"panes", "conversation"}
+        or not isinstance(value.get("panes", []), list)
+        or not all(pane(v) for v in value.get("panes", []))
+        or (conv is not None and (not isinstance(conv, int) or isinstance(conv, bool)))
+    ):
+        raise ValueError(
+            f"setting {key!r} must be {{'panes': [{{'dir', 'step', 'overrides'}}], 'conversation'}}"
+        )
+    panes = [
+        {"dir": v["dir"], "step": v["step"], "overrides": dict(v.get("overrides", {}))}
+        for v in value.get("panes", [])
+    ]
+    return {"panes": panes, "conversation": conv}
+
+
 def _recent(key: str, value: Any) -> list[dict[str, Any]]:
     def valid(v: Any) -> bool:
         return (
@@ -182,6 +214,8 @@ def normalize(key: str, value: Any) -> Any:
         return _folders(key, value)
     if key == "recent_checkpoints":
         return _recent(key, value)
+    if key == "compare_session":
+        return _compare_session(key, value)
     if key == "sampling_presets":
         if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
             raise ValueError(f"setting {key!r} must map preset names to sampling values")

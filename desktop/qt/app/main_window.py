@@ -274,21 +274,15 @@ class MainWindow(QMainWindow):
         # The run's steps (the step sweep) when the picker knows the run, else this checkpoint.
         entry = next((e for e in self.model_picker.entries if Path(e.path) == Path(info.path)), None)
         if not (entry is not None and compare.step_sweep(entry)):
-            compare.select(0, Path(info.path), info.step or 0)
             compare.load(0, Path(info.path), info.step or 0)
         compare.race(question, fork, *self.chat_page.request(), earlier=earlier)
         self.tabs.setCurrentWidget(self.compare_view)
 
     def _compare_from_run(self, steps: list) -> None:
-        """Steps marked on the Run tab: one Compare pane each, loaded."""
+        """Steps marked on the Run tab: one Compare pane each, holding exactly that step, loaded."""
         if self.compare_view is None:
             return
-        compare = self.compare_view.controller
-        while len(compare.panes) < len(steps) and compare.add_pane():
-            pass
-        for index, (path, step) in enumerate(steps[: len(compare.panes)]):
-            compare.select(index, Path(path), step)
-            compare.load(index, Path(path), step)
+        self.compare_view.controller.open_checkpoints([(Path(path), step) for path, step in steps])
         self.tabs.setCurrentWidget(self.compare_view)
 
     def _on_model_loaded(self, info: ModelInfo) -> None:

@@ -25,7 +25,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.engine.backend import ModelInfo
 from desktop.engine.messages import TokenEvent, TokenTrace
 from desktop.engine.params import KNOB
 from desktop.qt.chat.message_widget import SPECULATIVE_NOTE, speculative_line
@@ -34,6 +33,7 @@ from desktop.qt.widgets.checkpoint_picker import entry_name, human_params
 from desktop.qt.widgets.fork_popup import ForkPopup
 from desktop.qt.widgets.token_view import TokenView, record_of, records_of
 from desktop.session.compare.pane_run import PaneRun
+from desktop.session.compare.panes import Key, PaneState
 
 SHARED = "shared"
 LOOKING = "Looking for checkpoints…"  # until the first folder scan answers
@@ -138,7 +138,7 @@ class ComparePane(QFrame):
         self.listed = False  # set_entries was called: a scan has answered
         self.loaded = False
         self.letter = ""
-        self._loaded_key: tuple[Path, int] | None = None
+        self.state = PaneState()  # what the pane shows: show_state() replaces it
 
         self.badge = QLabel()
         self.badge.setObjectName("PaneBadge")
@@ -230,7 +230,7 @@ class ComparePane(QFrame):
         lay.addWidget(self.stats)
         lay.addWidget(self.score)
 
-        self.checkpoint.currentIndexChanged.connect(self._fill_steps)
+        self.checkpoint.currentIndexChanged.connect(self._on_checkpoint_chosen)
         self.step.currentIndexChanged.connect(self._emit_selection)
         self.load_btn.clicked.connect(self._on_load_button)
         self.remove_btn.clicked.connect(self.remove_requested)
@@ -238,7 +238,7 @@ class ComparePane(QFrame):
             box.valueChanged.connect(self._on_override)
         self.set_letter(letter)
         self._restyle()
-        self._update_enabled()
+        self.show_state(self.state)
 
     # ----- checkpoint picker -----------------------------------------------------------------
 
@@ -249,120 +249,118 @@ class ComparePane(QFrame):
         self.load_btn.setAccessibleName(f"Load checkpoint in pane {letter}")
 
     def set_entries(self, entries: list) -> None:
-        """CheckpointEntry list (source, tag, path, steps); the current choice is kept if present."""
-        previous = self.current()
+        """CheckpointEntry list (source, tag, path, steps); the pane's pick stays shown."""
         self.entries = list(entries)
         self.listed = True
-        self.checkpoint.blockSignals(True)
+        self.show_state(self.state)
+
+    def _entry(self, path: str | None):
+        return next((e for e in self.entries if path is not None and Path(e.path) == Path(path)), None)
+
+    def current(self) -> tuple[Path, int] | None:
+        """What the two lists show (the pane's pick, once the session has one)."""
+        path, step = self.checkpoint.currentData(), self.step.currentData()
+        return (Path(path), int(step)) if path is not None and step is not None else None
+
+    def _fill(self, picked: Key | None) -> None:
+        """Both lists from the entries, showing ``picked``: a checkpoint or step the scan did not
+        list (a run opened from the Run tab) is added, never replaced by another one."""
+        boxes = (self.checkpoint, self.step)
+        for box in boxes:
+            box.blockSignals(True)
         self.checkpoint.clear()
         for e in self.entries:
             self.checkpoint.addItem(entry_name(e), str(e.path))
             self.checkpoint.setItemData(self.checkpoint.count() - 1, str(e.path), Qt.ItemDataRole.ToolTipRole)
-        self.checkpoint.blockSignals(False)
-        self._fill_steps()
-        if previous is not None:
-            self.select(*previous)
-        self._update_enabled()
+        if picked is not None and self._entry(str(picked[0])) is None:
+            self.checkpoint.addItem(picked[0].name, str(picked[0]))
+            self.checkpoint.setItemData(
+                self.checkpoint.count() - 1, str(picked[0]), Qt.ItemDataRole.ToolTipRole
+            )
+        paths = [Path(self.checkpoint.itemData(i)) for i in range(self.checkpoint.count())]
+        self.checkpoint.setCurrentIndex(paths.index(picked[0]) if picked is not None else 0)
+        self._fill_steps_of(picked[1] if picked is not None else None)
+        for box in boxes:
+            box.blockSignals(False)
 
-    def _fill_steps(self) -> None:
-        entry = self._entry()
-        steps = list(entry.steps) if entry else []
-        self.step.blockSignals(True)
+    def _fill_steps_of(self, step: int | None) -> None:
+        entry = self._entry(self.checkpoint.currentData())
+        steps = set(entry.steps) if entry is not None else set()
+        if step is not None:
+            steps.add(step)
+        ordered = sorted(steps, reverse=True)  # newest first
         self.step.clear()
-        for s in reversed(steps):
+        for s in ordered:
             self.step.addItem(f"step {s:,}", s)
+        self.step.setCurrentIndex(ordered.index(step) if step is not None else 0)
+
+    def _on_checkpoint_chosen(self) -> None:
+        self.step.blockSignals(True)
+        self._fill_steps_of(None)  # the newest step of the checkpoint chosen
         self.step.blockSignals(False)
         self._emit_selection()
-
-    def _entry(self):
-        path = self.checkpoint.currentData()
-        return next((e for e in self.entries if str(e.path) == path), None)
-
-    def current(self) -> tuple[Path, int] | None:
-        entry, step = self._entry(), self.step.currentData()
-        return (Path(entry.path), int(step)) if entry is not None and step is not None else None
-
-    def select(self, path: Path, step: int) -> bool:
-        """Show ``path`` at ``step`` (signals blocked: this mirrors a choice made elsewhere)."""
-        index = self.checkpoint.findData(str(path))
-        if index < 0:
-            return False
-        self.checkpoint.blockSignals(True)
-        self.checkpoint.setCurrentIndex(index)
-        self.checkpoint.blockSignals(False)
-        self.step.blockSignals(True)
-        self._fill_steps_quietly()
-        self.step.setCurrentIndex(max(0, self.step.findData(step)))
-        self.step.blockSignals(False)
-        self._update_enabled()
-        return True
-
-    def _fill_steps_quietly(self) -> None:
-        entry = self._entry()
-        self.step.clear()
-        for s in reversed(list(entry.steps) if entry else []):
-            self.step.addItem(f"step {s:,}", s)
 
     def _emit_selection(self) -> None:
         cur = self.current()
         if cur is not None:
             self.selection_changed.emit(*cur)
-        self._update_enabled()
 
     def _on_load_button(self) -> None:
-        if self.loaded and self.current() == self._loaded_key:
+        state = self.state
+        if state.pick_is_loaded:
             self.unload_requested.emit()
-            return
-        cur = self.current()
-        if cur is not None:
-            self.load_requested.emit(*cur)
+        elif state.picked is not None:
+            self.load_requested.emit(*state.picked)
 
-    # ----- model state -----------------------------------------------------------------------
+    # ----- the pane's state ------------------------------------------------------------------
 
-    def set_loading(self, percent: int, message: str) -> None:
-        """Load progress (0–99); set_loaded or set_load_failed ends it."""
-        self.progress.show()
-        self.progress.setValue(percent)
-        self.summary.setText(message)
-        self.load_btn.setEnabled(False)
-        self.load_btn.setText("Loading…")
-
-    def set_loaded(self, info: ModelInfo) -> None:
-        self.loaded = True
-        self._loaded_key = (Path(info.path), int(info.step or 0))
-        self.progress.hide()
-        parts = [info.era, f"{human_params(info.parameters)} params", info.device, info.precision]
-        self.summary.setText("  ·  ".join(p for p in parts if p))
-        self.summary.setToolTip(f"{info.path} · step {info.step}")
+    def show_state(self, state: PaneState) -> None:
+        """Show ``state``: its pick in the lists, which step answers, and a button that loads the
+        pick or frees the model that answers."""
+        self.state = state
+        self._fill(state.picked)
+        self.loaded = state.info is not None
+        self.progress.setVisible(state.status == "loading")
+        self.progress.setValue(state.progress[0])
+        self.summary.setText(self._summary(state))
+        info = state.info
+        self.summary.setToolTip(f"{info.path} · step {info.step}" if info is not None else "")
+        if state.overrides != {k: v for k, v in self.overrides().items() if v is not None}:
+            self.set_overrides(state.overrides)
         self._update_enabled()
 
-    def set_load_failed(self, reason: str) -> None:
-        self.progress.hide()
-        self.summary.setText(f"⚠ {reason}")
-        self._update_enabled()
-
-    def set_unloaded(self) -> None:
-        self.loaded = False
-        self._loaded_key = None
-        self.summary.setText("Not loaded")
-        self._update_enabled()
+    def _summary(self, state: PaneState) -> str:
+        info, headline = state.info, state.headline()
+        if state.status == "loaded" and info is not None:
+            parts = [
+                headline,
+                info.era,
+                f"{human_params(info.parameters)} params",
+                info.device,
+                info.precision,
+            ]
+            return "  ·  ".join(p for p in parts if p)
+        if headline:
+            return headline
+        if not self.listed:
+            return LOOKING
+        return PICK if self.entries else NONE_FOUND
 
     def _update_enabled(self) -> None:
-        has = bool(self.entries)
+        state = self.state
+        has = bool(self.entries) or state.picked is not None
         for w in (self.checkpoint, self.step):
             w.setEnabled(has)
-        self.load_btn.setEnabled(has)
-        unload = self.loaded and self.current() == self._loaded_key
-        self.load_btn.setText("Unload" if unload else "Load")
+        loading = state.status == "loading"
+        unload = state.pick_is_loaded
+        self.load_btn.setEnabled(state.picked is not None and not loading)
+        self.load_btn.setText("Loading…" if loading else "Unload" if unload else "Load")
         self.load_btn.setObjectName("" if unload else "Primary")
+        what = f"step {state.picked[1]:,}" if state.picked is not None else "the selected checkpoint"
         self.load_btn.setToolTip(
-            f"Free pane {self.letter}'s model"
-            if unload
-            else f"Load the selected checkpoint in pane {self.letter}"
+            f"Free pane {self.letter}'s model" if unload else f"Load {what} in pane {self.letter}"
         )
         theme.repolish(self.load_btn)
-        if self.listed and not self.loaded and self.summary.text() in (LOOKING, PICK, NONE_FOUND):
-            self.summary.setText(PICK if has else NONE_FOUND)
 
     # ----- overrides -------------------------------------------------------------------------
 

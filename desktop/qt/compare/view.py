@@ -5,28 +5,21 @@ its legend, token diff between two panes, cross-scoring, save and export). Then 
 banner, a notice banner, the pane row, a status line (where the replies diverge), the shared
 sampling row and the prompt box.
 
-The page wires itself to its :class:`CompareController` in ``_connect_signals``: the controller
-is the page's state, as ChatController is the chat's. Everything here runs on the GUI thread.
+The page wires itself to its :class:`CompareController` in ``_connect_signals``; what it shows
+comes from the controller's Qt-free ``session`` (each pane redraws from its PaneState on
+``pane_changed``). Everything here runs on the GUI thread.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt
-from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
     QFrame,
     QLabel,
-    QMenu,
-    QPushButton,
     QScrollArea,
-    QSpinBox,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -34,46 +27,18 @@ from PySide6.QtWidgets import (
 
 from desktop.engine.backend import ModelInfo
 from desktop.engine.messages import TokenEvent
-from desktop.engine.params import CHAT_DEFAULTS, SamplingParams
+from desktop.engine.params import SamplingParams
 from desktop.qt.chat.input_box import InputBox
-from desktop.qt.chat.message_widget import draft_label
 from desktop.qt.compare.agreement_table import AgreementDialog
+from desktop.qt.compare.bars import CompareToolbar, SharedSampling, diff_marks
 from desktop.qt.compare.controller import CompareController
 from desktop.qt.compare.pane_view import ComparePane
-from desktop.qt.widgets import common, theme
+from desktop.qt.widgets import theme
 from desktop.qt.widgets.checkpoint_picker import entry_name
 from desktop.qt.widgets.error_banner import ErrorBanner
-from desktop.qt.widgets.sampling_panel import SEED_MAX
-from desktop.qt.widgets.speculative_box import SELF_DRAFTS
-from desktop.qt.widgets.token_view import ProbabilityLegend
 from desktop.session.compare.analysis import LETTERS, MAX_PANES, MIN_PANES, DiffSpan
 
 PANE_MIN_WIDTH = 270  # two panes fit an 800 px window; more scroll sideways there
-SPEED_TIP = (
-    "Speculative decoding in every pane that can: a draft proposes tokens, each pane's model checks\n"
-    "them in one pass. Each reply keeps its model's distribution, but a seed repeats Nanoscope's own\n"
-    "stream. The draft length is Chat's (Parameters › Speed).\n"
-    "Own copy: each pane's int8 or 16-bit copy drafts for it.\n"
-    "Pane X's checkpoint: that pane's checkpoint drafts for every other pane (it answers plainly).\n"
-    "Each other pane's footer then says how much of the draft it kept: a live measure of how alike\n"
-    "the two checkpoints are (they must share a tokenizer)."
-)
-PANE_DRAFT_TIP = (
-    "Pane {letter}'s checkpoint drafts for every other pane; each footer's kept share is how often\n"
-    "their model agrees with it"
-)
-
-
-def diff_marks(spans: list[DiffSpan]) -> tuple[dict[int, str], dict[int, str]]:
-    """Per-token marks for pane A (its tokens B lacks: "delete") and pane B (A lacks: "insert")."""
-    a_marks: dict[int, str] = {}
-    b_marks: dict[int, str] = {}
-    for span in spans:
-        if span.tag in ("delete", "replace"):
-            a_marks.update(dict.fromkeys(range(span.a_start, span.a_end), "delete"))
-        if span.tag in ("insert", "replace"):
-            b_marks.update(dict.fromkeys(range(span.b_start, span.b_end), "insert"))
-    return a_marks, b_marks
 
 
 class CompareView(QWidget):
@@ -94,7 +59,13 @@ class CompareView(QWidget):
         self._system_prompt = ""
         self.draft_colours = False  # the panes colour drafts, not probabilities
 
-        self.toolbar = self._build_toolbar()
+        self.toolbar = bar = CompareToolbar()
+        # The toolbar's parts, by the names the page's code and its tests use.
+        self.add_btn, self.sweep_btn, self.sweep_menu = bar.add_btn, bar.sweep_btn, bar.sweep_menu
+        self.temps_btn, self.overlay_box, self.legend = bar.temps_btn, bar.overlay_box, bar.legend
+        self.diff_box, self.diff_a, self.diff_b = bar.diff_box, bar.diff_a, bar.diff_b
+        self.same_btn, self.score_btn, self.score_menu = bar.same_btn, bar.score_btn, bar.score_menu
+        self.save_btn, self.export_btn = bar.save_btn, bar.export_btn
         self.memory_banner = ErrorBanner()
         self.memory_banner.setAccessibleName("Memory warning")
         self.banner = ErrorBanner()
@@ -105,7 +76,9 @@ class CompareView(QWidget):
         self.status = QLabel()
         self.status.setObjectName("Muted")
         self.status.setAccessibleName("Comparison status")
-        self.sampling_row = self._build_sampling_row()
+        self.sampling_row = shared = SharedSampling()
+        self.temperature, self.top_k, self.max_tokens = shared.temperature, shared.top_k, shared.max_tokens
+        self.seed, self.speed = shared.seed, shared.speed
         self.input = InputBox()
         self.input.editor.setPlaceholderText("One prompt for every pane…")
 
@@ -137,114 +110,13 @@ class CompareView(QWidget):
         self._connect_signals()
         self._restyle()
         self._update_actions()
+        session = controller.session
+        for i in range(len(self.panes)):  # a session restored from the last run shows at once
+            self._on_pane_refreshed(i)
+        if session.prompt:
+            self._on_opened(session.prompt, session.shared)
 
     # ----- construction ----------------------------------------------------------------------
-
-    def _build_toolbar(self) -> QFrame:
-        bar = QFrame()
-        bar.setObjectName("CompareToolbar")
-        self.add_btn = QPushButton("Add pane")
-        self.add_btn.setToolTip(f"Add a pane (up to {MAX_PANES})")
-        self.sweep_btn = QPushButton("Step sweep…")
-        self.sweep_btn.setToolTip(
-            "Panes for up to four evenly spaced steps of one checkpoint, the latest included"
-        )
-        self.sweep_menu = QMenu(self.sweep_btn)
-        self.sweep_btn.setMenu(self.sweep_menu)
-        self.temps_btn = QPushButton("Same checkpoint × temperatures")
-        self.temps_btn.setToolTip(
-            "Every pane on the first pane's checkpoint, at temperatures 0, 0.6, 1.0 and 1.4, same seed"
-        )
-        self.overlay_box = QCheckBox("Probabilities")
-        self.overlay_box.setToolTip(
-            "Colour each token by its probability; hover a token for the five most likely alternatives"
-        )
-        self.legend = ProbabilityLegend()
-        self.legend.hide()
-        self.diff_box = QCheckBox("Diff")
-        self.diff_box.setToolTip("Mark the tokens that differ between two panes' replies")
-        self.diff_a = QComboBox()
-        self.diff_b = QComboBox()
-        for combo, name in ((self.diff_a, "Diff from pane"), (self.diff_b, "Diff to pane")):
-            combo.setAccessibleName(name)
-            combo.setEnabled(False)
-        self.vs_label = QLabel("vs")
-        self.vs_label.setObjectName("Muted")
-        self.same_btn = QPushButton("Same model?")
-        self.same_btn.setToolTip(
-            "Run a local checkpoint and a served model greedy on the prompt, same seed: where do\n"
-            "they first differ, and how far apart are their probabilities until then?"
-        )
-        self.score_btn = QPushButton("Cross-score…")
-        self.score_btn.setToolTip("Score one pane's reply under every pane's checkpoint (bits per byte)")
-        self.score_menu = QMenu(self.score_btn)
-        self.score_btn.setMenu(self.score_menu)
-        self.save_btn = QPushButton("Save")
-        self.save_btn.setToolTip("Save this comparison to history")
-        self.export_btn = QPushButton("Export…")
-        export_menu = QMenu(self.export_btn)
-        self.export_md = QAction("Markdown…", self)
-        self.export_json = QAction("JSON…", self)
-        export_menu.addAction(self.export_md)
-        export_menu.addAction(self.export_json)
-        self.export_btn.setMenu(export_menu)
-
-        # Groups that wrap as a whole onto a second row when the window is narrow.
-        lay = common.FlowLayout(bar, spacing=14)
-        lay.setContentsMargins(12, 7, 12, 7)
-        for group in (
-            (self.add_btn, self.sweep_btn, self.temps_btn),
-            (self.overlay_box, self.legend),
-            (self.diff_box, self.diff_a, self.vs_label, self.diff_b),
-            (self.score_btn, self.same_btn),
-            (self.save_btn, self.export_btn),
-        ):
-            lay.addWidget(common.group(*group))
-        return bar
-
-    def _build_sampling_row(self) -> QFrame:
-        row = QFrame()
-        row.setObjectName("CompareSampling")
-        self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 2.0)
-        self.temperature.setSingleStep(0.05)
-        self.temperature.setDecimals(2)
-        self.temperature.setToolTip("Temperature for every pane (0 = greedy)")
-        self.top_k = QSpinBox()
-        self.top_k.setRange(0, 1000)
-        self.top_k.setSpecialValueText("off")
-        self.top_k.setToolTip("Top-k for every pane (0 = off)")
-        self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(1, 8192)
-        self.max_tokens.setToolTip("Longest reply, in tokens")
-        self.seed = QSpinBox()
-        self.seed.setRange(0, SEED_MAX)
-        self.seed.setToolTip("Seed shared by every pane: same seed, same random draws")
-        self.dice = common.flat_button("dice", "New random seed")
-        self.speed = QComboBox()
-        self.speed.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
-        for name, spec in SELF_DRAFTS:
-            self.speed.addItem(name, spec)
-        self.speed.setToolTip(SPEED_TIP)
-        title = QLabel("Shared sampling")
-        title.setObjectName("SectionTitle")
-        lay = common.FlowLayout(row, spacing=12)
-        lay.setContentsMargins(20, 6, 20, 0)
-        lay.addWidget(title)
-        for text, box in (
-            ("Temperature", self.temperature),
-            ("Top-k", self.top_k),
-            ("Max tokens", self.max_tokens),
-            ("Seed", self.seed),
-            ("Speculative", self.speed),
-        ):
-            label = QLabel(text)
-            label.setObjectName("Muted")
-            label.setBuddy(box)
-            box.setAccessibleName(f"Shared {text.lower()}")
-            lay.addWidget(common.group(label, box, *((self.dice,) if box is self.seed else ())))
-        self.set_sampling(CHAT_DEFAULTS.with_values(max_tokens=256).to_dict())
-        return row
 
     def _connect_signals(self) -> None:
         # Bound methods, not lambdas: Qt keeps a lambda (and what it captures) alive for as
@@ -252,11 +124,8 @@ class CompareView(QWidget):
         c = self.controller
         c.pane_added.connect(self._add_pane_widget)
         c.pane_removed.connect(self._remove_pane_widget)
-        c.pane_selected.connect(self._on_pane_selected)
-        c.pane_overrides_changed.connect(self._on_pane_overrides)
-        c.pane_loading.connect(self._on_pane_loading)
+        c.pane_changed.connect(self._on_pane_changed)
         c.pane_loaded.connect(self._on_pane_loaded)
-        c.pane_load_failed.connect(self._on_pane_load_failed)
         c.pane_unloaded.connect(self._on_pane_unloaded)
         c.pane_started.connect(self._on_pane_started)
         c.pane_token.connect(self._on_pane_token)
@@ -283,11 +152,11 @@ class CompareView(QWidget):
         self.sweep_menu.aboutToShow.connect(self._fill_sweep_menu)
         self.score_menu.aboutToShow.connect(self._fill_score_menu)
         self.save_btn.clicked.connect(self._save)
-        self.export_md.triggered.connect(self._export_markdown)
-        self.export_json.triggered.connect(self._export_json)
+        self.toolbar.export_md.triggered.connect(self._export_markdown)
+        self.toolbar.export_json.triggered.connect(self._export_json)
         self.input.send_requested.connect(self._send)
         self.input.stop_requested.connect(c.stop)
-        self.dice.clicked.connect(self._new_seed)
+        self.sampling_row.dice.clicked.connect(self.sampling_row.new_seed)
 
     # ----- API -------------------------------------------------------------------------------
 
@@ -295,19 +164,13 @@ class CompareView(QWidget):
         """The checkpoint list from a folder scan, for every pane's picker and the step sweep."""
         self.entries = list(entries)
         self._scanned = True
-        for pane in self.panes:
+        for index, pane in enumerate(self.panes):
             pane.set_entries(self.entries)
+            self._pick_shown(index)
 
     def set_sampling(self, values: dict) -> None:
         """Pre-fill the shared sampling row (keys as in settings' sampling, plus system_prompt)."""
-        for key, box in (
-            ("temperature", self.temperature),
-            ("top_k", self.top_k),
-            ("max_tokens", self.max_tokens),
-            ("seed", self.seed),
-        ):
-            if values.get(key) is not None:
-                box.setValue(values[key])
+        self.sampling_row.set_values(values)
         if "system_prompt" in values:
             self._system_prompt = str(values["system_prompt"] or "")
 
@@ -325,24 +188,11 @@ class CompareView(QWidget):
             self.controller.choose_draft(str(chosen or ""))
 
     def _fill_speed(self) -> None:
-        """The Speculative choices: the panes' own copies, then each pane whose loaded checkpoint
-        can draft for the others. The choice stays with its pane; when that pane's checkpoint
-        goes (unloaded, removed), it falls back to Off."""
+        """The choice stays with its pane; when that pane's checkpoint goes (unloaded, removed),
+        it falls back to Off."""
         c = self.controller
         want: int | str = c.panes.index(c.drafter) if c.drafter in c.panes else c.draft
-        self.speed.blockSignals(True)
-        self.speed.clear()
-        for name, spec in SELF_DRAFTS:
-            self.speed.addItem(name, spec)
-        for index, draft in c.drafters():
-            letter = LETTERS[index]
-            self.speed.addItem(f"Pane {letter}'s checkpoint ({draft_label(draft)})", index)
-            tip = PANE_DRAFT_TIP.format(letter=letter)
-            self.speed.setItemData(self.speed.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
-        # Compared by Python's ==, not Qt's: a pane's index is never taken for a draft name.
-        rows = (i for i in range(self.speed.count()) if self.speed.itemData(i) == want)
-        self.speed.setCurrentIndex(next(rows, 0))
-        self.speed.blockSignals(False)
+        self.sampling_row.fill_speed(c.drafters(), want)
         self._on_speed()
 
     def set_draft_colours(self, on: bool) -> None:
@@ -353,12 +203,7 @@ class CompareView(QWidget):
 
     def shared_params(self) -> SamplingParams:
         """The shared sampling values every pane starts from."""
-        return SamplingParams(
-            temperature=round(self.temperature.value(), 2),
-            top_k=self.top_k.value(),
-            max_tokens=self.max_tokens.value(),
-            seed=self.seed.value(),
-        )
+        return self.sampling_row.params()
 
     # ----- panes -----------------------------------------------------------------------------
 
@@ -377,9 +222,15 @@ class CompareView(QWidget):
         pane.remove_requested.connect(self._pane_remove_requested)
         pane.overrides_changed.connect(self._pane_overrides_changed)
         pane.fork_requested.connect(self._pane_fork_requested)
-        if (current := pane.current()) is not None:
-            self.controller.select(index, *current)
+        pane.show_state(self.controller.session.panes[index])
+        self._pick_shown(index)
         self._relabel()
+
+    def _pick_shown(self, index: int) -> None:
+        """A pane with no pick yet picks what its lists show first (the newest step of the first
+        checkpoint), so Load loads what the user sees."""
+        if self.controller.session.panes[index].picked is None and (shown := self.panes[index].current()):
+            self.controller.select(index, *shown)
 
     def _remove_pane_widget(self, index: int) -> None:
         pane = self.panes.pop(index)
@@ -428,20 +279,11 @@ class CompareView(QWidget):
 
     # ----- controller → panes ----------------------------------------------------------------
 
-    def _on_pane_selected(self, index: int, path: Path, step: int) -> None:
-        self.panes[index].select(path, step)
+    def _on_pane_changed(self, index: int) -> None:
+        if index < len(self.panes):
+            self.panes[index].show_state(self.controller.session.panes[index])
 
-    def _on_pane_overrides(self, index: int, overrides: dict) -> None:
-        self.panes[index].set_overrides(overrides)
-
-    def _on_pane_loading(self, index: int, percent: int, message: str) -> None:
-        self.panes[index].set_loading(percent, message)
-
-    def _on_pane_load_failed(self, index: int, reason: str) -> None:
-        self.panes[index].set_load_failed(reason)
-
-    def _on_pane_unloaded(self, index: int) -> None:
-        self.panes[index].set_unloaded()
+    def _on_pane_unloaded(self, _index: int) -> None:
         self._fill_speed()
 
     def _on_pane_started(self, index: int, _params: SamplingParams) -> None:
@@ -457,8 +299,7 @@ class CompareView(QWidget):
     def _on_cross_scored(self, source: int, index: int, result: dict) -> None:
         self.panes[index].set_score(LETTERS[source], result)
 
-    def _on_pane_loaded(self, index: int, info: ModelInfo) -> None:
-        self.panes[index].set_loaded(info)
+    def _on_pane_loaded(self, _index: int, _info: ModelInfo) -> None:
         self._update_actions()
         self._fill_speed()
 
@@ -496,7 +337,7 @@ class CompareView(QWidget):
 
     def _update_actions(self) -> None:
         busy = self.controller.busy
-        has_result = self.controller.has_result()
+        has_result = self.controller.session.has_result()
         self.add_btn.setEnabled(not busy and len(self.panes) < MAX_PANES)
         for w in (self.sweep_btn, self.temps_btn):
             w.setEnabled(not busy)
@@ -584,9 +425,9 @@ class CompareView(QWidget):
         self.diff_a.setEnabled(on)
         self.diff_b.setEnabled(on)
         if on:
-            self.controller.set_diff_pair(self.diff_a.currentIndex(), self.diff_b.currentIndex())
+            self.controller.session.set_diff_pair(self.diff_a.currentIndex(), self.diff_b.currentIndex())
         else:
-            self.controller.set_diff_pair(None)
+            self.controller.session.set_diff_pair(None)
 
     def _on_diff(self, diff: tuple[int, int, list[DiffSpan]] | None) -> None:
         marks: list[dict[int, str]] = [{} for _ in self.panes]
@@ -602,22 +443,7 @@ class CompareView(QWidget):
         self._show_divergence_status()
 
     def _show_divergence_status(self) -> None:
-        c = self.controller
-        if not c.has_result():
-            self.status.setText("")
-        elif c.divergence is not None:
-            self.status.setText(
-                f"The replies agree for {c.divergence} token{'' if c.divergence == 1 else 's'}, "
-                "then diverge (marked ▍ in each pane)."
-            )
-        elif c.busy:
-            self.status.setText("The replies agree so far…")
-        elif c.comparable():
-            self.status.setText("The replies are identical.")
-        else:
-            self.status.setText(
-                "Different seeds: token positions are not comparable, so no divergence is marked."
-            )
+        self.status.setText(self.controller.session.divergence_status())
 
     def _on_memory(self, ok: bool, message: str) -> None:
         if ok:
@@ -641,9 +467,6 @@ class CompareView(QWidget):
 
     def _on_saved(self, _conv_id: int) -> None:
         self.banner.show_info("Saved", "the comparison is in your history")
-
-    def _new_seed(self) -> None:
-        self.seed.setValue(random.randint(0, SEED_MAX))
 
     def _export_markdown(self) -> None:
         self._export("md")

@@ -1,2 +1,3 @@
-"""A Compare session's state: its panes and their runs, divergence and diffs (pure analysis), and
-the "Same model?" report."""
+"""The Compare screen's state without Qt: the session (``session.py``: panes, the round, results,
+saving), each pane's state (``panes.py``), its run (``pane_run.py``), and the pure analysis of the
+replies (``analysis.py``, ``same_model.py``)."""
