@@ -3,8 +3,6 @@ diff, scoring, save and export) and the shared sampling row under them."""
 
 from __future__ import annotations
 
-import random
-
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
@@ -26,6 +24,7 @@ from desktop.qt.widgets.sampling_panel import SEED_MAX
 from desktop.qt.widgets.speculative_box import SELF_DRAFTS
 from desktop.qt.widgets.token_view import ProbabilityLegend
 from desktop.session.compare.analysis import LETTERS, MAX_PANES, DiffSpan
+from desktop.session.sampling import draw_seed
 
 SPEED_TIP = (
     "Speculative decoding in every pane that can: a draft proposes tokens, each pane's model checks\n"
@@ -186,7 +185,7 @@ class SharedSampling(QFrame):
         )
 
     def new_seed(self) -> None:
-        self.seed.setValue(random.randint(0, SEED_MAX))
+        self.seed.setValue(draw_seed())
 
     def fill_speed(self, drafters: list[tuple[int, str]], want: int | str) -> None:
         """The Speculative choices: the panes' own copies, then each pane whose loaded checkpoint
