@@ -1,17 +1,19 @@
-"""Work at the edges of the GUI, on the qasync event loop: folder scans and debounced search.
+"""Work at the edges of the GUI: folder scans, shape summaries, timelines and debounced search.
 
-Blocking file work (scanning checkpoint folders, reading tensor shapes) runs in the loop's
-default executor so the GUI thread never waits on disk; nothing here touches torch compute.
+Blocking file work (scanning checkpoint folders, reading tensor shapes, a run's metas, asking a
+server for its models) runs on jobs' threads (``qt/jobs/runner.py``) so the GUI thread never waits
+on disk or network; nothing here touches torch compute. Every lookup is latest-wins: a newer
+request stops the one under way and what that one would still say is dropped, so a stale list,
+summary or timeline never replaces a newer one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from desktop.config.paths import demo_runs, nanochat_base_dir
 from desktop.engine.discovery import (
@@ -30,13 +32,14 @@ from desktop.engine.nanochat.checkpoint import (
     read_meta,
 )
 from desktop.engine.runs.timeline import timeline_of
+from desktop.qt.jobs.runner import Job, Run
 from desktop.store import HistoryStore
 
 SEARCH_DEBOUNCE_S = 0.2
 
 
 class Background(QObject):
-    """Signals:
+    """Signals (each emitted on the GUI thread):
     checkpoints_found(list): CheckpointEntry list after a scan.
     summary_ready(object): CheckpointSummary for the picker's current selection.
     summary_listed(object): a CheckpointSummary asked for by ``summarize_many`` (one each).
@@ -59,63 +62,54 @@ class Background(QObject):
         self.extra_dirs: list[Path] = []
         # servers.ServerSource list: their models join the list (source "remote") once listed.
         self.servers: list = []
-        self._search_task: asyncio.Task | None = None
-        self._summary_task: asyncio.Task | None = None
-        self._batch_task: asyncio.Task | None = None
+        self._scan = Job("scan", self, latest_wins=True)
+        self._summary = Job("summary", self, latest_wins=True)
+        self._batch = Job("summaries", self, latest_wins=True)
+        self._folder = Job("open-folder", self, latest_wins=True)
+        self._timeline = Job("timeline", self, latest_wins=True)
+        self._query = ""
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(round(SEARCH_DEBOUNCE_S * 1000))
+        self._search_timer.timeout.connect(self._search)
         # (dir, step) -> (the model file's mtime and size, its summary): reading shapes costs a
         # file open per checkpoint, so the picker's list is read once until a file changes.
+        # Jobs' threads share it; at worst two of them read the same file.
         self._summaries: dict[tuple[Path, int], tuple[tuple[int, int], CheckpointSummary]] = {}
-
-    def _spawn(self, coro) -> asyncio.Task | None:
-        """Schedule on the running (qasync) loop; without one (plain Qt tests) the work is skipped."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            coro.close()
-            return None
-        return loop.create_task(coro)
 
     def scan(self, base_dir: Path | None = None) -> None:
         """List the checkpoints under ``base_dir`` (default: nanochat's), the added folders and
-        the bundled demo; ``checkpoints_found`` reports them."""
-        self._spawn(self._scan(base_dir or nanochat_base_dir()))
+        the bundled demo; ``checkpoints_found`` reports them, then again with the servers' models."""
+        base, extra, servers = base_dir or nanochat_base_dir(), list(self.extra_dirs), list(self.servers)
+        self._scan.start(lambda run: self._scan_work(base, extra, servers, run))
 
-    async def _scan(self, base_dir: Path) -> None:
-        loop = asyncio.get_running_loop()
-        entries = await loop.run_in_executor(None, discover, base_dir, list(self.extra_dirs))
+    def _scan_work(self, base_dir: Path, extra: list[Path], servers: list, run: Run) -> None:
+        entries = discover(base_dir, extra)
         known = {e.path for e in entries}
-        for run in demo_runs():
-            if run not in known and (steps := model_steps(run)):
-                entries.append(CheckpointEntry("demo", run.name, run, steps))
-        self.checkpoints_found.emit(entries)
-        if self.servers:  # local checkpoints first: a slow server must not hold them back
-            listed = await asyncio.gather(*(loop.run_in_executor(None, s.entries) for s in self.servers))
-            self.checkpoints_found.emit(entries + [e for server in listed for e in server])
+        for demo in demo_runs():
+            if demo not in known and (steps := model_steps(demo)):
+                entries.append(CheckpointEntry("demo", demo.name, demo, steps))
+        run.post(self.checkpoints_found.emit, entries)
+        if servers and not run.stopped():  # local checkpoints first: a slow server must not hold them back
+            run.post(self.checkpoints_found.emit, entries + [e for s in servers for e in s.entries()])
 
     def summarize(self, path: Path, step: int) -> None:
-        if self._summary_task is not None:
-            self._summary_task.cancel()
-        self._summary_task = self._spawn(self._summarize(path, step))
-
-    async def _summarize(self, path: Path, step: int) -> None:
-        loop = asyncio.get_running_loop()
-        summary = await loop.run_in_executor(None, self._summary_of, path, step)
-        self.summary_ready.emit(summary)
+        self._summary.start(lambda _run: self._summary_of(path, step), done=self.summary_ready.emit)
 
     def summarize_many(self, keys: list) -> None:
         """Summaries of (dir, step) pairs, one ``summary_listed`` each, in order (a newer call
         replaces one still running)."""
-        if self._batch_task is not None:
-            self._batch_task.cancel()
-        self._batch_task = self._spawn(self._summarize_many([(Path(d), int(s)) for d, s in keys]))
+        pairs = [(Path(d), int(s)) for d, s in keys]
+        self._batch.start(lambda run: self._summaries_of(pairs, run))
 
-    async def _summarize_many(self, keys: list[tuple[Path, int]]) -> None:
-        loop = asyncio.get_running_loop()
-        for path, step in keys:
-            self.summary_listed.emit(await loop.run_in_executor(None, self._summary_of, path, step))
+    def _summaries_of(self, pairs: list[tuple[Path, int]], run: Run) -> None:
+        for path, step in pairs:
+            if run.stopped():
+                return
+            run.post(self.summary_listed.emit, self._summary_of(path, step))
 
     def _summary_of(self, path: Path, step: int) -> CheckpointSummary:
-        """``summarize``, cached while the model file is unchanged (runs in the executor)."""
+        """``summarize``, cached while the model file is unchanged (on a job's thread)."""
         try:
             st = model_file(path, step).stat()
             stamp = (st.st_mtime_ns, st.st_size)
@@ -130,32 +124,32 @@ class Background(QObject):
 
     def open_folder(self, folder: Path) -> None:
         """Look into a folder the user chose (``folder_opened`` reports what is there)."""
-        self._spawn(self._open_folder(Path(folder)))
-
-    async def _open_folder(self, folder: Path) -> None:
-        loop = asyncio.get_running_loop()
-        self.folder_opened.emit(await loop.run_in_executor(None, inspect_folder, folder))
+        folder = Path(folder)
+        self._folder.start(lambda _run: inspect_folder(folder), done=self.folder_opened.emit)
 
     def read_timeline(self, run: Path) -> None:
-        """A run's timeline, from its metas, off the GUI thread (``timeline_ready``)."""
-        self._spawn(self._read_timeline(Path(run)))
+        """A run's timeline, from its metas, off the GUI thread (``timeline_ready``, or
+        ``timeline_failed`` with one line)."""
+        folder = Path(run)
+        self._timeline.start(
+            lambda reading: self._timeline_work(folder, reading),
+            failed=lambda line: self.timeline_failed.emit(folder, line),
+        )
 
-    async def _read_timeline(self, run: Path) -> None:
-        loop = asyncio.get_running_loop()
+    def _timeline_work(self, folder: Path, run: Run) -> None:
         try:
-            self.timeline_ready.emit(await loop.run_in_executor(None, timeline_of, run))
+            run.post(self.timeline_ready.emit, timeline_of(folder))
         except NanoscopeError as exc:
-            self.timeline_failed.emit(run, str(exc))
+            run.post(self.timeline_failed.emit, folder, str(exc))
 
     def search(self, query: str) -> None:
         """Debounced: only the last query typed within SEARCH_DEBOUNCE_S runs."""
-        if self._search_task is not None:
-            self._search_task.cancel()
-        self._search_task = self._spawn(self._search(query))
+        self._query = query
+        self._search_timer.start()
 
-    async def _search(self, query: str) -> None:
-        await asyncio.sleep(SEARCH_DEBOUNCE_S)
+    def _search(self) -> None:
         # SQLite search over FTS5 takes milliseconds; it runs on this thread, which owns the connection.
+        query = self._query
         self.search_results.emit(self.store.search(query) if query.strip() else [])
 
 

@@ -2,22 +2,21 @@
 thread and report the outcome as a banner notice.
 
 The export loads the checkpoint, writes the folder and loads it back twice to compare logits, so
-it takes seconds to minutes; it runs on a thread of its own (torch never runs on the GUI thread)
-and ``done`` is emitted from there, which Qt delivers to the window's thread as a queued call.
+it takes seconds to minutes; it runs on a job's thread (``qt/jobs/runner.py``: torch never runs
+on the GUI thread) and ``done`` is emitted on the window's thread once it ends.
 Stop (quitting) ends it at the next of its stages and removes what it wrote.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
-from desktop.qt.jobs.stoppable_job import StoppableJob
+from desktop.qt.jobs.runner import Job, Run
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ class HFExportTask(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._job = StoppableJob()
+        self._job = Job("hf-export", self)
 
     def running(self) -> bool:
         return self._job.running()
@@ -40,25 +39,26 @@ class HFExportTask(QObject):
         """Begin exporting ``directory`` at ``step`` to ``out``; False when one is already running."""
         options = LoadOptions(step=step, base_dir=base_dir)
         return self._job.start(
-            "hf-export", lambda cancel: self._run(Path(directory), Path(out), options, cancel)
+            lambda run: _export(Path(directory), Path(out), options, run),
+            done=lambda outcome: self.done.emit(*outcome),
+            failed=lambda line: self.done.emit("error", TITLE, f"the export failed: {line}"),
         )
 
     def stop(self, wait: float = 0.0) -> None:
         self._job.stop(wait)
 
-    def _run(self, directory: Path, out: Path, options: LoadOptions, cancel: threading.Event) -> None:
-        from desktop.engine.export.hf_export import export_to_hf
 
-        try:
-            report = export_to_hf(directory, out, options, cancel=cancel)
-        except NanoscopeError as exc:
-            self.done.emit("error", TITLE, str(exc))
-        except (MemoryError, RuntimeError) as exc:
-            if not is_out_of_memory(exc):
-                logger.exception("export of %s failed", directory)
-                self.done.emit("error", TITLE, f"the export failed: {exc}")
-            else:
-                self.done.emit("error", TITLE, "out of memory while exporting; close other models first")
-        else:
-            logger.info("%s", report.summary())
-            self.done.emit("info", TITLE, report.summary())
+def _export(directory: Path, out: Path, options: LoadOptions, run: Run) -> tuple[str, str, str]:
+    """On the job's thread: the export, and what the banner says of it (level, title, message)."""
+    from desktop.engine.export.hf_export import export_to_hf
+
+    try:
+        report = export_to_hf(directory, out, options, cancel=run.cancel)
+    except NanoscopeError as exc:
+        return "error", TITLE, str(exc)
+    except (MemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        return "error", TITLE, "out of memory while exporting; close other models first"
+    logger.info("%s", report.summary())
+    return "info", TITLE, report.summary()

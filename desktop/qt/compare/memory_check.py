@@ -1,27 +1,31 @@
 """Whether the checkpoints picked in Compare fit in memory, checked off the GUI thread.
 
-Each checkpoint's shape summary is read once, on a thread of its own, and kept; the check runs
-when every summary it needs is known, so picking a checkpoint never waits for its file.
+Each checkpoint's shape summary is read once, on a job's thread (``qt/jobs/runner.py``), and kept;
+the check runs when every summary it needs is known, so picking a checkpoint never waits for its
+file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, Signal
 
 from desktop.config.settings import Settings
 from desktop.engine.discovery import CheckpointSummary, summarize
 from desktop.engine.kernels import memory
+from desktop.qt.jobs.runner import Job, Run
 
 Key = tuple[Path, int]  # a checkpoint folder and its step
 # The checkpoints of every pane: those picked, and those loaded (a loaded one holds its memory
 # until the pick replacing it loads), and the copies of a pane's checkpoint that other panes load
 # as their draft.
 Picked = Callable[[], tuple[list[Key], list[Key], list[Key]]]
+
+# How long closing Compare waits for the summary being read (a file open and its header).
+SHUTDOWN_WAIT_S = 30.0
 
 
 class MemoryCheck(QObject):
@@ -33,29 +37,23 @@ class MemoryCheck(QObject):
 
     checked = Signal(bool, str)
 
-    _summary_ready = Signal(object, object)  # from the summary thread: (path, step), summary
-
     def __init__(self, settings: Settings, picked: Picked, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.settings = settings
         self._picked = picked
         self.last: tuple[bool, int, int, str] | None = None
         self._summaries: dict[Key, CheckpointSummary] = {}
-        self._summarizing: set[Key] = set()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanoscope-compare-summary")
-        self._summary_ready.connect(self._on_summary)
+        self._job = Job("compare-summary", self)
 
     def check(self) -> None:
         """Estimate the memory of every pane's selected checkpoint against what is free (async)."""
         selection, loaded_keys, draft_keys = self._picked()
         keys = set(selection) | set(loaded_keys) | set(draft_keys)
         missing = [k for k in keys if k not in self._summaries]
-        for key in missing:
-            if key not in self._summarizing:
-                self._summarizing.add(key)
-                future = self._executor.submit(summarize, *key)
-                future.add_done_callback(partial(self._summary_done, key))
         if missing:
+            # While a read is going this start is refused; its end checks again, and reads
+            # what was picked meanwhile.
+            self._job.start(partial(_read, missing), done=self._on_read)
             return
         selected = [self._summaries[k] for k in selection]
         loaded = [self._summaries[k] for k in loaded_keys]
@@ -67,20 +65,14 @@ class MemoryCheck(QObject):
         self.checked.emit(ok, message)
 
     def shutdown(self) -> None:
-        """Wait for the summary being read; drop those not started."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Wait for the summary being read; read no more, and check no more."""
+        self._job.close(SHUTDOWN_WAIT_S)
 
-    def _summary_done(self, key: Key, future: Future) -> None:
-        """On the summary thread: hand the result to the GUI thread (a queued signal)."""
-        self._summary_ready.emit(key, _result(future))
-
-    @Slot(object, object)
-    def _on_summary(self, key: Key, summary: CheckpointSummary | None) -> None:
-        self._summarizing.discard(key)
-        if summary is not None:
-            self._summaries[key] = summary
-            self.check()
+    def _on_read(self, summaries: dict[Key, CheckpointSummary]) -> None:
+        self._summaries.update(summaries)
+        self.check()
 
 
-def _result(future: Future) -> CheckpointSummary | None:
-    return None if future.cancelled() or future.exception() is not None else future.result()
+def _read(keys: list[Key], run: Run) -> dict[Key, CheckpointSummary]:
+    """On the job's thread: each checkpoint's summary, until Stop."""
+    return {key: summarize(*key) for key in keys if not run.stopped()}

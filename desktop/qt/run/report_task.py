@@ -10,7 +10,6 @@ missing rather than waiting for them.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from desktop.engine.errors import NanoscopeError
 from desktop.engine.runs.evals import Sample
 from desktop.engine.runs.report import RunReport, StepKey, report_markdown, run_config, step_hashes
 from desktop.engine.runs.timeline import Timeline
-from desktop.qt.jobs.stoppable_job import StoppableJob
+from desktop.qt.jobs.runner import Job, Run
 
 logger = logging.getLogger(__name__)
 REPORT_NAME = "report.md"
@@ -45,13 +44,11 @@ class RunReportTask(QObject):
     are (stage, step, prompt, text) as the Run tab's sweep showed them."""
 
     finished = Signal(str)
-    _gathered = Signal(object)  # from the thread to the GUI thread (a queued call)
 
     def __init__(self, draw_plots: PlotDrawer, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._draw_plots = draw_plots
-        self._job = StoppableJob()
-        self._gathered.connect(self._write)
+        self._job = Job("run-report", self)
 
     def running(self) -> bool:
         return self._job.running()
@@ -65,21 +62,20 @@ class RunReportTask(QObject):
     ) -> bool:
         said = [Sample(stage, step, prompt, (), text) for stage, step, prompt, text in samples]
         job = _Gathered(Path(folder), timeline, said, dict(scores or {}))
-        return self._job.start("run-report", lambda cancel: self._gather(job, cancel))
+        return self._job.start(
+            lambda run: _gather(job, run),
+            done=self._write,
+            failed=lambda line: self.finished.emit(f"No report: {line}"),
+        )
 
     def stop(self, wait: float = 0.0) -> None:
         self._job.stop(wait)
 
-    def _gather(self, job: _Gathered, cancel: threading.Event) -> None:
-        try:
-            job.config = run_config(job.timeline)
-            job.hashes = step_hashes(job.timeline, cancel)
-        except NanoscopeError as exc:
-            self.finished.emit(f"No report: {exc}")
+    def _write(self, job: _Gathered | str) -> None:
+        """On the GUI thread: draw the curves and write the card (or say why there is none)."""
+        if isinstance(job, str):
+            self.finished.emit(job)
             return
-        self._gathered.emit(job)
-
-    def _write(self, job: _Gathered) -> None:
         try:
             job.folder.mkdir(parents=True, exist_ok=True)
             plots = self._draw_plots(job.folder)
@@ -95,3 +91,13 @@ class RunReportTask(QObject):
         missing = len(job.timeline.points) - len(job.hashes)
         note = f" ({missing} steps without a hash: stopped)" if missing else ""
         self.finished.emit(f"Report card written: {path}, {len(plots)} curves{note}")
+
+
+def _gather(job: _Gathered, run: Run) -> _Gathered | str:
+    """On the job's thread: what the card needs from the disk, or why there is no card."""
+    try:
+        job.config = run_config(job.timeline)
+        job.hashes = step_hashes(job.timeline, run.cancel)
+    except NanoscopeError as exc:
+        return f"No report: {exc}"
+    return job

@@ -1,7 +1,7 @@
 """The Run tab's sweeps off the GUI thread: one step after another, one checkpoint open at a
-time, each result, the progress and the end reported as signals (Qt delivers them to the
-window's thread as queued calls). Stop ends a sweep after the item in hand; one sweep of a kind
-runs at a time.
+time, on a job's thread (``qt/jobs/runner.py``); each result, the progress and the end are
+emitted as signals on the window's thread. Stop ends a sweep after the item in hand; one sweep of
+a kind runs at a time.
 
 * :class:`SampleSweepTask`: nanochat's base_train prompts (or the user's), greedy, 16 tokens.
 * :class:`GradedSweepTask`: multiple choice from the user's JSONL (nanochat's categorical method),
@@ -14,7 +14,6 @@ runs at a time.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from desktop.engine.runs.grading import Graded, accuracy, what_flipped
 from desktop.engine.runs.multiple_choice import read_questions
 from desktop.engine.runs.sweep import tasks_sweep
 from desktop.engine.runs.timeline import Point
-from desktop.qt.jobs.stoppable_job import StoppableJob
+from desktop.qt.jobs.runner import Job, Run
 from desktop.store.eval_results import (
     StoreKeeper,
     core_key,
@@ -44,8 +43,9 @@ from desktop.store.eval_results import (
 
 logger = logging.getLogger(__name__)
 
-# A sweep's work: it reads the Event between its items.
-SweepWork = Callable[[threading.Event, LoadOptions], None]
+# A sweep's work, on the job's thread: it reads ``run.cancel`` between its items and posts what it
+# reports (the signals are emitted on the GUI thread).
+SweepWork = Callable[[Run, LoadOptions], None]
 
 
 class SweepTask(QObject):
@@ -55,10 +55,11 @@ class SweepTask(QObject):
     progress = Signal(int, int)
     kept = Signal(int, int)
     finished = Signal(str)
+    job_name = "sweep"  # its thread's name
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._job = StoppableJob()
+        self._job = Job(self.job_name, self)
 
     def running(self) -> bool:
         return self._job.running()
@@ -66,41 +67,52 @@ class SweepTask(QObject):
     def stop(self, wait: float = 0.0) -> None:
         self._job.stop(wait)
 
-    def _launch(self, name: str, work: SweepWork) -> bool:
+    def _launch(self, work: SweepWork) -> bool:
         options = LoadOptions(base_dir=paths.nanochat_base_dir(), kernel_cache=paths.kernel_timings_file())
-        return self._job.start(name, lambda cancel: self._run(work, cancel, options))
+        return self._job.start(
+            lambda run: _outcome(work, run, options),
+            done=self.finished.emit,
+            failed=lambda line: self.finished.emit(f"the sweep failed: {line}"),
+        )
 
-    def _run(self, work: SweepWork, cancel: threading.Event, options: LoadOptions) -> None:
-        try:
-            work(cancel, options)
-        except (NanoscopeError, FileRefused) as exc:
-            self.finished.emit(str(exc))
-        except (MemoryError, RuntimeError) as exc:
-            if not is_out_of_memory(exc):
-                logger.exception("sweep failed")
-                self.finished.emit(f"the sweep failed: {exc}")
-            else:
-                self.finished.emit("out of memory while loading a step; close other models first")
-        else:
-            self.finished.emit("")
+
+def _outcome(work: SweepWork, run: Run, options: LoadOptions) -> str:
+    """Run a sweep's work: "" when it completed or was stopped, else why it could not go on (an
+    error it expects, said plainly; any other is the runner's to log and report)."""
+    try:
+        work(run, options)
+    except (NanoscopeError, FileRefused) as exc:
+        return str(exc)
+    except (MemoryError, RuntimeError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        return "out of memory while loading a step; close other models first"
+    return ""
 
 
 class SampleSweepTask(SweepTask):
     """Signals: sample(stage, step, prompt, text), and the sweep's progress and end."""
 
     sample = Signal(str, int, str, str)
+    job_name = "sample-sweep"
 
     def start(self, points: Sequence[Point], prompts: Sequence[str] = SAMPLE_PROMPTS) -> bool:
         if not points:
             return False
         points, prompts = list(points), list(prompts)
 
-        def work(cancel: threading.Event, options: LoadOptions) -> None:
-            said = sample_sweep(points, prompts, options=options, cancel=cancel, progress=self.progress.emit)
+        def work(run: Run, options: LoadOptions) -> None:
+            said = sample_sweep(
+                points,
+                prompts,
+                options=options,
+                cancel=run.cancel,
+                progress=lambda done, total: run.post(self.progress.emit, done, total),
+            )
             for s in said:
-                self.sample.emit(s.stage, s.step, s.prompt, s.text)
+                run.post(self.sample.emit, s.stage, s.step, s.prompt, s.text)
 
-        return self._launch("sample-sweep", work)
+        return self._launch(work)
 
 
 class GradedSweepTask(SweepTask):
@@ -115,42 +127,43 @@ class GradedSweepTask(SweepTask):
     answered = Signal(str, int, int, bool)
     scored = Signal(str, object)
     flipped = Signal(object, object, list, list)
+    job_name = "graded-sweep"
 
     def start(self, points: Sequence[Point], data: Path | None, kind: str = "mc") -> bool:
         if not points:
             return False
         points = list(points)
 
-        def work(cancel: threading.Event, options: LoadOptions) -> None:
+        def work(run: Run, options: LoadOptions) -> None:
             graded: Iterator[tuple[Graded, bool]]
             store = shared_results()
             if kind == "mc" and data is not None:
                 asked, problems = read_questions(Path(data))
-                self.questions.emit([(q.line, q.question, q.text()) for q in asked], problems)
+                run.post(self.questions.emit, [(q.line, q.question, q.text()) for q in asked], problems)
                 task, count = f"multiple choice: {Path(data).name}", len(asked)
-                graded = kept_choices(store, points, asked, options, cancel)
+                graded = kept_choices(store, points, asked, options, run.cancel)
             else:
                 bundled = bundled_problems()
-                self.questions.emit([(p.line, p.question, p.question) for p in bundled], [])
+                run.post(self.questions.emit, [(p.line, p.question, p.question) for p in bundled], [])
                 task, count = "arithmetic and spelling", len(bundled)
-                graded = kept_answers(store, points, bundled, options, cancel)
+                graded = kept_answers(store, points, bundled, options, run.cancel)
             answers = []
             read_back: set[tuple[str, int]] = set()
             for a, kept in graded:
                 answers.append(a)
                 if kept:
                     read_back.add((a.stage, a.step))
-                self.answered.emit(a.stage, a.step, a.line, a.correct)
-                self.progress.emit(len(answers), count * len(points))
+                run.post(self.answered.emit, a.stage, a.step, a.line, a.correct)
+                run.post(self.progress.emit, len(answers), count * len(points))
             scores = accuracy(answers)
-            self.kept.emit(len(read_back), len(scores))
-            self.scored.emit(task, scores)
+            run.post(self.kept.emit, len(read_back), len(scores))
+            run.post(self.scored.emit, task, scores)
             if len(scores) >= 2:
                 earlier, *_, later = scores
                 flips = what_flipped(answers, earlier, later)
-                self.flipped.emit(earlier, later, list(flips.lost), list(flips.gained))
+                run.post(self.flipped.emit, earlier, later, list(flips.lost), list(flips.gained))
 
-        return self._launch("graded-sweep", work)
+        return self._launch(work)
 
 
 class BitsSweepTask(SweepTask):
@@ -158,25 +171,26 @@ class BitsSweepTask(SweepTask):
     the sweep goes), and the sweep's progress and end."""
 
     scored = Signal(str, object)
+    job_name = "bits-sweep"
 
     def start(self, points: Sequence[Point], data: Path) -> bool:
         if not points:
             return False
         points = list(points)
 
-        def work(cancel: threading.Event, options: LoadOptions) -> None:
+        def work(run: Run, options: LoadOptions) -> None:
             text, more = read_text(Path(data))
             task = f"bits per byte: {Path(data).name}" + (" (start)" if more else "")
             scores: dict[tuple[str, int], float] = {}
             read_back = 0
-            for r, kept in kept_bits(shared_results(), points, text, more, options, cancel):
+            for r, kept in kept_bits(shared_results(), points, text, more, options, run.cancel):
                 read_back += kept
                 scores[(r.stage, r.step)] = r.bits_per_byte
-                self.progress.emit(len(scores), len(points))
-                self.scored.emit(task, dict(scores))
-            self.kept.emit(read_back, len(scores))
+                run.post(self.progress.emit, len(scores), len(points))
+                run.post(self.scored.emit, task, dict(scores))
+            run.post(self.kept.emit, read_back, len(scores))
 
-        return self._launch("bits-sweep", work)
+        return self._launch(work)
 
 
 class CoreSweepTask(SweepTask):
@@ -184,6 +198,7 @@ class CoreSweepTask(SweepTask):
     (the curve grows step by step), as the CLI's ``--task core`` computes it."""
 
     scored = Signal(str, object)
+    job_name = "core-sweep"
 
     def start(self, points: Sequence[Point], bundle: Path | None, lite: int | None) -> bool:
         """``bundle``: the eval_bundle folder (None: ``$NANOCHAT_BASE_DIR/eval_bundle``);
@@ -192,7 +207,7 @@ class CoreSweepTask(SweepTask):
             return False
         points = list(points)
 
-        def work(cancel: threading.Event, options: LoadOptions) -> None:
+        def work(run: Run, options: LoadOptions) -> None:
             folder = core_bundle.find_bundle(bundle, paths.nanochat_base_dir())
             tasks, problems = core_bundle.read_tasks(folder)
             for problem in problems:
@@ -205,18 +220,18 @@ class CoreSweepTask(SweepTask):
                 keys[one.name] = core_key(task, examples, lite)
             title = f"CORE (lite {lite})" if lite else "CORE"
             total = len(points) * sum(len(one.items) for one in asked)
-            keeper = StoreKeeper(shared_results(), keys, cancel)
+            keeper = StoreKeeper(shared_results(), keys, run.cancel)
             answers: list[core_bundle.CoreAnswer] = []
-            sweep = tasks_sweep(points, asked, options=options, cancel=cancel, keeper=keeper)
+            sweep = tasks_sweep(points, asked, options=options, cancel=run.cancel, keeper=keeper)
             for done, r in enumerate(sweep, start=1):
                 # Steps come one after another: a new one means the last is complete, and CORE
                 # is computed then (not after every answer: that grows with the square).
                 if answers and (r.result.stage, r.result.step) != (answers[-1].stage, answers[-1].step):
-                    self.scored.emit(title, core_bundle.core_scores(answers, tasks))
+                    run.post(self.scored.emit, title, core_bundle.core_scores(answers, tasks))
                 answers.append(r.result)
-                self.progress.emit(done, total)
+                run.post(self.progress.emit, done, total)
             if answers:
-                self.scored.emit(title, core_bundle.core_scores(answers, tasks))
-            self.kept.emit(len({(stage, step) for stage, step, _ in keeper.read_back}), len(points))
+                run.post(self.scored.emit, title, core_bundle.core_scores(answers, tasks))
+            run.post(self.kept.emit, len({(stage, step) for stage, step, _ in keeper.read_back}), len(points))
 
-        return self._launch("core-sweep", work)
+        return self._launch(work)

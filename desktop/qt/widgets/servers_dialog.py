@@ -8,10 +8,8 @@ asks the server for ``/v1/models`` on a background thread and shows what it foun
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
@@ -33,8 +31,7 @@ from desktop.config.keystore import KeyStore
 from desktop.config.servers import new_server_id
 from desktop.config.settings import Settings
 from desktop.engine.remote.http import RemoteError, ServedModel, api_root, list_models
-
-logger = logging.getLogger(__name__)
+from desktop.qt.jobs.runner import Job, Run
 
 DEFAULT_STALL_S = 30.0
 
@@ -58,7 +55,7 @@ class ServersDialog(QDialog):
         self.removed: set[str] = set()
         self.session_note = ""  # set by accept(): why a key is kept for this session only
         self._test_number = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nanoscope-server-test")
+        self._job = Job("server-test", self, latest_wins=True)
         self.tested.connect(self._on_tested)
 
         self.list = QListWidget()
@@ -230,22 +227,8 @@ class ServersDialog(QDialog):
         number = self._test_number
         self.test_result.setText(f"asking {url}/models …")
         self.test_btn.setEnabled(False)
-        future = self._executor.submit(list_models, url, key)
-        future.add_done_callback(lambda f: self._deliver(number, f))
-
-    def _deliver(self, number: int, future: Future) -> None:
-        """On the test thread: hand the outcome to the GUI thread."""
-        exc = future.exception()
-        outcome: object
-        if exc is None:
-            outcome = future.result()
-        elif isinstance(exc, RemoteError):
-            outcome = str(exc)
-        else:
-            logger.warning("server test failed", exc_info=exc)
-            outcome = f"{type(exc).__name__}: {exc}"
-        with contextlib.suppress(RuntimeError):  # the dialog was closed and deleted meanwhile
-            self.tested.emit(number, outcome)
+        report = partial(self.tested.emit, number)
+        self._job.start(partial(_models_of, url, key), done=report, failed=report)
 
     def _on_tested(self, number: int, outcome: object) -> None:
         if number != self._test_number:
@@ -286,9 +269,17 @@ class ServersDialog(QDialog):
                 if note:
                     notes.append(note)
         self.session_note = notes[0] if notes else ""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._job.close()  # a test still asking reports to nobody
         super().accept()
 
     def reject(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._job.close()
         super().reject()
+
+
+def _models_of(url: str, key: str | None, _run: Run) -> list[ServedModel] | str:
+    """On the test's thread: the models the server lists, or why it did not answer (one line)."""
+    try:
+        return list_models(url, key)
+    except RemoteError as exc:
+        return str(exc)

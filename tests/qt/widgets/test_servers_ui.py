@@ -150,7 +150,7 @@ def window(qtbot, served, os_keyring):
     win.settings.set("servers", [{"id": "tiny", "name": "Tiny box", "url": served.url}])
     keystore_module.keystore().set("tiny", KEY)
     win.background.servers = publish(win.settings)
-    # The scan runs on the qasync loop, absent in these tests: list the servers as it would.
+    # The window is not started, so no scan runs: list the servers as a scan would.
     entries = [e for source in win.background.servers for e in source.entries()]
     win.background.checkpoints_found.emit(entries)
     win.show()
