@@ -294,6 +294,7 @@ class MainWindow(QMainWindow):
         c.reply_started.connect(self.chat.begin_assistant)
         c.reply_event.connect(self.chat.append_event)
         c.reply_finished.connect(self._on_reply_finished)
+        c.speed_changed.connect(self.status.set_speed)
         c.busy_changed.connect(self.input.set_generating)
         c.context_changed.connect(self._show_context)
         c.notice.connect(self._on_notice)
