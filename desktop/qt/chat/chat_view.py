@@ -26,7 +26,7 @@ from superqt.utils import qdebounced
 from desktop.engine.messages import Message, TokenEvent
 from desktop.qt.chat.message_widget import MessageWidget
 from desktop.qt.widgets import icons, theme
-from desktop.qt.widgets.token_view import TokenRecord, records_of
+from desktop.qt.widgets.token_records import TokenRecord, records_of
 
 BATCH = 40  # message widgets built at once
 COLUMN_MAX_WIDTH = 860
