@@ -315,6 +315,10 @@ class MessageWidget(QFrame):
 
     def _drop_segments(self, start: int) -> None:
         for slot in self._segments[start:]:
+            # Off the layout now: a nested event loop (a context menu's) would show it until
+            # the deletion runs.
+            slot.widget.hide()
+            self.parts_box.removeWidget(slot.widget)
             slot.widget.deleteLater()
         del self._segments[start:]
 
@@ -429,6 +433,7 @@ class MessageWidget(QFrame):
     def _end_edit(self) -> None:
         if self.edit_box is None:
             return
+        self.edit_box.hide()
         self.edit_box.deleteLater()
         self.edit_box = None
         self.flush()
