@@ -36,7 +36,7 @@ TRUNCATED = "Message truncated"
 
 
 class ChatController(QObject):
-    """Owns the conversation being shown and the reply in flight.
+    """The Chat screen's model slot and store calls around its :class:`ConversationSession`.
 
     Signals:
         conversation_changed(list, list): messages on the active branch, and per message
