@@ -183,6 +183,7 @@ class MainWindow(QMainWindow):
         c.model_loaded.connect(self._on_model_loaded)
         c.context_changed.connect(self.status.set_context)
         c.reply_finished.connect(self._on_reply_finished)
+        c.speed_changed.connect(self.status.set_speed)
 
     # ----- slots -------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from superqt.utils import qdebounced
 from desktop.engine.messages import Message, TokenEvent
 from desktop.qt.chat.message_widget import MessageWidget
 from desktop.qt.widgets import icons, theme
-from desktop.qt.widgets.token_view import TokenRecord, records_of
+from desktop.qt.widgets.token_records import TokenRecord, records_of
 
 BATCH = 40  # message widgets built at once
 COLUMN_MAX_WIDTH = 860
@@ -162,7 +162,7 @@ class ChatView(QWidget):
 
     def clear(self) -> None:
         for w in self.widgets:
-            w.deleteLater()
+            self._drop(w)
         self.widgets = []
         self.messages, self.siblings = [], []
         self.streaming = None
@@ -185,7 +185,7 @@ class ChatView(QWidget):
             if first <= w.index < len(messages) and _same(w.message, messages[w.index]):
                 keep[w.index] = w
             else:
-                w.deleteLater()
+                self._drop(w)
         for w in keep.values():
             self.column.box.removeWidget(w)
         self.widgets = []
@@ -205,6 +205,14 @@ class ChatView(QWidget):
         if not same_chat or self._follow:
             self.scroll_to_bottom()
 
+    def _drop(self, w: MessageWidget) -> None:
+        """Take a message widget off the column now. Its deletion waits for the event loop, which
+        a nested loop (a context menu's, a dialog's) does not run: left in the column until then,
+        it would show under the messages of the conversation opened meanwhile."""
+        w.hide()
+        self.column.box.removeWidget(w)
+        w.deleteLater()
+
     def begin_assistant(self, message: Message, siblings: tuple[int, int] = (0, 1)) -> None:
         """Add the reply that is about to stream (shown as "Generating…" until tokens arrive).
 
@@ -218,8 +226,8 @@ class ChatView(QWidget):
         self.column.box.insertWidget(len(self.widgets), w)
         self.widgets.append(w)
         self.streaming = w
-        if self.raw_mode:
-            w.set_raw_tokens([])
+        if self.raw_mode:  # a fork or a continuation shows the start it kept, then grows
+            w.set_raw_tokens(self._raw_of(message) or [])
         self._pin_last()
         self._update_page()
         self.scroll_to_bottom()

@@ -1,9 +1,11 @@
-"""Chat state between the widgets, the model slot and the history store (GUI thread only).
+"""The Chat screen's Qt adapter: between the widgets, the model slot and the history store (GUI
+thread only).
 
-MainWindow wires widgets to this object's slots and signals; this object holds the current
-conversation and owns the streaming reply: each token event goes into the reply's
-:class:`~desktop.engine.messages.Message` (``add_event``), which the view renders and the store
-saves while it streams.
+The conversation's state and rules live in the Qt-free
+:class:`~desktop.session.conversation.ConversationSession` (``self.session``): the path with its
+versions, the streaming reply with its kept start, the context used and the reply's speed. This
+object makes the store calls and the model requests, feeds their results to the session, and
+passes the session's events on as Qt signals, which MainWindow wires to the widgets.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
 from desktop.qt.model.slot import ModelSlot
 from desktop.session.compare.pane_run import Fork, fork_of
+from desktop.session.conversation import ConversationSession, continuation, refork, reply_message
 from desktop.store import HistoryStore, StreamingWriter
 from desktop.store.export import to_json, to_markdown
 
@@ -33,7 +36,7 @@ TRUNCATED = "Message truncated"
 
 
 class ChatController(QObject):
-    """Owns the conversation being shown and the reply in flight.
+    """The Chat screen's model slot and store calls around its :class:`ConversationSession`.
 
     Signals:
         conversation_changed(list, list): messages on the active branch, and per message
@@ -43,11 +46,13 @@ class ChatController(QObject):
             very object as it grows) and its place among its siblings (index, count).
         reply_event(object): a TokenEvent just added to that Message.
         reply_finished(dict): stats of the finished (or stopped) reply.
+        speed_changed(float, float): the streaming reply's decode tok/s and time to its first
+            token (ms), as measured while it streams (a few times a second).
         busy_changed(bool): generation started or ended.
         model_loading(int, str), model_loaded(object), model_load_failed(str, str): load progress,
             the ModelInfo, and (what was loading, reason).
         context_changed(int, int): tokens the conversation shown uses, context length (0 with no
-            model): on every reply's prompt, and when another conversation is shown.
+            model): on every reply's prompt and token, and when another conversation is shown.
         notice(str, str, str): level ("error" | "warning" | "info"), title, message.
         notice_withdrawn(str): the notice with this title is no longer true (a chat that fits).
     """
@@ -57,6 +62,7 @@ class ChatController(QObject):
     reply_started = Signal(object, object)
     reply_event = Signal(object)
     reply_finished = Signal(dict)
+    speed_changed = Signal(float, float)
     busy_changed = Signal(bool)
     model_loading = Signal(int, str)
     model_loaded = Signal(object)
@@ -76,12 +82,15 @@ class ChatController(QObject):
         self.store = store
         self.settings = settings
         self.slot = slot or ModelSlot(settings, self)
-        self.conv_id: int | None = None
-        self.path: list[tuple[int, Message]] = []
-        self._reply: Message | None = None
-        self._reply_id: int | None = None
+        self.session = ConversationSession(store)
         self._writer: StreamingWriter | None = None
-        self._last_stats: dict[str, Any] = {}
+        events = self.session.events
+        events.changed.connect(self.conversation_changed.emit)
+        events.reply_started.connect(self.reply_started.emit)
+        events.reply_token.connect(self._on_reply_token)
+        events.reply_finished.connect(self._on_reply_finished)
+        events.context.connect(self.context_changed.emit)
+        events.speed.connect(self.speed_changed.emit)
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000)  # a stalled stream still reaches disk within a second
         self._flush_timer.timeout.connect(self._flush)
@@ -99,7 +108,16 @@ class ChatController(QObject):
 
     @property
     def busy(self) -> bool:
-        return self._reply is not None
+        return self.session.streaming
+
+    @property
+    def conv_id(self) -> int | None:
+        return self.session.conv_id
+
+    @property
+    def path(self) -> list[tuple[int, Message]]:
+        """(stored id, message) of the conversation shown, on its active branch."""
+        return self.session.path
 
     @property
     def model_info(self) -> ModelInfo | None:
@@ -114,6 +132,7 @@ class ChatController(QObject):
     def _on_loaded(self, info: ModelInfo) -> None:
         if not is_demo(Path(info.path)):
             self.settings.set("last_checkpoint", {"dir": info.path, "step": info.step})
+        self.session.set_context_length(info.context_length)
         self.model_loaded.emit(info)
 
     def _on_load_failed(self, target: str, reason: str) -> None:
@@ -129,18 +148,14 @@ class ChatController(QObject):
     @Slot()
     def new_chat(self) -> None:
         self._leave_reply()
-        self.conv_id = None
-        self.path = []
         self._withdraw_context_notices()
-        self._emit_conversation()
+        self.session.new()
 
     @Slot(int)
     def open_conversation(self, conv_id: int) -> None:
         self._leave_reply()
-        self.conv_id = conv_id
-        self.path = self.store.active_path(conv_id)
         self._withdraw_context_notices()
-        self._emit_conversation()
+        self.session.open(conv_id)
 
     @Slot(int, str)
     def rename(self, conv_id: int, title: str) -> None:
@@ -171,25 +186,10 @@ class ChatController(QObject):
         target.write_text(text, encoding="utf-8")
         self.notice.emit("info", "Exported", f"saved {target}")
 
-    def _emit_conversation(self) -> None:
-        siblings = []
-        for msg_id, _ in self.path:
-            sib = self.store.siblings(msg_id)
-            siblings.append((sib.index(msg_id) if msg_id in sib else 0, len(sib)))
-        self.conversation_changed.emit([m for _, m in self.path], siblings)
-        self.context_changed.emit(*self.context_usage())
-
     def context_usage(self) -> tuple[int, int]:
-        """(tokens, context length) of the conversation shown, from its last reply's stats: its
-        prompt plus what it generated (0 for a new chat); the length is 0 with no model loaded."""
-        used = 0
-        for _, message in reversed(self.path):
-            stats = message.meta.get("stats") if message.role == "assistant" else None
-            if isinstance(stats, dict) and isinstance(stats.get("prompt_tokens"), int):
-                used = stats["prompt_tokens"] + int(stats.get("new_tokens") or 0)
-                break
-        info = self.slot.info
-        return used, info.context_length if info is not None else 0
+        """(tokens, context length) of the conversation shown (with the reply streaming into
+        it); the length is 0 with no model loaded."""
+        return self.session.context_used()
 
     def _withdraw_context_notices(self) -> None:
         """The context notices were about the conversation that was shown."""
@@ -207,12 +207,13 @@ class ChatController(QObject):
         if self.slot.info is None:
             self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
             return False
-        if self.conv_id is None:
-            self.conv_id = self.store.create_conversation(text[:TITLE_CHARS].splitlines()[0] or "Chat")
+        session = self.session
+        if session.conv_id is None:
+            session.conv_id = self.store.create_conversation(text[:TITLE_CHARS].splitlines()[0] or "Chat")
         parent = self.path[-1][0] if self.path else None
         user = Message.of_text("user", text)
-        msg_id = self.store.add_message(self.conv_id, user, parent)
-        self.path.append((msg_id, user))
+        msg_id = self.store.add_message(session.conv_id, user, parent)
+        session.add(msg_id, user)
         if prefill:
             self._start_reply(
                 params, system_prompt, ReplyStart(given_text=prefill), [], {"at": 0, "prefill": True}
@@ -231,12 +232,12 @@ class ChatController(QObject):
             self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
             return
         reply_id, reply = self.path[index]
-        self.path = self.path[:index]
-        refork = _refork(reply_id, reply)
-        if refork is None:
+        self.session.cut(index)
+        again = refork(reply_id, reply)
+        if again is None:
             self._start_reply(params, system_prompt)
         else:  # a fork regenerates from its fork point, keeping the user's choice there
-            start, where = refork
+            start, where = again
             self._start_reply(params, system_prompt, start, reply.tokens.events(where["at"]), where)
 
     @Slot(int, str, object)
@@ -253,7 +254,8 @@ class ChatController(QObject):
         parent = self.path[index - 1][0] if index > 0 else None
         user = Message.of_text("user", new_text)
         msg_id = self.store.add_message(self.conv_id, user, parent)
-        self.path = [*self.path[:index], (msg_id, user)]
+        self.session.cut(index)
+        self.session.add(msg_id, user)
         self._start_reply(params, system_prompt)
 
     def fork_at(self, index: int, position: int, token_id: int = -1, text: str = "") -> Fork | None:
@@ -285,7 +287,7 @@ class ChatController(QObject):
         if fork is None:
             return False
         where = {"from": self.path[index][0], "at": position}
-        self.path = self.path[:index]
+        self.session.cut(index)
         self._start_reply(params, system_prompt, fork.start, list(fork.said), where)
         return True
 
@@ -295,12 +297,9 @@ class ChatController(QObject):
         reply = self._assistant_at(index)
         if reply is None or not len(reply.tokens):
             return False
-        trace = reply.tokens
-        said_ids = tuple(trace.ids) if trace.has_ids else ()
-        start = ReplyStart(said_ids=said_ids, said_text="".join(trace.texts))
-        fork = {"from": self.path[index][0], "at": len(trace), "continued": True}
-        self.path = self.path[:index]
-        self._start_reply(params, system_prompt, start, trace.events(len(trace)), fork)
+        start, said, where = continuation(self.path[index][0], reply)
+        self.session.cut(index)
+        self._start_reply(params, system_prompt, start, said, where)
         return True
 
     def _assistant_at(self, index: int) -> Message | None:
@@ -314,14 +313,7 @@ class ChatController(QObject):
 
     @Slot(int, int)
     def switch_branch(self, index: int, direction: int) -> None:
-        if self.busy or not 0 <= index < len(self.path):
-            return
-        sib = self.store.siblings(self.path[index][0])
-        pos = sib.index(self.path[index][0]) + direction
-        if 0 <= pos < len(sib) and self.conv_id is not None:
-            self.store.select_branch(sib[pos])
-            self.path = self.store.active_path(self.conv_id)
-            self._emit_conversation()
+        self.session.switch_branch(index, direction)
 
     def _start_reply(
         self,
@@ -332,8 +324,9 @@ class ChatController(QObject):
         fork: dict[str, Any] | None = None,
     ) -> None:
         """Stream a reply after ``self.path``. A fork or continuation passes its ``start``, the
-        events of what the reply already said (copied in through the one rule that built them)
-        and where it forked (kept in the reply's meta, so the marker survives a restart)."""
+        events of what the reply already said (the session keeps them as the reply's start while
+        it streams) and where it forked (kept in the reply's meta, so the marker survives a
+        restart)."""
         assert self.conv_id is not None and self.slot.info is not None
         history = [m for _, m in self.path]
         if system_prompt.strip():
@@ -349,16 +342,11 @@ class ChatController(QObject):
         caps = self.slot.info.capabilities
         if self.settings.get("draft") and not caps.why_not("draft"):
             meta["draft"] = self.settings.get("draft")  # speculative: the footer says so
-        self._reply = Message("assistant", [], meta)
-        for ev in said or ():
-            self._reply.add_event(ev)
+        reply = reply_message(meta, said or ())
         parent = self.path[-1][0] if self.path else None
-        self._reply_id = self.store.add_message(self.conv_id, self._reply, parent, complete=False)
-        self._writer = StreamingWriter(self.store, self._reply_id)
-        self._emit_conversation()
-        # A regeneration shows its place among the earlier replies (‹ 3/3 ›) at once.
-        siblings = self.store.siblings(self._reply_id)
-        self.reply_started.emit(self._reply, (siblings.index(self._reply_id), len(siblings)))
+        reply_id = self.store.add_message(self.conv_id, reply, parent, complete=False)
+        self._writer = StreamingWriter(self.store, reply_id)
+        self.session.begin_reply(reply_id, reply)
         self.busy_changed.emit(True)
         self._flush_timer.start()
         caps = self.slot.info.capabilities
@@ -374,17 +362,18 @@ class ChatController(QObject):
     def _leave_reply(self) -> None:
         """The user leaves the conversation a reply is streaming into: stop it and save it as it
         stands, in its own conversation. Its last tokens, still on their way, are dropped."""
-        if self._reply is None:
+        reply = self.session.reply
+        if reply is None:
             return
         self.slot.stop()
-        self._reply.meta["stats"] = {"stopped": "cancelled", "new_tokens": len(self._reply.tokens)}
-        self._finish_reply(into_path=False)
-        self.reply_finished.emit(self._last_stats)
+        stats = {"stopped": "cancelled", "new_tokens": len(reply.tokens)}
+        self._save_reply(stats)
+        self.session.finish_reply(stats, into_path=False)
 
     # ----- worker results --------------------------------------------------------------------
 
     def _on_context(self, prompt: Prompt) -> None:
-        self.context_changed.emit(prompt.tokens, prompt.context_length)
+        self.session.set_prompt(prompt.tokens, prompt.context_length)
         if prompt.dropped_turns:
             self.notice.emit(
                 "info",
@@ -403,42 +392,44 @@ class ChatController(QObject):
             self.notice_withdrawn.emit(TRUNCATED)
 
     def _on_token(self, ev: TokenEvent) -> None:
-        if self._reply is None:
-            return
-        self._reply.add_event(ev)
-        if self._writer is not None:
-            self._writer.update(self._reply)
+        self.session.add_token(ev)
+
+    def _on_reply_token(self, ev: TokenEvent) -> None:
+        if self._writer is not None and self.session.reply is not None:
+            self._writer.update(self.session.reply)
         self.reply_event.emit(ev)
 
     def _on_finished(self, stats: dict) -> None:
-        if self._reply is None:
+        if self.session.reply is None:
             return
-        self._reply.meta["stats"] = stats
-        self._finish_reply()
-        self.reply_finished.emit(stats)
+        self._save_reply(stats)
+        self.session.finish_reply(stats)
 
     def _on_failed(self, reason: str) -> None:
-        if self._reply is None:
+        if self.session.reply is None:
             return
-        self._reply.meta["error"] = reason
-        self._finish_reply()
-        self.reply_finished.emit({"error": reason})
+        self.session.reply.meta["error"] = reason
+        self._save_reply()
+        self.session.fail_reply(reason)
         self.notice.emit("error", "Generation failed", reason)
 
-    def _finish_reply(self, into_path: bool = True) -> None:
-        assert self._reply is not None and self._reply_id is not None
-        self._last_stats = dict(self._reply.meta.get("stats") or {})
+    def _save_reply(self, stats: dict | None = None) -> None:
+        """Write the reply as it ended (with its ``stats``) before the session lets go of it."""
+        reply = self.session.reply
+        assert reply is not None
+        if stats is not None:
+            reply.meta["stats"] = stats
         if self._writer is not None:
-            self._writer.finish(self._reply)
-        if into_path:
-            self.path.append((self._reply_id, self._reply))
-            self.context_changed.emit(*self.context_usage())  # the prompt and the reply now
-        self._reply, self._reply_id, self._writer = None, None, None
+            self._writer.finish(reply)
+        self._writer = None
+
+    def _on_reply_finished(self, outcome: dict) -> None:
         self._flush_timer.stop()
         self.busy_changed.emit(False)
         self.refresh_list()
         if self.store.last_error:
             self.notice.emit("warning", "History not saved yet", self.store.last_error)
+        self.reply_finished.emit(outcome)
 
     def _flush(self) -> None:
         if self._writer is not None:
@@ -447,26 +438,6 @@ class ChatController(QObject):
     def shutdown(self) -> None:
         """Stop, quit, wait; then save what is pending."""
         self._flush_timer.stop()
-        if self._writer is not None and self._reply is not None:
+        if self._writer is not None and self.session.reply is not None:
             self._writer.flush()
         self.slot.shutdown()
-
-
-def _refork(reply_id: int, reply: Message) -> tuple[ReplyStart, dict[str, Any]] | None:
-    """How to regenerate a forked (or continued) reply: the same start, a new continuation."""
-    fork = reply.meta.get("fork")
-    trace = reply.tokens
-    if not isinstance(fork, dict):
-        return None
-    at = fork.get("at")
-    if not isinstance(at, int) or not 0 <= at <= len(trace):
-        return None
-    n = next((k for k, g in enumerate(trace.given[at:]) if not g), len(trace) - at)
-    ids = trace.has_ids  # a served reply has text only
-    start = ReplyStart(
-        said_ids=tuple(trace.ids[:at]) if ids else (),
-        said_text="".join(trace.texts[:at]),
-        given_ids=tuple(trace.ids[at : at + n]) if ids else (),
-        given_text="".join(trace.texts[at : at + n]),
-    )
-    return start, {**fork, "from": fork.get("from", reply_id)}

@@ -153,6 +153,7 @@ class InputBox(QFrame):
         self.editor.textChanged.connect(self._on_text_changed)
         self.editor.document().documentLayout().documentSizeChanged.connect(self._fit_height)
         self.send_btn.clicked.connect(self._submit)
+        self.prefill_edit.returnPressed.connect(self._submit)  # "Enter to send" there too
         self.stop_btn.clicked.connect(self.stop_requested)
         self._refresh_icons()
         self.set_enter_sends(True)

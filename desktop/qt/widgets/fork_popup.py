@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.engine.messages import FORCED_FORK
-from desktop.qt.widgets.token_view import TokenRecord, token_label, visible_text
+from desktop.qt.widgets.token_records import TokenRecord, token_label, visible_text
 
 NO_ALTERNATIVES = (
     "No alternatives were recorded for this token (a server that gives no token probabilities, "

@@ -5,10 +5,9 @@ index, so hovering finds the token, and restyling never re-parses text. Streamin
 end (O(1) per token); switching the overlay, marking the divergence or showing a diff rebuilds the
 document once.
 
-Colours: the probability of each token is mapped through a perceptual scale (interpolated in
-OKLab, lightness falling monotonically with probability) from the theme's surface colour at
-p = 1 through amber to red at p = 0, so unlikely tokens stand out and likely ones stay quiet, in
-both themes. Diff spans, between replies A and B: tokens only in B ("insert") are green with a
+Colours: the probability of each token is mapped through a perceptual scale
+(:mod:`.probability_colors`), so unlikely tokens stand out and likely ones stay quiet, in both
+themes. Diff spans, between replies A and B: tokens only in B ("insert") are green with a
 solid underline, tokens only in A ("delete") red with a dashed one. Tool-call tokens use the
 chat's tool-block colours; special tokens show as small muted ‹names›.
 """
@@ -18,17 +17,13 @@ from __future__ import annotations
 import html
 import math
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
-from itertools import pairwise
 
-from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QPoint, QPointF, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
     QHelpEvent,
-    QLinearGradient,
-    QPainter,
     QTextCharFormat,
     QTextCursor,
 )
@@ -40,168 +35,20 @@ from desktop.engine.messages import (
     THOUGHT,
     TOOL_QUERY,
     TOOL_RESULT,
-    TokenEvent,
-    TokenTrace,
 )
 from desktop.qt.widgets import theme
+from desktop.qt.widgets.probability_colors import SCALE_STEPS, mix, probability_color
+from desktop.qt.widgets.probability_colors import ProbabilityLegend as ProbabilityLegend  # Compare's
+from desktop.qt.widgets.token_records import FORK_GLYPH, TokenRecord, special_label, token_label, visible_text
+from desktop.qt.widgets.token_records import record_of as record_of  # Compare's
+from desktop.qt.widgets.token_records import records_of as records_of  # Compare's
 
 MARKER_GLYPH = "▍"
-FORK_GLYPH = "↳"  # where a forked reply took the user's token (in every common UI font)
-SCALE_STEPS = 100  # the overlay's colours come in 101 steps, finer than the eye separates
 CALL_KINDS = (PYTHON, TOOL_QUERY)
 RESULT_KINDS = (PYTHON_OUTPUT, TOOL_RESULT)
 
 
-@dataclass
-class TokenRecord:
-    """What the view knows about one token."""
-
-    text: str
-    special: str | None = None
-    kind: str = "text"
-    forced: bool = False
-    logprobs: tuple[float, list] | None = None  # (chosen logprob, [[id, label, logprob], ...])
-    given: bool = False  # the user's choice at a fork (or a prefill), not the model's
-    draft: str = ""  # speculative decoding: "accepted" | "corrected" | ""
-
-    @property
-    def probability(self) -> float | None:
-        return math.exp(self.logprobs[0]) if self.logprobs is not None else None
-
-
-def record_of(ev: TokenEvent) -> TokenRecord:
-    """How the view shows one streamed (or recorded) token."""
-    logprobs = (ev.logprob, list(ev.top or ())) if ev.logprob is not None else None
-    return TokenRecord(ev.text, ev.special, ev.kind, ev.forced, logprobs, ev.given, ev.draft)
-
-
-def records_of(trace: TokenTrace) -> list[TokenRecord]:
-    """A whole reply's tokens as the view shows them."""
-    return [record_of(ev) for ev in trace.events(len(trace))]
-
-
-# ----- the perceptual scale --------------------------------------------------------------------
-
-
-def _to_linear(c: float) -> float:
-    return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
-
-
-def _from_linear(c: float) -> float:
-    c = max(0.0, min(1.0, c))
-    return 12.92 * c if c <= 0.0031308 else 1.055 * c ** (1 / 2.4) - 0.055
-
-
-def _oklab(color: QColor) -> tuple[float, float, float]:
-    r, g, b = (_to_linear(x) for x in (color.redF(), color.greenF(), color.blueF()))
-    lms = (
-        0.4122214708 * r + 0.5363325363 * g + 0.0514459929 * b,
-        0.2119034982 * r + 0.6806995451 * g + 0.1073969566 * b,
-        0.0883024619 * r + 0.2817188376 * g + 0.6299787005 * b,
-    )
-    l_, m_, s_ = (math.copysign(abs(x) ** (1 / 3), x) for x in lms)
-    return (
-        0.2104542553 * l_ + 0.7936177850 * m_ - 0.0040720468 * s_,
-        1.9779984951 * l_ - 2.4285922050 * m_ + 0.4505937099 * s_,
-        0.0259040371 * l_ + 0.7827717662 * m_ - 0.8086757660 * s_,
-    )
-
-
-def _from_oklab(lab: tuple[float, float, float]) -> QColor:
-    L, a, b = lab
-    l_ = L + 0.3963377774 * a + 0.2158037573 * b
-    m_ = L - 0.1055613458 * a - 0.0638541728 * b
-    s_ = L - 0.0894841775 * a - 1.2914855480 * b
-    l3, m3, s3 = l_**3, m_**3, s_**3
-    rgb = (
-        4.0767416621 * l3 - 3.3077115913 * m3 + 0.2309699292 * s3,
-        -1.2684380046 * l3 + 2.6097574011 * m3 - 0.3413193965 * s3,
-        -0.0041960863 * l3 - 0.7034186147 * m3 + 1.7076147010 * s3,
-    )
-    return QColor.fromRgbF(*(_from_linear(x) for x in rgb))
-
-
-def mix(a: str | QColor, b: str | QColor, t: float) -> QColor:
-    """``a`` → ``b`` at ``t`` in [0, 1], interpolated in OKLab (even perceived steps)."""
-    la, lb = _oklab(QColor(a)), _oklab(QColor(b))
-    return _from_oklab(tuple(x + (y - x) * t for x, y in zip(la, lb, strict=True)))  # type: ignore[arg-type]
-
-
-def scale_stops(c: theme.Colors) -> list[tuple[float, QColor]]:
-    """(probability, colour) stops of the overlay scale for a theme."""
-    return [
-        (0.0, mix(c.surface, c.error, 0.55)),
-        (0.5, mix(c.surface, c.warning, 0.4)),
-        (1.0, QColor(c.surface)),
-    ]
-
-
-def probability_color(p: float, c: theme.Colors | None = None) -> QColor:
-    """The overlay colour of a token with probability ``p`` (rounded to 1 / SCALE_STEPS)."""
-    stops = scale_stops(c or theme.colors())
-    p = round(max(0.0, min(1.0, p)) * SCALE_STEPS) / SCALE_STEPS
-    for (p0, c0), (p1, c1) in pairwise(stops):
-        if p <= p1:
-            return mix(c0, c1, (p - p0) / (p1 - p0))
-    return stops[-1][1]
-
-
-class ProbabilityLegend(QWidget):
-    """The overlay's key: the colour ramp from p = 0 to p = 1 with a few ticks."""
-
-    TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setToolTip("Token probability under the pane's own checkpoint (before temperature and top-k)")
-        self.setAccessibleName("Probability colour legend")
-
-    def sizeHint(self) -> QSize:
-        fm = self.fontMetrics()
-        return QSize(fm.horizontalAdvance("p  0   .25   .5   .75   1") + 40, fm.height() + 16)
-
-    def minimumSizeHint(self) -> QSize:
-        return self.sizeHint()  # a squeezed ramp would be unreadable: the toolbar wraps instead
-
-    def paintEvent(self, _event) -> None:
-        c = theme.colors()
-        p = QPainter(self)
-        p.setRenderHint(QPainter.RenderHint.Antialiasing)
-        fm = self.fontMetrics()
-        label_w = fm.horizontalAdvance("p ") + 2
-        bar = QRectF(label_w, 2, self.width() - label_w - 8, 9)
-        grad = QLinearGradient(bar.topLeft(), bar.topRight())
-        for i in range(11):
-            grad.setColorAt(i / 10, probability_color(i / 10, c))
-        p.setPen(QColor(c.border))
-        p.setBrush(grad)
-        p.drawRoundedRect(bar, 3, 3)
-        p.setPen(QColor(c.muted))
-        p.drawText(QPointF(0, bar.bottom()), "p")
-        for t in self.TICKS:
-            text = f"{t:g}".removeprefix("0") if 0 < t < 1 else f"{t:g}"
-            x = bar.left() + t * bar.width() - fm.horizontalAdvance(text) / 2
-            x = max(bar.left(), min(x, bar.right() - fm.horizontalAdvance(text)))
-            p.drawText(QPointF(x, bar.bottom() + fm.ascent() + 2), text)
-        p.end()
-
-
 # ----- the view ----------------------------------------------------------------------------------
-
-
-def visible_text(text: str) -> str:
-    """Whitespace drawn as symbols, for tooltips where a bare space would read as nothing."""
-    return text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅"
-
-
-def _special_label(name: str) -> str:
-    """A special token's label, "<|python_start|>" → "‹python_start›", never broken across lines."""
-    return "‹" + name.strip("<>|").replace("_", "_\u2060") + "›"
-
-
-def token_label(record: TokenRecord) -> str:
-    """How a token reads on its own: a special token by name, else its text made visible."""
-    return _special_label(record.special) if record.special else visible_text(record.text)
 
 
 class TokenView(QTextEdit):
@@ -355,7 +202,7 @@ class TokenView(QTextEdit):
             cursor.insertText(record.text, fmt)
         if record.special:
             special = self._cached(("special", self._key(index)), lambda: self._special_format(fmt))
-            cursor.insertText(_special_label(record.special), special)
+            cursor.insertText(special_label(record.special), special)
         if not record.text and not record.special:
             # An incomplete UTF-8 character: its text comes with the next token. A zero-width
             # space keeps it hoverable without changing what the reply reads.

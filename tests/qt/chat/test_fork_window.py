@@ -18,7 +18,8 @@ from test_window_sequences import WAIT, action, loop, restart, send, start_with_
 from desktop.qt.app.main_window import MainWindow
 from desktop.qt.chat.message_blocks import RichText, ToolCallBlock
 from desktop.qt.chat.message_widget import MessageWidget
-from desktop.qt.widgets.token_view import FORK_GLYPH, TokenView
+from desktop.qt.widgets.token_records import FORK_GLYPH
+from desktop.qt.widgets.token_view import TokenView
 
 # The offscreen platform cannot raise a popup or grab the keyboard for it, and says so.
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("This plugin does not support")]

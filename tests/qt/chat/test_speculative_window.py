@@ -88,7 +88,7 @@ def test_chat_streams_stops_and_regenerates_with_a_draft_and_colours_it(qtbot, w
     with qtbot.waitSignal(win.controller.reply_finished, timeout=WAIT) as done:
         win.input.editor.setPlainText("Tell me a long story about the sea and the ships.")
         qtbot.keyClick(win.input.editor, Qt.Key.Key_Return)
-        qtbot.waitUntil(lambda: len(win.controller._reply.tokens) >= 3, timeout=WAIT)
+        qtbot.waitUntil(lambda: len(win.controller.session.reply.tokens) >= 3, timeout=WAIT)
         action(win, "Stop generating").trigger()
     assert done.args[0]["stopped"] == "cancelled"
     stopped = win.controller.path[-1][1]
