@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from support.golden import GOLDEN, manifest
-from test_window_sequences import click_row, loop, open_folder, open_window, restart, windows  # noqa: F401
+from support.window import click_row, open_folder, open_window, restart
 
 pytestmark = pytest.mark.gui
 WAIT = 60000
@@ -34,7 +34,7 @@ def ask(qtbot, win, text: str) -> list[int]:
     return reply_ids(win)
 
 
-def open_greedy(qtbot, windows, monkeypatch, folder: Path, max_tokens: int):  # noqa: F811
+def open_greedy(qtbot, windows, monkeypatch, folder: Path, max_tokens: int):
     """A new window; File › Open folder… on ``folder``; the Greedy preset. The loaded model's info."""
     win = open_window(qtbot, fake=False)
     windows.append(win)
@@ -45,7 +45,7 @@ def open_greedy(qtbot, windows, monkeypatch, folder: Path, max_tokens: int):  # 
     return win, loaded.args[0]
 
 
-def reopened_shows(qtbot, windows, conv_id: int, ids: list[int]) -> None:  # noqa: F811
+def reopened_shows(qtbot, windows, conv_id: int, ids: list[int]) -> None:
     """After a restart, the chat clicked in the list shows the same reply."""
     win = restart(qtbot, windows, fake=False)
     win.controller.refresh_list()
@@ -56,8 +56,8 @@ def reopened_shows(qtbot, windows, conv_id: int, ids: list[int]) -> None:  # noq
 @pytest.mark.parametrize("case", KF, ids=[c.name for c in KF])
 def test_the_window_answers_as_kempnerforge_does_at_each_step(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     case: Path,
 ):
@@ -86,8 +86,8 @@ def test_the_window_answers_as_kempnerforge_does_at_each_step(
 @pytest.mark.parametrize("case", HF, ids=[c.name for c in HF])
 def test_the_window_answers_as_transformers_does(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     case: Path,
 ):

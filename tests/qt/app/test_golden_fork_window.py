@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from support.golden import GOLDEN, manifest
-from test_window_sequences import click_row, loop, open_window, restart, windows  # noqa: F401 (fixtures)
+from support.window import click_row, open_window, restart
 
 pytestmark = pytest.mark.gui
 WAIT = 60000
@@ -36,8 +36,8 @@ def test_there_is_a_tokenizer_json_case():
 @pytest.mark.parametrize("case", CPP, ids=[c.name for c in CPP])
 def test_the_window_completes_as_the_fork_does_with_its_tokenizer_json(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     case: Path,
 ):

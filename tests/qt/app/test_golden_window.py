@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from support.golden import CASES, PYTHON_END, against_engine, until_the_tool
-from test_window_sequences import click_row, loop, open_window, restart, windows  # noqa: F401 (fixtures)
+from support.window import click_row, open_window, restart
 
 pytestmark = pytest.mark.gui
 WAIT = 60000
@@ -22,7 +22,7 @@ def reply_ids(win) -> list[int]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_the_window_answers_as_nanochat_does(qtbot, windows, loop, monkeypatch, case: Path):  # noqa: F811
+def test_the_window_answers_as_nanochat_does(qtbot, windows, loop, monkeypatch, case: Path):
     m = json.loads((case / "golden.json").read_text(encoding="utf-8"))
     c = m["cases"][0]  # the arithmetic question: the model calls the calculator
     monkeypatch.setenv("NANOCHAT_BASE_DIR", str(case))

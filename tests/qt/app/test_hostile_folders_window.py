@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 from support.checkpoint_factory import write_checkpoint
 from support.hostile_folders import HOSTILE
-from test_window_sequences import loop, open_folder, restart, send, start_with_base, windows  # noqa: F401
+from support.window import open_folder, restart, send, start_with_base
 
 pytestmark = pytest.mark.gui
 WAIT = 60000
@@ -26,8 +26,8 @@ def hostile_base(tmp_path) -> tuple[Path, Path, dict[str, Path]]:
 
 def test_hostile_folders_neither_stop_the_app_nor_the_good_model(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     hostile_base,
 ):

@@ -4,163 +4,46 @@ delete, reopen, restart), and what the window must show after each step (issue 1
 Each test drives the real window: MainWindow with a real ChatController and CompareController,
 a real SQLite store and settings file in the test's home, and a real model thread. The chat's
 model is the deterministic fake backend where the replies do not matter, and a tiny real
-nanochat checkpoint where they do. Folder scans and summaries run on a qasync loop, as in the app.
+nanochat checkpoint where they do. The fixtures are in tests/qt/conftest.py, the helpers in
+support/window.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import qasync
-import shiboken6
-from PySide6.QtCore import QEvent, QPoint, Qt
-from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QAbstractButton, QApplication, QFileDialog, QLabel, QWidget
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QAbstractButton, QLabel, QWidget
 from support.checkpoint_factory import write_checkpoint
-from support.fake_backend import FakeBackend, open_fake
+from support.fake_backend import FakeBackend
+from support.window import (
+    WAIT,
+    action,
+    banner_says,
+    click_row,
+    load_fake,
+    open_folder,
+    open_window,
+    regenerate,
+    restart,
+    send,
+    start_with_base,
+)
 
 from desktop.config.settings import Settings
 from desktop.engine.discovery import summarize
-from desktop.qt.app.app import build, shutdown
-from desktop.qt.app.background import Background
 from desktop.qt.app.main_window import MainWindow
-from desktop.qt.app.settings_autosave import SettingsAutosave
-from desktop.qt.chat.controller import ChatController
 from desktop.qt.chat.history_sidebar import MARK_END, MARK_START
-from desktop.qt.compare.controller import CompareController
-from desktop.qt.model.slot import ModelSlot
 from desktop.qt.widgets.checkpoint_picker import human_bytes, human_params
 from desktop.qt.widgets.common import ElidedLabel
-from desktop.store import HistoryStore
 
 pytestmark = pytest.mark.gui
-WAIT = 30000
 
 
 # ----- the app around the window --------------------------------------------------------------
-
-
-@pytest.fixture
-def loop(qapp, qtbot) -> Iterator[asyncio.AbstractEventLoop]:
-    """An asyncio loop that runs whenever Qt runs events (qtbot's waits included), as in the app."""
-    loop = qasync.QEventLoop(qapp, already_running=True)
-    asyncio.set_event_loop(loop)
-    yield loop
-    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-    for task in pending:  # a scan or summary still under way when the test ended
-        task.cancel()
-    qtbot.waitUntil(lambda: all(task.done() for task in pending), timeout=WAIT)
-    # qasync's stop() also quits the application, which would end every later event loop (and
-    # qtbot's waits) at once: here the loop stops, Qt goes on.
-    qapp.exit = lambda *_args: None
-    try:
-        loop.stop()
-    finally:
-        del qapp.exit
-    qapp.aboutToQuit.disconnect(loop._after_run_forever)
-    asyncio.events._set_running_loop(None)
-    asyncio.set_event_loop(None)
-    loop.close()
-
-
-@pytest.fixture(autouse=True)
-def _collected_on_the_gui_thread(qapp) -> Iterator[None]:
-    """After everything else of a test is torn down: the windows, controllers and the asyncio
-    loop hold Qt timers, which must be freed here, on the GUI thread, and not whenever a later
-    test's worker thread happens to run the garbage collector."""
-    yield
-    QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-    gc.collect()
-
-
-@pytest.fixture(autouse=True)
-def _fake_replies_flow():
-    FakeBackend.gate.set()
-    yield
-    FakeBackend.gate.set()
-
-
-def open_window(qtbot, fake: bool = True) -> MainWindow:
-    """The app as ``qt.app.app.build`` makes it; with ``fake`` the chat's model is the fake backend."""
-    if fake:
-        settings = Settings()
-        store = HistoryStore()
-        controller = ChatController(store, settings, ModelSlot(settings, opener=open_fake))
-        win = MainWindow(controller, Background(store), settings, CompareController(store, settings))
-        SettingsAutosave(settings, parent=win)
-    else:
-        win = build()
-    qtbot.addWidget(win)
-    win.show()
-    return win
-
-
-@pytest.fixture
-def windows(qtbot) -> Iterator[list[MainWindow]]:
-    """Every window a test opens is shut down as the app does it, however the test ends."""
-    opened: list[MainWindow] = []
-    yield opened
-    for win in opened:
-        if not shiboken6.isValid(win):
-            continue
-        if not getattr(win, "_shut_down", False):
-            shutdown(win)
-        # Freed now, on the GUI thread: the test's own references outlive this teardown, and
-        # the garbage collector could free these timer-holding objects on any thread later.
-        for obj in (win, win.controller, win.compare, win.background):
-            shiboken6.delete(obj)
-
-
-@pytest.fixture
-def win(qtbot, windows) -> MainWindow:
-    windows.append(open_window(qtbot))
-    return windows[0]
-
-
-def restart(qtbot, windows: list[MainWindow], fake: bool = True) -> MainWindow:
-    """Quit the app the way the user does, then start it again on the same settings and history."""
-    shutdown(windows[-1])
-    windows.append(open_window(qtbot, fake))
-    return windows[-1]
-
-
-def action(win: MainWindow, text: str) -> QAction:
-    return next(a for a in win.findChildren(QAction) if a.text() == text)
-
-
-def load_fake(qtbot, win: MainWindow, name: str = "m", step: int = 7) -> None:
-    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT):
-        win.controller.load_checkpoint(Path("/fake") / name, step)
-
-
-def send(qtbot, win: MainWindow, text: str) -> dict:
-    """Type ``text`` and press Enter; the reply's stats once it is done."""
-    with qtbot.waitSignal(win.controller.reply_finished, timeout=WAIT) as done:
-        win.input.editor.setPlainText(text)
-        qtbot.keyClick(win.input.editor, Qt.Key.Key_Return)
-    return done.args[0]
-
-
-def regenerate(qtbot, win: MainWindow) -> dict:
-    """Ctrl+R."""
-    with qtbot.waitSignal(win.controller.reply_finished, timeout=WAIT) as done:
-        action(win, "Regenerate last reply").trigger()
-    return done.args[0]
-
-
-@pytest.fixture(scope="module")
-def nanochat_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A nanochat base dir holding one tiny SFT run with two steps."""
-    base = tmp_path_factory.mktemp("nanochat")
-    write_checkpoint(base, "E7", phase="chatsft", tag="d4", step=10, tokenizer="pkl")
-    write_checkpoint(base, "E7", phase="chatsft", tag="d4", step=20, tokenizer="pkl")
-    return base
 
 
 # ----- 1. regenerate shows its branches at once -----------------------------------------------
@@ -188,14 +71,6 @@ def test_each_regeneration_shows_its_place_among_the_versions_while_it_streams(q
 
 
 # ----- 2. the sidebar follows the conversation shown ------------------------------------------
-
-
-def click_row(qtbot, win: MainWindow, conv_id: int, double: bool = False) -> None:
-    lst = win.sidebar.list
-    row = next(i for i in range(lst.count()) if lst.item(i).data(Qt.ItemDataRole.UserRole) == conv_id)
-    center = lst.visualItemRect(lst.item(row)).center()
-    click = qtbot.mouseDClick if double else qtbot.mouseClick
-    click(lst.viewport(), Qt.MouseButton.LeftButton, pos=center)
 
 
 def listed(win: MainWindow) -> list[int]:
@@ -313,10 +188,6 @@ def test_regenerate_uses_a_new_seed_unless_locked_and_the_footer_names_it(qtbot,
 # ----- 5. "Context full" is about the chat on screen, and only while it is true ----------------
 
 LONG = "tell me about the long history of this very long question, please"  # 66 characters
-
-
-def banner_says(win: MainWindow, title: str) -> bool:
-    return not win.banner.isHidden() and win.banner.title.text() == title
 
 
 def test_the_context_full_banner_goes_with_the_chat_that_overflowed(qtbot, win):
@@ -470,23 +341,6 @@ def test_a_reopened_comparison_keeps_each_panes_overrides_and_every_cross_score(
 
 
 # ----- 3. Open folder… says what it found, at once, and is remembered ---------------------------
-
-
-def open_folder(qtbot, win: MainWindow, folder: Path, monkeypatch) -> None:
-    """File › Open checkpoint folder…, the user choosing ``folder`` in the system's dialog."""
-    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *_args, **_kw: str(folder))
-    with qtbot.waitSignal(win.background.folder_opened, timeout=WAIT):
-        qtbot.mouseClick(win.picker.open_btn, Qt.MouseButton.LeftButton)
-
-
-def start_with_base(qtbot, windows, monkeypatch, base: Path, fake: bool = True) -> MainWindow:
-    """Start the app with a nanochat base dir: the first scan lists it and the newest loads."""
-    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(base))
-    win = open_window(qtbot, fake)
-    windows.append(win)
-    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT):
-        win.start()
-    return win
 
 
 def test_open_folder_reports_an_empty_or_broken_folder_at_once_and_keeps_the_model(

@@ -9,17 +9,8 @@ import pytest
 from PySide6.QtCore import QEventLoop, Qt, QTimer
 from PySide6.QtGui import QContextMenuEvent
 from PySide6.QtWidgets import QApplication, QMenu
+from support.window import WAIT, action, load_fake, send, start_with_base
 from test_fork_window import DEMO_BASE, click_token, greedy
-from test_window_sequences import (  # noqa: F401
-    WAIT,
-    action,
-    load_fake,
-    loop,
-    send,
-    start_with_base,
-    win,
-    windows,
-)
 
 from desktop.qt.app.main_window import MainWindow
 from desktop.qt.chat.message_widget import MessageWidget
@@ -45,8 +36,8 @@ def on_screen(window: MainWindow) -> list[str]:
     ]
 
 
-def test_a_continuation_keeps_its_start_on_screen_and_in_the_counter(qtbot, windows, loop, monkeypatch):  # noqa: F811
-    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)  # noqa: F811
+def test_a_continuation_keeps_its_start_on_screen_and_in_the_counter(qtbot, windows, loop, monkeypatch):
+    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
     greedy(win)
     send(qtbot, win, "What is 12 times 7?")
     action(win, "Raw tokens").trigger()
@@ -85,7 +76,7 @@ def test_a_continuation_keeps_its_start_on_screen_and_in_the_counter(qtbot, wind
     assert context_shown(win) == final
 
 
-def test_the_context_counter_and_the_speed_move_while_a_reply_streams(qtbot, win):  # noqa: F811
+def test_the_context_counter_and_the_speed_move_while_a_reply_streams(qtbot, win):
     load_fake(qtbot, win)
     send(qtbot, win, "hello")
     before = context_shown(win)
@@ -103,7 +94,7 @@ def test_the_context_counter_and_the_speed_move_while_a_reply_streams(qtbot, win
     assert win.status.speed.text() == (f"{engine:.1f} tok/s" if engine else "— tok/s")
 
 
-def test_right_clicking_another_chat_never_shows_two_chats_at_once(qtbot, win):  # noqa: F811
+def test_right_clicking_another_chat_never_shows_two_chats_at_once(qtbot, win):
     load_fake(qtbot, win)
     send(qtbot, win, "first chat")
     first = win.controller.conv_id
@@ -144,7 +135,7 @@ def test_right_clicking_another_chat_never_shows_two_chats_at_once(qtbot, win): 
     assert on_screen(win) == shown
 
 
-def test_enter_in_reply_starts_with_sends_the_message_with_its_start(qtbot, win):  # noqa: F811
+def test_enter_in_reply_starts_with_sends_the_message_with_its_start(qtbot, win):
     load_fake(qtbot, win)
     qtbot.mouseClick(win.input.prefill_btn, Qt.MouseButton.LeftButton)
     win.input.editor.setPlainText("What is 6 times 7?")

@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QHelpEvent
 from PySide6.QtWidgets import QToolTip
-from test_window_sequences import WAIT, action, loop, restart, send, start_with_base, windows  # noqa: F401
+from support.window import WAIT, action, restart, send, start_with_base
 
 from desktop.qt.app.main_window import MainWindow
 from desktop.qt.chat.message_blocks import RichText, ToolCallBlock
@@ -66,7 +66,7 @@ def choice(win: MainWindow) -> int:
     raise AssertionError("no token with a distinct runner-up")
 
 
-def test_fork_switch_regenerate_continue_restart_and_race(qtbot, windows, loop, monkeypatch):  # noqa: F811
+def test_fork_switch_regenerate_continue_restart_and_race(qtbot, windows, loop, monkeypatch):
     win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
     greedy(win)
     send(qtbot, win, "What is 12 times 7?")

@@ -11,16 +11,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from support.golden import GOLDEN, manifest
-from test_window_sequences import (  # noqa: F401
-    WAIT,
-    banner_says,
-    loop,
-    open_folder,
-    regenerate,
-    send,
-    start_with_base,
-    windows,
-)
+from support.window import WAIT, banner_says, open_folder, regenerate, send, start_with_base
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("This plugin does not support")]
 CASE = GOLDEN / "fork" / "engram-mhc-mtp-swiglu"
@@ -33,8 +24,8 @@ def reply_ids(win) -> list[int]:
 
 def test_the_speed_section_offers_the_mtp_head_only_where_the_checkpoint_has_one(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     tmp_path,
 ):

@@ -14,18 +14,8 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from support.window import WAIT, action, click_row, open_folder, restart, send, start_with_base
 from test_fork_window import DEMO_BASE, last
-from test_window_sequences import (  # noqa: F401
-    WAIT,
-    action,
-    click_row,
-    loop,
-    open_folder,
-    restart,
-    send,
-    start_with_base,
-    windows,
-)
 
 from desktop.config import settings
 from desktop.engine.decode.compiled_draft import why_not_compiled
@@ -52,7 +42,7 @@ def reopen_comparison(qtbot, open_windows, conv_id: int) -> tuple[CompareView, C
     return win.compare_view, win.compare
 
 
-def test_chat_streams_stops_and_regenerates_with_a_draft_and_colours_it(qtbot, windows, loop, monkeypatch):  # noqa: F811
+def test_chat_streams_stops_and_regenerates_with_a_draft_and_colours_it(qtbot, windows, loop, monkeypatch):
     win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
     box = win.sampling.speculative
     box.draft.setCurrentIndex(box.draft.findData("int8"))
@@ -103,7 +93,7 @@ def test_chat_streams_stops_and_regenerates_with_a_draft_and_colours_it(qtbot, w
     assert Path(win.controller.model_info.path).name == "demo"
 
 
-def test_compare_panes_draft_colour_stop_reopen_then_decode_plainly(qtbot, windows, loop, monkeypatch):  # noqa: F811
+def test_compare_panes_draft_colour_stop_reopen_then_decode_plainly(qtbot, windows, loop, monkeypatch):
     win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
     box = win.sampling.speculative
     box.draft.setCurrentIndex(box.draft.findData("int8"))
@@ -168,7 +158,7 @@ def test_compare_panes_draft_colour_stop_reopen_then_decode_plainly(qtbot, windo
         assert "speculative" not in shown.stats.text() and not shown.stats.toolTip()
 
 
-def test_the_demo_miniseries_smaller_depth_is_offered_and_drafts_for_it(qtbot, windows, loop, monkeypatch):  # noqa: F811
+def test_the_demo_miniseries_smaller_depth_is_offered_and_drafts_for_it(qtbot, windows, loop, monkeypatch):
     win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
     box = win.sampling.speculative
     offered = {box.draft.itemText(i): box.draft.itemData(i) for i in range(box.draft.count())}
@@ -202,8 +192,8 @@ def ask(qtbot, view, compare: CompareController, text: str) -> None:
 
 def test_a_pane_drafts_for_the_others_one_of_another_tokenizer_fails_alone_then_all_answer_plainly(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
 ):
     win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
@@ -254,8 +244,8 @@ def test_a_pane_drafts_for_the_others_one_of_another_tokenizer_fails_alone_then_
 @pytest.mark.skipif(why_not_compiled() is not None, reason=str(why_not_compiled()))
 def test_a_compiled_draft_is_taken_up_between_replies_and_quitting_mid_compile_ends_it(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
 ):
     """With the app's default (compile drafts), picking the demo's smaller depth starts its

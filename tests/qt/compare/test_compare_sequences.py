@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 from support import REPO
-from test_window_sequences import loop, nanochat_base, open_window, restart, windows  # noqa: F401
+from support.window import open_window, restart
 
 from desktop.qt.app.main_window import MainWindow
 from desktop.qt.compare.pane_view import ComparePane
@@ -35,7 +35,7 @@ def press_load(qtbot, win: MainWindow, pane: ComparePane) -> None:
         qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)
 
 
-def scanned(qtbot, windows, monkeypatch, base: Path) -> MainWindow:  # noqa: F811
+def scanned(qtbot, windows, monkeypatch, base: Path) -> MainWindow:
     monkeypatch.setenv("NANOCHAT_BASE_DIR", str(base))
     win = open_window(qtbot)
     windows.append(win)
@@ -47,8 +47,8 @@ def scanned(qtbot, windows, monkeypatch, base: Path) -> MainWindow:  # noqa: F81
 
 def test_three_steps_marked_on_the_run_curve_are_the_panes_and_each_names_the_step_that_replies(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
 ):
     win = open_window(qtbot)
     windows.append(win)
@@ -82,9 +82,9 @@ def test_three_steps_marked_on_the_run_curve_are_the_panes_and_each_names_the_st
 
 def test_a_panes_button_says_load_or_unload_for_what_is_loaded(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
-    nanochat_base,  # noqa: F811
+    windows,
+    loop,
+    nanochat_base,
     monkeypatch,
 ):
     win = scanned(qtbot, windows, monkeypatch, nanochat_base)
@@ -110,9 +110,9 @@ def test_a_panes_button_says_load_or_unload_for_what_is_loaded(
 
 def test_the_compare_screen_comes_back_after_a_restart(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
-    nanochat_base,  # noqa: F811
+    windows,
+    loop,
+    nanochat_base,
     monkeypatch,
 ):
     win = scanned(qtbot, windows, monkeypatch, nanochat_base)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from support.golden import GOLDEN
-from test_window_sequences import loop, start_with_base, windows  # noqa: F401
+from support.window import start_with_base
 
 from desktop.engine.runs.timeline import timeline_of
 from desktop.qt.jobs.runner import Job
@@ -22,8 +22,8 @@ def flush(qtbot) -> None:
 
 def test_a_run_chosen_and_at_once_replaced_never_shows_its_timeline(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
 ):
     win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7")

@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 from support import REPO
 from support.eval_bundle import make_bundle
 from support.golden import GOLDEN
-from test_window_sequences import loop, start_with_base, windows  # noqa: F401
+from support.window import start_with_base
 
 from desktop.engine.runs.bits_per_byte import bpb_sweep
 from desktop.engine.runs.checked_answers import answer_sweep, bundled_problems
@@ -39,8 +39,8 @@ def show_run(qtbot, win, folder: Path):
 
 def test_a_run_on_its_timeline_opens_a_step_in_chat_and_races_three_in_compare(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
 ):
     base = GOLDEN / "nanochat" / "E7"
@@ -73,8 +73,8 @@ def test_a_run_on_its_timeline_opens_a_step_in_chat_and_races_three_in_compare(
 
 def test_sample_prompts_fill_a_table_of_steps_and_stop_stops(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
 ):
     win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
@@ -110,8 +110,8 @@ def test_sample_prompts_fill_a_table_of_steps_and_stop_stops(
 
 def test_a_kempnerforge_run_shows_its_logged_loss_opens_a_step_and_races_both(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
 ):
     win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7", fake=False)
@@ -142,8 +142,8 @@ def test_a_kempnerforge_run_shows_its_logged_loss_opens_a_step_and_races_both(
 
 def test_a_report_card_holds_the_curves_every_step_and_what_the_sweep_said(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     tmp_path,
 ):
@@ -186,8 +186,8 @@ QUESTIONS = [
 
 def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     tmp_path,
 ):
@@ -268,8 +268,8 @@ def test_multiple_choice_fills_the_table_draws_a_curve_and_a_flip_opens_compare(
 
 def test_an_experiment_run_shows_its_logged_curves_opens_a_step_and_races_three(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
 ):
     """nanochat's experiment layout (PR #800), the golden experiment its branch wrote: the Run tab
@@ -311,8 +311,8 @@ def test_an_experiment_run_shows_its_logged_curves_opens_a_step_and_races_three(
 
 def test_core_on_the_base_dirs_eval_bundle_fills_the_table_and_a_curve_and_is_kept(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     tmp_path,
 ):
@@ -357,8 +357,8 @@ def test_core_on_the_base_dirs_eval_bundle_fills_the_table_and_a_curve_and_is_ke
 
 def test_core_without_an_eval_bundle_says_where_it_looked(
     qtbot,
-    windows,  # noqa: F811
-    loop,  # noqa: F811
+    windows,
+    loop,
     monkeypatch,
     tmp_path,
 ):
