@@ -52,7 +52,7 @@ def test_three_steps_marked_on_the_run_curve_are_the_panes_and_each_names_the_st
 ):
     win = open_window(qtbot)
     windows.append(win)
-    run = win.run_view
+    run = win.run_page.run_view
     win.tabs.setCurrentWidget(run)
     with qtbot.waitSignal(win.background.timeline_ready, timeout=WAIT):
         run.choose_run(DEMO)

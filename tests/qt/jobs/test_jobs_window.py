@@ -27,7 +27,7 @@ def test_a_run_chosen_and_at_once_replaced_never_shows_its_timeline(
     monkeypatch,
 ):
     win = start_with_base(qtbot, windows, monkeypatch, GOLDEN / "nanochat" / "E7")
-    view = win.run_view
+    view = win.run_page.run_view
     win.tabs.setCurrentWidget(view)
     qtbot.waitUntil(lambda: view.runs.count() >= 2 and view.timeline is not None, timeout=WAIT)
     flush(qtbot)
