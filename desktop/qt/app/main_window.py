@@ -1,5 +1,5 @@
 """The main window: a shell holding one page per screen (Chat, Compare, Run), the menus, the
-banner and the status bar, and the hand-offs between pages: a Run step opened in Chat, Run steps
+notices (in the Chat page's banner, as before) and the status bar, and the hand-offs between pages: a Run step opened in Chat, Run steps
 or a flipped question raced in Compare, a Chat fork raced in Compare. Each page wires its own
 widgets and jobs and shuts them down when the window asks.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QTabWidget
 
 from desktop.config.keystore import keystore
 from desktop.config.paths import nanochat_base_dir
@@ -27,7 +27,6 @@ from desktop.qt.chat.page import ChatPage
 from desktop.qt.compare.controller import CompareController
 from desktop.qt.compare.view import CompareView
 from desktop.qt.run.page import RunPage
-from desktop.qt.widgets.error_banner import ErrorBanner
 from desktop.qt.widgets.servers_dialog import ServersDialog
 from desktop.qt.widgets.status_bar import StatusBar
 from desktop.qt.widgets.theme import apply_theme
@@ -57,7 +56,6 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Nanoscope")
         self.setObjectName("MainWindow")
 
-        self.banner = ErrorBanner()
         self.status = StatusBar()
         self.setStatusBar(self.status)
         self.chat_page = ChatPage(controller, background, settings)
@@ -65,6 +63,7 @@ class MainWindow(QMainWindow):
         page = self.chat_page
         self.picker, self.model_picker, self.sidebar = page.picker, page.model_picker, page.sidebar
         self.chat, self.input, self.sampling = page.chat, page.input, page.sampling
+        self.banner = page.banner  # the window's notices show above the conversation
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(self.chat_page, "Chat")
@@ -74,13 +73,7 @@ class MainWindow(QMainWindow):
             self.tabs.addTab(self.compare_view, "Compare")
         self.run_page = RunPage(background)
         self.tabs.addTab(self.run_page, "Run")
-        centre = QWidget()
-        col = QVBoxLayout(centre)
-        col.setContentsMargins(0, 0, 0, 0)
-        col.setSpacing(0)
-        col.addWidget(self.banner)
-        col.addWidget(self.tabs, 1)
-        self.setCentralWidget(centre)
+        self.setCentralWidget(self.tabs)
 
         geometry = self.settings.get("window_geometry")
         if geometry:

@@ -25,6 +25,7 @@ from desktop.qt.chat.controller import ChatController
 from desktop.qt.chat.history_sidebar import HistorySidebar
 from desktop.qt.chat.input_box import InputBox
 from desktop.qt.widgets.checkpoint_picker import CheckpointPicker
+from desktop.qt.widgets.error_banner import ErrorBanner
 from desktop.qt.widgets.model_picker import ModelPicker
 from desktop.qt.widgets.sampling_panel import SamplingPanel
 from desktop.session.sampling import SamplingState
@@ -60,10 +61,12 @@ class ChatPage(QWidget):
         self.sampling_state = SamplingState()
         self.sampling = SamplingPanel(self.sampling_state)
 
+        self.banner = ErrorBanner()  # the window's notices, above the conversation
         centre = QWidget()
         col = QVBoxLayout(centre)
         col.setContentsMargins(0, 0, 0, 0)
         col.setSpacing(0)
+        col.addWidget(self.banner)
         col.addWidget(self.chat, 1)
         col.addWidget(self.input)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
