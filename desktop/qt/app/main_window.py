@@ -1,7 +1,7 @@
 """The main window: a shell holding one page per screen (Chat, Compare, Run), the menus, the
-notices (in the Chat page's banner, as before) and the status bar, and the hand-offs between pages: a Run step opened in Chat, Run steps
-or a flipped question raced in Compare, a Chat fork raced in Compare. Each page wires its own
-widgets and jobs and shuts them down when the window asks.
+notices (shown in the Chat page's banner) and the status bar, and the hand-offs between pages: a
+Run step opened in Chat, Run steps or a flipped question raced in Compare, a Chat fork raced in
+Compare. Each page wires its own widgets and jobs and shuts them down when the window asks.
 """
 
 from __future__ import annotations
