@@ -74,10 +74,11 @@ def rounded_cost(cost: float) -> float:
 class Decisions:
     """The timing-driven decisions of speculative decoding for one target (and draft) on this
     machine, kept by ``tuner`` (:meth:`~desktop.engine.kernels.tuning.KernelTuner.remember`) under
-    ``key``, which names the model(s); without a tuner they are measured each time."""
+    ``key``, which names the model(s). Without a tuner, or with one that keeps no file (a one-shot
+    use, a test), they are measured each time, as a draft is made."""
 
     def __init__(self, tuner: KernelTuner | None, key: str) -> None:
-        self.tuner = tuner
+        self.tuner = tuner if tuner is not None and tuner.cache_file is not None else None
         self.key = key
 
     def under(self, more: str) -> Decisions:

@@ -463,15 +463,17 @@ def stream_decoded(
         draft.settle(options.threads)
         if verifier is not None:
             verifier.settle(options.threads)
-    drafting = draft is not None and draft.pays(options.draft_k, verifier)
-    if drafting and draft is not None and stats is not None:
-        stats.draft_compiled = draft.compiled
-        stats.verifier_compiled = verifier is not None and verifier.compiled
-        # Said once, on the first reply that used a decision made anew (then not again).
+    if draft is not None and stats is not None:
+        # Said once, on the first reply that used a decision made anew (then not again): whether
+        # it drafts at all is one of them.
         stats.choices_renewed |= draft.renewed or (verifier is not None and verifier.renewed)
         draft.renewed = False
         if verifier is not None:
             verifier.renewed = False
+    drafting = draft is not None and draft.pays(options.draft_k, verifier)
+    if drafting and draft is not None and stats is not None:
+        stats.draft_compiled = draft.compiled
+        stats.verifier_compiled = verifier is not None and verifier.compiled
     if isinstance(cache, KVCache) and not (drafting and draft is not None and draft.follow is not None):
         cache.keep_hidden(False)  # kept for a draft that read them; a plain pass need not write them
     if drafting and draft is not None:

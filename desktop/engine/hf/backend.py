@@ -294,8 +294,8 @@ class HFBackend:
         """A draft of ``model`` named ``name``; ``which`` identifies a checkpoint draft (its folder
         and precision) where its decisions are kept (engine/decode/pass_timing.py)."""
         info = self.info()
-        kept = Decisions(self.model.tuner, f"{info.family} {info.path} {self.load_options.dtype}")
-        kept = kept.under(which or name)
+        target = f"{info.family} {Path(info.path).resolve()} {self.load_options.dtype}"
+        kept = Decisions(self.model.tuner, target).under(which or name)
         config = model.config
 
         def new_cache(capacity: int) -> KVCache:

@@ -421,8 +421,8 @@ class KempnerForgeBackend:
         """A draft of ``model`` named ``name``; ``which`` identifies a checkpoint draft (its folder
         and precision) where its decisions are kept (engine/decode/pass_timing.py)."""
         info = self.info()
-        kept = Decisions(self.model.tuner, f"{info.family} {info.path} {self.load_options.dtype}")
-        kept = kept.under(which or name)
+        target = f"{info.family} {Path(info.path).resolve()} {self.load_options.dtype}"
+        kept = Decisions(self.model.tuner, target).under(which or name)
         cfg, device = model.config, self.model.device
 
         def new_cache(capacity: int) -> KFCache:

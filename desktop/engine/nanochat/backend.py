@@ -133,7 +133,7 @@ class NanochatBackend:
         """Where speculative decoding's timing-driven decisions for this model are kept, beside
         its kernel timings (engine/decode/pass_timing.py)."""
         loaded = self.loaded
-        key = f"nanochat {loaded.directory} step {loaded.step} {loaded.precision.name}"
+        key = f"nanochat {loaded.directory.resolve()} step {loaded.step} {loaded.precision.name}"
         return Decisions(self.model.tuner, key)
 
     def _describe(self) -> ModelInfo:

@@ -208,7 +208,7 @@ def make_draft(
     check_same_tokenizer(find_tokenizer(other.directory, cfg.vocab_size, cfg.is_fork), tok)
     model, target = other.model, loaded.model
     name = f"{other.directory.name} · step {other.step:,}"
-    which = f"{other.directory} step {other.step} {other.precision.name}"
+    which = f"{other.directory.resolve()} step {other.step} {other.precision.name}"
     kept = decisions.under(which) if decisions is not None else None
     draft = ready_draft(model, name, model.config.rope_len, cache_of(model), target, cache_of(target), kept)
     if compile_draft:
