@@ -265,7 +265,8 @@ def cheapest(makers: Sequence[Callable[[], Draft]]) -> Draft:
     the one of least cost. Which reduced precision is fastest depends on the CPU: on a 2-core AMD
     EPYC (AVX2) a depth-20 model's int8 step takes 0.86 of its exact fp32 step and its fp16 step
     0.66; on CPUs with int8 dot-product instructions int8 may win. The fork's MTP head costs one
-    block and the head, but proposes one token a round."""
+    block and the head, but proposes one token a round. The costs are kept (:func:`measure_costs`),
+    so the next session picks the same draft (another draft: other ids for a seed)."""
     best: Draft | None = None
     for make in makers:
         draft = make()
@@ -325,9 +326,10 @@ class DraftLength:
     """How many tokens to draft next: the ``k`` that yields the most tokens per unit of cost at the
     acceptance rate seen so far (raised while proposals are kept, lowered when they are not);
     0, plain decoding, when no ``k`` pays, with a few later probes in case the draft recovers.
-    It depends on the acceptance only (and the draft's measured costs), so a seed repeats its
-    reply. ``fixed`` > 0 drafts that many every round, whatever is kept. ``cap``: the draft's own
-    most (:attr:`Draft.cap`), which bounds both."""
+    It depends on the acceptance only (and the draft's measured costs, kept per model and machine
+    by :class:`~.pass_timing.Decisions`), so a seed repeats its reply, in the next session too.
+    ``fixed`` > 0 drafts that many every round, whatever is kept. ``cap``: the draft's own most
+    (:attr:`Draft.cap`), which bounds both."""
 
     def __init__(
         self, cost: float, verify_cost: float, fixed: int = 0, cap: int | None = None, base: float = 1.0
