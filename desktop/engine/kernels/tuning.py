@@ -232,12 +232,15 @@ class KernelTuner:
                 return {}
             machines = data.get("machines", {})
             mine = _entries(machines.get(machine_id(), {}))
-            for name, theirs in machines.items():
-                for threads, entries in _entries(theirs).items():
-                    if name != machine_id() or threads not in mine:
-                        self._earlier.update(entries)
-            forgotten = data.get("forgotten", {}).get(machine_id(), [])
-            self._forgotten = {entry for entry in forgotten if isinstance(entry, str)}
+            # What was chosen under any key: met again under this one, it is chosen anew (an entry
+            # this key holds is never chosen again).
+            for theirs in machines.values():
+                for entries in _entries(theirs).values():
+                    self._earlier.update(entries)
+            forgotten = data.get("forgotten")
+            forgotten = forgotten.get(machine_id()) if isinstance(forgotten, dict) else None
+            if isinstance(forgotten, list):
+                self._forgotten = {entry for entry in forgotten if isinstance(entry, str)}
             self._earlier |= self._forgotten
             return mine
         except (FileRefused, AttributeError) as exc:

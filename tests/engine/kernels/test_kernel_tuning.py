@@ -324,3 +324,14 @@ def test_a_remembered_decision_is_measured_once_and_kept(tmp_path):
     assert KernelTuner(cache).recall("draft costs") == {"cost": 1.35} and len(calls) == 1
     KernelTuner(cache).forget()
     assert KernelTuner(cache).remember("draft costs", measure) == ({"cost": 2.35}, True)
+
+
+def test_a_damaged_list_of_forgotten_choices_leaves_the_timings_in_use(tmp_path, quiet_machine):
+    cache = tmp_path / "kernels.json"
+    KernelTuner(cache).product(_weight(), "int8")
+    data = json.loads(cache.read_text())
+    data["forgotten"] = [1, 2]
+    cache.write_text(json.dumps(data))
+    again = KernelTuner(cache)
+    again.product(_weight(), "int8")
+    assert again.measured == 0
