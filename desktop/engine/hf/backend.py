@@ -283,9 +283,9 @@ class HFBackend:
         opts = replace(self.load_options, device=str(self.model.device), dtype=spec.precision, tokenizer=None)
         other = HFBackend.open(spec.checkpoint, opts)
         check_same_tokenizer(other.tok, self.tok)
-        return self._ready(
-            other.model, other.info().name, f"{other.info().path} {other.info().name} {spec.precision}"
-        )
+        theirs = other.info()
+        which = f"{Path(theirs.path).resolve()} {theirs.name} {spec.precision}"
+        return self._ready(other.model, theirs.name, which)
 
     def _self_draft(self, kind: str) -> Draft:
         return self._ready(self.model.with_kernels(kind), f"self ({kind})")

@@ -410,9 +410,9 @@ class KempnerForgeBackend:
         )
         other = KempnerForgeBackend.open(spec.checkpoint, opts)
         check_same_tokenizer(other.tok, self.tok)
-        return self._ready(
-            other.model, other.info().name, f"{other.info().path} {other.info().name} {spec.precision}"
-        )
+        theirs = other.info()
+        which = f"{Path(theirs.path).resolve()} {theirs.name} {spec.precision}"
+        return self._ready(other.model, theirs.name, which)
 
     def _self_draft(self, kind: str) -> Draft:
         return self._ready(self.model.with_kernels(kind), f"self ({kind})")
