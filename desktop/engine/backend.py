@@ -97,6 +97,10 @@ class ModelInfo:
     warnings: tuple[str, ...] = ()
     load_seconds: float = 0.0
     kernels: tuple[str, ...] = ()  # which kernel computes each matrix shape, and why (local models)
+    # Some kernel that changes this mode's numbers was chosen anew at this load (another CPU or
+    # torch version, another thread count, or Settings › Re-measure kernels): replies of this
+    # mode may differ from older ones for the same seed (engine/kernels/tuning.py).
+    choices_renewed: bool = False
 
     def reply_meta(self) -> dict[str, Any]:
         """What a reply records about the model that wrote it (the keys of REPLY_META)."""
@@ -207,6 +211,10 @@ class GenerationStats:
     accepted: int = 0
     draft_compiled: bool = False  # the draft ran its compiled forward (engine/decode/compiled_draft.py)
     verifier_compiled: bool = False  # the target's passes ran its compiled twin (engine/decode/verifier.py)
+    # A timing-driven choice this reply used was made anew where an earlier one existed (a
+    # speculative draft's costs, its compiled twins, the verifying pass's kernels; or, on the first
+    # reply after a load, ModelInfo.choices_renewed): it may differ from older replies to the same seed.
+    choices_renewed: bool = False
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -12,8 +12,11 @@ through and ``eval`` can compute:
 
 Anything else, and any error (division by zero, syntax), gives None, as in nanochat. On top of
 that it refuses (None) work nanochat would happily attempt: inputs over ``MAX_CHARS``, deep
-nesting, integers beyond ``MAX_INT`` (checked *before* multiplying), and evaluations running past
-``TIME_BUDGET_S``. Every call builds its own state, so concurrent calls are safe.
+nesting, integers beyond ``MAX_INT`` (checked *before* multiplying), and evaluations of more than
+``MAX_STEPS`` nodes. Every call builds its own state, so concurrent calls are safe.
+
+The budget counts work, not time: a result becomes the tokens the model is forced to read, so a
+deadline a busy machine passed (once it was 0.25 s) would give another reply to the same seed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from __future__ import annotations
 import ast
 import operator
 import string
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +32,9 @@ MAX_PAREN_DEPTH = 32  # checked on the text, so the parser never recurses deeply
 MAX_OPERATOR_RUN = 4  # e.g. "+-" is fine; "-------1" is not worth a parser's stack
 MAX_AST_DEPTH = 200
 MAX_INT = 10**100
-TIME_BUDGET_S = 0.25
+# Nodes one evaluation visits at most (each takes a character or more, so within MAX_CHARS no
+# expression reaches it: it bounds the work should the limits above ever change).
+MAX_STEPS = MAX_CHARS
 
 # nanochat's screening, unchanged.
 _MATH_CHARS = frozenset("0123456789*+-/.() ")
@@ -81,7 +85,7 @@ def _run(expr: str, method: Callable[[_Evaluator, ast.expr], int | float]) -> in
         return None
     try:
         tree = ast.parse(expr, mode="eval")
-        return method(_Evaluator(time.monotonic() + TIME_BUDGET_S), tree.body)
+        return method(_Evaluator(MAX_STEPS), tree.body)
     except (_Refused, SyntaxError, ValueError, ArithmeticError, RecursionError, MemoryError):
         return None
 
@@ -106,13 +110,14 @@ def _shallow(expr: str) -> bool:
 
 
 class _Evaluator:
-    """One evaluation: a deadline plus the whitelisted node types."""
+    """One evaluation: a budget of nodes plus the whitelisted node types."""
 
-    def __init__(self, deadline: float) -> None:
-        self._deadline = deadline
+    def __init__(self, steps: int) -> None:
+        self._steps = steps
 
     def _enter(self, depth: int) -> None:
-        if depth > MAX_AST_DEPTH or time.monotonic() > self._deadline:
+        self._steps -= 1
+        if depth > MAX_AST_DEPTH or self._steps < 0:
             raise _Refused
 
     def arithmetic(self, node: ast.expr, depth: int = 0) -> int | float:

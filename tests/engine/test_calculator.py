@@ -112,10 +112,17 @@ def test_integer_bound_is_checked_before_multiplying():
     assert calculate(just_fits + "0+1") is None
 
 
-def test_time_budget_refuses_evaluation(monkeypatch):
-    monkeypatch.setattr(calculator, "TIME_BUDGET_S", -1.0)
+def test_the_step_budget_refuses_evaluation(monkeypatch):
+    monkeypatch.setattr(calculator, "MAX_STEPS", 0)
     assert calculate("1+1") is None
     assert calculate("'aa'.count('a')") is None
+
+
+def test_the_budget_counts_work_not_time(monkeypatch):
+    """A result is what the model is forced to read: a busy machine must not change it."""
+    monkeypatch.setattr(calculator, "MAX_STEPS", 3)
+    assert calculate("1+1") == 2  # three nodes
+    assert calculate("1+1+1") is None  # five
 
 
 def test_concurrent_calls_agree_with_sequential_ones():

@@ -25,7 +25,10 @@ What keeps it out of the user's way:
   eager model, which prefills in chunks and reads Stop.
 * It is adopted at a reply's start, on the worker's thread, once the compile has ended: both
   forms are timed there, and the compiled one is kept only if it is faster
-  (:meth:`~.speculative.Draft.settle`, :meth:`~.verifier.Verifier.settle`).
+  (:meth:`~.speculative.Draft.settle`, :meth:`~.verifier.Verifier.settle`). That decision and
+  the costs it brings are kept per model and machine (:class:`~.pass_timing.Decisions`): the
+  costs set the draft lengths, hence a seed's ids, so a later session uses them from its first
+  reply, and never compiles a form found slower.
 
 It needs a C++ compiler and Python's headers (inductor's CPU code generation). Without them, in a
 frozen app, or when the compile fails, the model stays eager and the log says why.

@@ -14,7 +14,9 @@ Greedy decoding keeps a draft token when it is the target's most likely one.
 
 What it cannot keep is nanochat's seeded random stream (the draws are others), so it is a named
 option (``StreamOptions.draft``), never on by itself; a seed still repeats a reply, because
-how many tokens are drafted depends only on how many were accepted (:class:`DraftLength`).
+how many tokens are drafted depends only on how many were accepted and on the measured costs
+(:class:`DraftLength`), and those are measured once per model and machine and kept
+(:class:`~.pass_timing.Decisions`), so the next session repeats it too.
 
 The calculator's forced tokens and the user's given tokens are never drafted: they are known, so
 they go through the target as a block (for their probabilities); the draft stops proposing after
@@ -34,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -45,7 +47,7 @@ from desktop.engine.decode.compiled_draft import CompiledTwin, Switched, take_co
 from desktop.engine.decode.drafts import DraftSpec, parse_draft
 from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row, stream_reply
 from desktop.engine.decode.kvcache import KVCache
-from desktop.engine.decode.pass_timing import TIMED_ROWS, rounded_cost, timed_ms
+from desktop.engine.decode.pass_timing import TIMED_ROWS, Decisions, rounded_cost, timed_ms
 from desktop.engine.decode.protocols import DecodingModel, Tokenizer
 from desktop.engine.decode.sampling import GreedyFallback, draw_token, next_token_probs
 from desktop.engine.decode.scoring import token_label
@@ -70,6 +72,10 @@ PRIOR_ACCEPTANCE = 0.8
 # AMD EPYC, and at 0.25 a draft that was never right still cost 18% in probes (docs/
 # PERFORMANCE.md, speculative); at 0.35 neither drafts there.
 ROUND_COST = 0.35
+# The kept decisions of a draft (pass_timing.Decisions): its measured costs, and whether its
+# compiled forward is faster (and its cost then).
+COSTS = "costs"
+DRAFT_COMPILED = "draft compiled"
 # The weight of the latest round in the running acceptance rate.
 SMOOTHING = 0.3
 # The highest acceptance a draft length is chosen for. A rate of 1.0 comes from a few proposals
@@ -117,7 +123,11 @@ class Draft:
     it proposes one token a round, and only after the sequence's second token.
 
     ``twin``: its forward being compiled on a thread of its own (:mod:`.compiled_draft`);
-    :meth:`settle` adopts it at a reply's start once ready and faster, and ``compiled`` says so."""
+    :meth:`settle` adopts it at a reply's start once ready and faster, and ``compiled`` says so.
+
+    ``decisions``: where its measured costs and whether its compiled form is faster are kept for
+    this target and draft on this machine (:mod:`.pass_timing`); ``renewed``: one of them was
+    made anew over an earlier one, and no reply has said so yet."""
 
     model: DecodingModel
     name: str
@@ -130,6 +140,8 @@ class Draft:
     needs: int = 1
     follow: Callable[[Any, Any], None] | None = None
     twin: CompiledTwin | None = None
+    decisions: Decisions = field(default_factory=lambda: Decisions(None, ""))
+    renewed: bool = False
 
     def pays(self, draft_k: int = 0, verifier: Verifier | None = None) -> bool:
         """Whether a speculative reply can beat plain decoding: some ``k`` must pay even when every
@@ -163,26 +175,52 @@ class Draft:
         switched = take_compiled(self, self.model)
         if switched is None:
             return
-        with torch_threads(threads):
-            eager_ms = timed_ms(self.model, self.new_cache, 1)
-            compiled_ms = timed_ms(switched, self.new_cache, 1)
-        logger.info(
-            "draft %s: a step takes %.2f ms eager, %.2f ms compiled", self.name, eager_ms, compiled_ms
-        )
-        if compiled_ms < eager_ms:
+
+        def measure() -> dict[str, float]:
+            with torch_threads(threads):
+                eager_ms = timed_ms(self.model, self.new_cache, 1)
+                compiled_ms = timed_ms(switched, self.new_cache, 1)
+            logger.info(
+                "draft %s: a step takes %.2f ms eager, %.2f ms compiled", self.name, eager_ms, compiled_ms
+            )
+            if compiled_ms >= eager_ms:
+                return {"compiled": 0.0}
+            return {"compiled": 1.0, "cost": rounded_cost(self.cost * compiled_ms / eager_ms)}
+
+        with torch_threads(threads):  # kept per thread count, as the reply will run
+            kept, renewed = self.decisions.remember(DRAFT_COMPILED, measure)
+        self.renewed |= renewed
+        if kept.get("compiled") == 1.0:
             self.model = switched
-            self.cost = rounded_cost(self.cost * compiled_ms / eager_ms)
+            self.cost = kept.get("cost", self.cost)
+
+    def should_compile(self) -> bool:
+        """Whether compiling its forward may pay: not when it was found slower here before. One
+        found faster takes its kept cost now, so the rounds before its compile ends draft as
+        many tokens as those after (the same ids for a seed, within float rounding)."""
+        kept = self.decisions.recall(DRAFT_COMPILED)
+        if kept.get("compiled") == 1.0:
+            self.cost = kept.get("cost", self.cost)
+        return kept.get("compiled") != 0.0
 
 
 @torch.inference_mode()
 def measure_costs(target: DecodingModel, target_cache: Callable[[int], Any], draft: Draft) -> None:
     """Time one draft step, one target step and a target pass over :data:`TIMED_ROWS` rows, and
-    set ``draft.cost`` and ``draft.verify_cost`` (:mod:`.pass_timing` says why measured)."""
-    step = timed_ms(target, target_cache, 1)
-    draft_cache = draft.new_cache if draft.follow is None else _following(target, target_cache, draft)
-    draft.cost = rounded_cost(timed_ms(draft.model, draft_cache, 1) / step)
-    wide = timed_ms(target, target_cache, TIMED_ROWS)
-    draft.verify_cost = rounded_cost((wide / step - 1) / (TIMED_ROWS - 1))
+    set ``draft.cost`` and ``draft.verify_cost`` (:mod:`.pass_timing` says why measured), as
+    kept by ``draft.decisions`` where this machine measured them before."""
+
+    def measure() -> dict[str, float]:
+        step = timed_ms(target, target_cache, 1)
+        draft_cache = draft.new_cache if draft.follow is None else _following(target, target_cache, draft)
+        cost = rounded_cost(timed_ms(draft.model, draft_cache, 1) / step)
+        wide = timed_ms(target, target_cache, TIMED_ROWS)
+        return {"cost": cost, "verify_cost": rounded_cost((wide / step - 1) / (TIMED_ROWS - 1))}
+
+    kept, renewed = draft.decisions.remember(COSTS, measure)
+    draft.renewed |= renewed
+    # A damaged file may lack one: a cost of 1 (a target step) is the safe side, rarely drafting.
+    draft.cost, draft.verify_cost = kept.get("cost", 1.0), kept.get("verify_cost", 1.0)
 
 
 def _following(
@@ -209,9 +247,13 @@ def ready_draft(
     new_cache: Callable[[int], Any],
     target: DecodingModel,
     target_cache: Callable[[int], Any],
+    decisions: Decisions | None = None,
 ) -> Draft:
-    """A :class:`Draft` of ``model`` for ``target``, its costs measured."""
+    """A :class:`Draft` of ``model`` for ``target``, its costs measured (or as ``decisions`` kept
+    them: the draft's own, :meth:`Decisions.under` the target's)."""
     draft = Draft(model, name, limit, new_cache)
+    if decisions is not None:
+        draft.decisions = decisions
     measure_costs(target, target_cache, draft)
     return draft
 
@@ -223,7 +265,8 @@ def cheapest(makers: Sequence[Callable[[], Draft]]) -> Draft:
     the one of least cost. Which reduced precision is fastest depends on the CPU: on a 2-core AMD
     EPYC (AVX2) a depth-20 model's int8 step takes 0.86 of its exact fp32 step and its fp16 step
     0.66; on CPUs with int8 dot-product instructions int8 may win. The fork's MTP head costs one
-    block and the head, but proposes one token a round."""
+    block and the head, but proposes one token a round. The costs are kept (:func:`measure_costs`),
+    so the next session picks the same draft (another draft: other ids for a seed)."""
     best: Draft | None = None
     for make in makers:
         draft = make()
@@ -283,9 +326,10 @@ class DraftLength:
     """How many tokens to draft next: the ``k`` that yields the most tokens per unit of cost at the
     acceptance rate seen so far (raised while proposals are kept, lowered when they are not);
     0, plain decoding, when no ``k`` pays, with a few later probes in case the draft recovers.
-    It depends on the acceptance only (and the draft's measured costs), so a seed repeats its
-    reply. ``fixed`` > 0 drafts that many every round, whatever is kept. ``cap``: the draft's own
-    most (:attr:`Draft.cap`), which bounds both."""
+    It depends on the acceptance only (and the draft's measured costs, kept per model and machine
+    by :class:`~.pass_timing.Decisions`), so a seed repeats its reply, in the next session too.
+    ``fixed`` > 0 drafts that many every round, whatever is kept. ``cap``: the draft's own most
+    (:attr:`Draft.cap`), which bounds both."""
 
     def __init__(
         self, cost: float, verify_cost: float, fixed: int = 0, cap: int | None = None, base: float = 1.0
@@ -421,6 +465,13 @@ def stream_decoded(
         draft.settle(options.threads)
         if verifier is not None:
             verifier.settle(options.threads)
+    if draft is not None and stats is not None:
+        # Said once, on the first reply that used a decision made anew (then not again): whether
+        # it drafts at all is one of them.
+        stats.choices_renewed |= draft.renewed or (verifier is not None and verifier.renewed)
+        draft.renewed = False
+        if verifier is not None:
+            verifier.renewed = False
     drafting = draft is not None and draft.pays(options.draft_k, verifier)
     if drafting and draft is not None and stats is not None:
         stats.draft_compiled = draft.compiled

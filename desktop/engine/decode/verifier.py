@@ -6,6 +6,13 @@ On a small model, where a pass is per-operation dispatch, the twin's compiled co
 (:mod:`.compiled_draft`) takes a pass over five rows in about half the eager time. It is compiled
 in the background once a reply drafts, adopted at a reply's start if it is faster here, and from
 then on the draft lengths are chosen with its measured costs.
+
+Whether it is faster here, and its costs, are decided once per model and machine and kept
+(:class:`~.pass_timing.Decisions`): the draft lengths, hence a seed's ids, depend on the costs.
+In a later session the kept decision holds from the first reply: a twin found slower is not
+compiled again, and a twin found faster lends its costs to the rounds before its compile ends
+(the eager passes meanwhile compute the same logits within float rounding, which flips a draw
+only when its uniform falls within that rounding of a boundary).
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ from typing import Any
 import torch
 
 from desktop.engine.decode.compiled_draft import CompiledTwin, take_compiled
-from desktop.engine.decode.pass_timing import TIMED_ROWS, rounded_cost, timed_ms
+from desktop.engine.decode.pass_timing import TIMED_ROWS, Decisions, rounded_cost, timed_ms
 from desktop.engine.decode.protocols import DecodingModel
 from desktop.engine.kernels.threads import torch_threads
 
 logger = logging.getLogger(__name__)
+# The kept decision (Decisions): whether the compiled twin verifies, and its costs.
+COMPILED = "verifier compiled"
 
 
 class Verifier:
@@ -30,13 +39,17 @@ class Verifier:
     the target itself); ``verify_cost``: each row a pass has beyond the first, likewise (None:
     the draft's measure of the target's, :func:`~.speculative.measure_costs`)."""
 
-    def __init__(self, eager: DecodingModel, new_cache: Callable[[int], Any]) -> None:
+    def __init__(
+        self, eager: DecodingModel, new_cache: Callable[[int], Any], decisions: Decisions | None = None
+    ) -> None:
         self.eager = eager
         self.model: DecodingModel = eager
         self.new_cache = new_cache
         self.twin: CompiledTwin | None = None
         self.base = 1.0
         self.verify_cost: float | None = None
+        self.decisions = decisions if decisions is not None else Decisions(None, "")
+        self.renewed = False  # its decision was made anew over an earlier one, not yet reported
 
     @property
     def compiled(self) -> bool:
@@ -44,9 +57,19 @@ class Verifier:
         return self.model is not self.eager
 
     def compile(self, start: Callable[[], CompiledTwin]) -> None:
-        """Start compiling (``start``), unless compiled already or compiling."""
+        """Start compiling (``start``), unless compiled already or compiling, or the twin was found
+        slower here before. One found faster lends its kept costs from now on."""
+        kept = self.decisions.recall(COMPILED)
+        if kept.get("compiled") == 0.0:
+            return
+        if kept:
+            self._adopt_costs(kept)
         if not self.compiled and self.twin is None:
             self.twin = start()
+
+    def _adopt_costs(self, kept: dict[str, float]) -> None:
+        self.base = kept.get("base", 1.0)
+        self.verify_cost = kept.get("verify_cost")
 
     def stop(self) -> None:
         """Stop a compile under way (speculative decoding was turned off, or the model closes): a
@@ -64,23 +87,32 @@ class Verifier:
         switched = take_compiled(self, self.eager)
         if switched is None:
             return
-        with torch_threads(threads):
-            step = timed_ms(self.eager, self.new_cache, 1)
-            eager_wide = timed_ms(self.eager, self.new_cache, TIMED_ROWS)
-            one = timed_ms(switched, self.new_cache, 1)
-            wide = timed_ms(switched, self.new_cache, TIMED_ROWS)
-        logger.info(
-            "verifying %d rows: %.2f ms eager, %.2f ms compiled (one row %.2f ms; a plain step %.2f ms)",
-            TIMED_ROWS,
-            eager_wide,
-            wide,
-            one,
-            step,
-        )
-        if wide < eager_wide:
+
+        def measure() -> dict[str, float]:
+            with torch_threads(threads):
+                step = timed_ms(self.eager, self.new_cache, 1)
+                eager_wide = timed_ms(self.eager, self.new_cache, TIMED_ROWS)
+                one = timed_ms(switched, self.new_cache, 1)
+                wide = timed_ms(switched, self.new_cache, TIMED_ROWS)
+            logger.info(
+                "verifying %d rows: %.2f ms eager, %.2f ms compiled (one row %.2f ms; a plain step %.2f ms)",
+                TIMED_ROWS,
+                eager_wide,
+                wide,
+                one,
+                step,
+            )
+            if wide >= eager_wide:
+                return {"compiled": 0.0}
+            verify_cost = rounded_cost((wide - one) / step / (TIMED_ROWS - 1))
+            return {"compiled": 1.0, "base": rounded_cost(one / step), "verify_cost": verify_cost}
+
+        with torch_threads(threads):  # kept per thread count, as the reply will run
+            kept, renewed = self.decisions.remember(COMPILED, measure)
+        self.renewed |= renewed
+        if kept.get("compiled") == 1.0:
             self.model = switched
-            self.base = rounded_cost(one / step)
-            self.verify_cost = rounded_cost((wide - one) / step / (TIMED_ROWS - 1))
+            self._adopt_costs(kept)
 
     def costs(self, verify_cost: float) -> tuple[float, float]:
         """(base, cost per extra row) of its passes; ``verify_cost``: the draft's measure of the

@@ -37,6 +37,7 @@ from desktop.engine.chat_template import message_dicts
 from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, no_head
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.decode.pass_timing import Decisions
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_decoded
 from desktop.engine.errors import CheckpointError, ContextError, DeviceError, TokenizerError
@@ -93,6 +94,7 @@ class HFBackend:
         self._info = info
         self._cache: KVCache | None = None
         self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
+        self._renewal_unsaid = False  # the load chose kernels anew; the first reply says so
         self._draft = DraftSlot()
 
     @classmethod
@@ -167,7 +169,12 @@ class HFBackend:
         self.model(ids, cache, last_only=True)
         self.model(ids[:, :1], cache, last_only=True)
         choices = self.model.kernel_choices()
-        self._info = replace(self._info, kernels=tuple(choice.line() for choice in choices))
+        self._info = replace(
+            self._info,
+            kernels=tuple(choice.line() for choice in choices),
+            choices_renewed=any(choice.renewed for choice in choices),
+        )
+        self._renewal_unsaid = self._info.choices_renewed  # the first reply says so
 
     def _new_cache(self, capacity: int) -> KVCache:
         # KVCache reads only the fields HFConfig shares with nanochat's ModelConfig.
@@ -241,6 +248,8 @@ class HFBackend:
             cap = min(self.config.rope_len, room)
             self._cache = self._new_cache(cap)
         draft = self._draft.for_reply(options.draft, self.draft)
+        if stats is not None and self._renewal_unsaid:
+            stats.choices_renewed, self._renewal_unsaid = True, False
         yield from stream_decoded(
             self.model,  # type: ignore[arg-type]  # the GPT call interface, duck-typed
             self.tok,
@@ -274,18 +283,25 @@ class HFBackend:
         opts = replace(self.load_options, device=str(self.model.device), dtype=spec.precision, tokenizer=None)
         other = HFBackend.open(spec.checkpoint, opts)
         check_same_tokenizer(other.tok, self.tok)
-        return self._ready(other.model, other.info().name)
+        theirs = other.info()
+        which = f"{Path(theirs.path).resolve()} {theirs.name} {spec.precision}"
+        return self._ready(other.model, theirs.name, which)
 
     def _self_draft(self, kind: str) -> Draft:
         return self._ready(self.model.with_kernels(kind), f"self ({kind})")
 
-    def _ready(self, model: HFCausalLM, name: str) -> Draft:
+    def _ready(self, model: HFCausalLM, name: str, which: str = "") -> Draft:
+        """A draft of ``model`` named ``name``; ``which`` identifies a checkpoint draft (its folder
+        and precision) where its decisions are kept (engine/decode/pass_timing.py)."""
+        info = self.info()
+        target = f"{info.family} {Path(info.path).resolve()} {self.load_options.dtype}"
+        kept = Decisions(self.model.tuner, target).under(which or name)
         config = model.config
 
         def new_cache(capacity: int) -> KVCache:
             return KVCache(config, 1, capacity, model.device, model.compute_dtype)  # type: ignore[arg-type]
 
-        return ready_draft(model, name, config.rope_len, new_cache, self.model, self._new_cache)  # type: ignore[arg-type]
+        return ready_draft(model, name, config.rope_len, new_cache, self.model, self._new_cache, kept)  # type: ignore[arg-type]
 
     def score(
         self,

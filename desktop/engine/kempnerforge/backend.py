@@ -39,6 +39,7 @@ from desktop.engine.backend import (
 from desktop.engine.chat_template import message_dicts
 from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, no_head
 from desktop.engine.decode.generation import begin_reply
+from desktop.engine.decode.pass_timing import Decisions
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_decoded
 from desktop.engine.errors import (
@@ -173,6 +174,7 @@ class KempnerForgeBackend:
         self.checkpoint, self.run_cfg, self.model, self.tok = checkpoint, run_cfg, model, tok
         self._cache: KFCache | None = None
         self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
+        self._renewal_unsaid = False  # the load chose kernels anew; the first reply says so
         self._draft = DraftSlot()
         cfg = run_cfg.model
         run, step = checkpoint.run, checkpoint.step
@@ -275,7 +277,12 @@ class KempnerForgeBackend:
                 self.model(ids)
             self.model(ids[:, :1])  # one row: the products choose their routes, shown in the tooltip
         choices = self.model.kernel_choices()
-        self._info = replace(self._info, kernels=tuple(choice.line() for choice in choices))
+        self._info = replace(
+            self._info,
+            kernels=tuple(choice.line() for choice in choices),
+            choices_renewed=any(choice.renewed for choice in choices),
+        )
+        self._renewal_unsaid = self._info.choices_renewed  # the first reply says so
 
     def info(self) -> ModelInfo:
         return self._info
@@ -347,6 +354,8 @@ class KempnerForgeBackend:
             self._cache = KFCache(cfg, want, self.model.device, self.model.compute_dtype)
         cache = self._cache
         draft = self._draft.for_reply(options.draft, self.draft)
+        if stats is not None and self._renewal_unsaid:
+            stats.choices_renewed, self._renewal_unsaid = True, False
 
         def plain() -> Iterator[TokenEvent]:  # KempnerForge's own sampler and loop
             with torch_threads(options.threads):
@@ -401,12 +410,19 @@ class KempnerForgeBackend:
         )
         other = KempnerForgeBackend.open(spec.checkpoint, opts)
         check_same_tokenizer(other.tok, self.tok)
-        return self._ready(other.model, other.info().name)
+        theirs = other.info()
+        which = f"{Path(theirs.path).resolve()} {theirs.name} {spec.precision}"
+        return self._ready(other.model, theirs.name, which)
 
     def _self_draft(self, kind: str) -> Draft:
         return self._ready(self.model.with_kernels(kind), f"self ({kind})")
 
-    def _ready(self, model: KFTransformer, name: str) -> Draft:
+    def _ready(self, model: KFTransformer, name: str, which: str = "") -> Draft:
+        """A draft of ``model`` named ``name``; ``which`` identifies a checkpoint draft (its folder
+        and precision) where its decisions are kept (engine/decode/pass_timing.py)."""
+        info = self.info()
+        target = f"{info.family} {Path(info.path).resolve()} {self.load_options.dtype}"
+        kept = Decisions(self.model.tuner, target).under(which or name)
         cfg, device = model.config, self.model.device
 
         def new_cache(capacity: int) -> KFCache:
@@ -415,7 +431,7 @@ class KempnerForgeBackend:
         def target_cache(capacity: int) -> KFCache:
             return KFCache(self.model.config, capacity, device, self.model.compute_dtype)
 
-        return ready_draft(model, name, cfg.max_seq_len, new_cache, self.model, target_cache)  # type: ignore[arg-type]
+        return ready_draft(model, name, cfg.max_seq_len, new_cache, self.model, target_cache, kept)  # type: ignore[arg-type]
 
     def score(
         self,

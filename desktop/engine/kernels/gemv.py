@@ -92,7 +92,10 @@ def few_rows() -> Iterator[None]:
     The sums run in another order than ``F.linear``'s one-row products, so the bits are not the
     plain path's: it is for speculative decoding's verification (decode/speculative.py), whose
     rows differ from one-row steps' bits whichever way they are computed; nothing that promises
-    nanochat's bits runs in it."""
+    nanochat's bits runs in it. Each route gives its own bits, so (unlike the one-row routes,
+    which all give ``F.linear``'s) the choice changes a verifying pass's numbers: it is kept per
+    machine and thread count like every timed choice (kernel_tuning), and a seed's speculative
+    reply repeats in the next session."""
     before = getattr(_few_rows, "on", False)
     _few_rows.on = True
     try:

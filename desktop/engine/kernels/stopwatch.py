@@ -4,7 +4,8 @@ Each sample is one product after evicting the caches (a big matrix, as in a deco
 mean of a few warm calls (a small one); lossy candidates are timed streaming through copies of
 their matrix in their own form, as a decode step streams its layers. The fastest sample counts:
 a busy machine only ever adds time. :class:`OtherLoad` says how busy the machine was meanwhile,
-so :mod:`.tuning` can decide whether to keep what it measured.
+which :mod:`.tuning` logs: what it measured is kept all the same (a choice once used must give the
+same numbers at the next start), and re-measured only when the user asks.
 """
 
 from __future__ import annotations

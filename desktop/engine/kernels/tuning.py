@@ -18,10 +18,28 @@ The error bound is checked on the real weight at every load (it depends on the v
 timings depend on the machine only and are cached in a JSON file keyed by the CPU, torch's
 version and the thread count, so later loads time nothing.
 
-Timing has a budget per process (:data:`TUNING_BUDGET_S`): on a busy machine the first answer
-once waited over a minute for it. Past the budget, a product not yet timed takes its safe
-default (``F.linear``'s own route in exact mode, exact fp32 in the lossy modes), which keeps
-every contract; nothing of it is saved, so the next start times what is left.
+A choice, once made, is kept: in the lossy modes (and in the few-row routes of a speculative
+verifying pass, exact mode included) another kernel computes other numbers, and the app promises
+that the same seed, prompt and settings give the same reply in the next session too (Compare
+and the history rely on it). So:
+
+* timings taken while other programs kept the CPU busy are saved like any others (a busy-time
+  choice keeps the mode's contract; it may not be the fastest), and an entry once timed is never
+  timed again, not even for a candidate added since, until the user asks (:meth:`KernelTuner.forget`,
+  :func:`remeasure`: Settings › "Re-measure kernels", ``nanoscope bench --retime``);
+* timing has a budget per process (:data:`TUNING_BUDGET_S`): on a busy machine the first answer
+  once waited over a minute for it. Past the budget, a product not yet timed takes its safe
+  default (``F.linear``'s own route in exact mode, exact fp32 in the lossy modes), which keeps
+  every contract, and that default is saved as its choice (:data:`UNTIMED`), so the next start
+  makes the same one rather than timing it and choosing otherwise;
+* other timing-driven choices that change the numbers (speculative decoding's draft costs and
+  its compiled twins) are kept beside the timings, under the same keys, by :meth:`KernelTuner.remember`.
+
+Where a choice must be made again (another CPU or torch version: the key differs; another
+thread count; the user re-measured), the entry is timed anew and flagged as :attr:`Choice.renewed`
+(:meth:`KernelTuner.renewed`): the backends report it as ``ModelInfo.choices_renewed`` and
+``GenerationStats.choices_renewed``, so the first reply can say that replies of this mode may
+differ from older ones.
 """
 
 from __future__ import annotations
@@ -68,8 +86,11 @@ TOLERANCE = {"fp16": 1e-3, "int8": 2e-2}
 TIMING_BYTES = 32 << 20
 MIN_PACKED_ROWS = 256
 ERROR_ROWS = 4  # random rows the error of a lossy candidate is measured with
-# Timings taken while other processes used more than this share of all cores are not saved.
+# Timings taken while other processes used more than this share of all cores are logged as such
+# (and saved all the same: a choice once used is kept, see the docstring).
 BUSY_SHARE = 0.25
+# The entry of a product that took its safe default past the budget: that is its choice, kept.
+UNTIMED = "untimed"
 # Seconds of timing one process spends at most (all shapes, all modes): an idle 2-core machine
 # times the demo in about 2 s, a d20 model's every shape in exact and fast mode in about 10 s.
 TUNING_BUDGET_S = 20.0
@@ -152,10 +173,15 @@ class Choice:
     chosen: str
     timings_us: dict[str, float] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # candidate -> why it was not used
+    # Chosen anew in this process where an earlier choice existed (another CPU, torch version or
+    # thread count; a re-measure): its numbers may differ from older replies'.
+    renewed: bool = False
 
     def line(self) -> str:
         n, k = self.shape
-        by_speed = sorted(self.timings_us.items(), key=lambda item: item[1])
+        by_speed = sorted(
+            ((name, us) for name, us in self.timings_us.items() if name != UNTIMED), key=lambda item: item[1]
+        )
         others = ", ".join(f"{name} {us:.0f}" for name, us in by_speed)
         refused = "; ".join(f"{name}: {why}" for name, why in self.refused.items())
         text = f"{n}×{k} {self.mode}: {self.chosen}"
@@ -166,7 +192,8 @@ class Choice:
 
 class KernelTuner:
     """Times candidate kernels once per machine, shape and thread count, and keeps the verdicts
-    (in memory, and in ``cache_file`` when given). Safe to share between worker threads."""
+    (in memory, and in ``cache_file`` when given) until :meth:`forget`. Safe to share between
+    worker threads."""
 
     def __init__(self, cache_file: Path | None = None, budget_s: float = TUNING_BUDGET_S) -> None:
         self.cache_file = cache_file
@@ -174,9 +201,13 @@ class KernelTuner:
         self.spent_s = 0.0  # seconds spent timing so far
         self.skipped = 0  # products that took their safe default: the budget was spent
         self._lock = threading.RLock()
+        # Entries chosen before under another key (machine, torch, thread count) or forgotten by a
+        # re-measure: choosing one of them now is a renewal (Choice.renewed).
+        self._earlier: set[str] = set()
+        self._forgotten: set[str] = set()  # this machine's entries a re-measure dropped, kept in the file
         self._timings: dict[str, dict[str, dict[str, float]]] = self._read()  # threads -> entry -> µs
         self.measured = 0  # candidates timed by this tuner (the cache's effect is visible here)
-        self._provisional: set[tuple[str, str]] = set()  # (threads, entry) timed on a busy machine
+        self._renewed: set[tuple[str, str]] = set()  # (threads, entry) chosen anew over an earlier choice
         self._choices: weakref.WeakKeyDictionary[object, Choice] = weakref.WeakKeyDictionary()
         self._listeners = threading.local()  # per thread: Compare's panes load side by side
 
@@ -199,16 +230,19 @@ class KernelTuner:
             data = read_json(self.cache_file, "state", max_depth=8, limit=MAX_CACHE_BYTES)
             if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
                 return {}
-            mine = data.get("machines", {}).get(machine_id(), {})
-            return {
-                threads: {
-                    entry: {name: float(us) for name, us in timings.items() if _is_timing(us)}
-                    for entry, timings in entries.items()
-                    if isinstance(timings, dict)
-                }
-                for threads, entries in mine.items()
-                if isinstance(entries, dict)
-            }
+            machines = data.get("machines", {})
+            mine = _entries(machines.get(machine_id(), {}))
+            # What was chosen under any key: met again under this one, it is chosen anew (an entry
+            # this key holds is never chosen again).
+            for theirs in machines.values():
+                for entries in _entries(theirs).values():
+                    self._earlier.update(entries)
+            forgotten = data.get("forgotten")
+            forgotten = forgotten.get(machine_id()) if isinstance(forgotten, dict) else None
+            if isinstance(forgotten, list):
+                self._forgotten = {entry for entry in forgotten if isinstance(entry, str)}
+            self._earlier |= self._forgotten
+            return mine
         except (FileRefused, AttributeError) as exc:
             logger.warning("kernel timings in %s not used (%s); timing again", self.cache_file, exc)
             return {}
@@ -218,19 +252,18 @@ class KernelTuner:
         if self.cache_file is None:
             return
         try:
-            data: dict = {"version": CACHE_VERSION, "machines": {}}
+            data: dict = {"version": CACHE_VERSION, "machines": {}, "forgotten": {}}
             if self.cache_file.exists():
                 try:
                     old = read_json(self.cache_file, "state", max_depth=8, limit=MAX_CACHE_BYTES)
-                    machines = old.get("machines") if isinstance(old, dict) else None
-                    if isinstance(machines, dict) and old.get("version") == CACHE_VERSION:
-                        data["machines"] = dict(machines)
+                    if isinstance(old, dict) and old.get("version") == CACHE_VERSION:
+                        for key in ("machines", "forgotten"):
+                            if isinstance(old.get(key), dict):
+                                data[key] = dict(old[key])
                 except FileRefused:
                     pass  # replaced below
-            data["machines"][machine_id()] = {
-                threads: {e: t for e, t in entries.items() if (threads, e) not in self._provisional}
-                for threads, entries in self._timings.items()
-            }
+            data["machines"][machine_id()] = self._timings
+            data["forgotten"][machine_id()] = sorted(self._forgotten)
             self.cache_file.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.cache_file.parent, prefix=".kernels-")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -240,15 +273,37 @@ class KernelTuner:
             logger.warning("could not save kernel timings to %s: %s", self.cache_file, exc)
 
     def forget(self) -> None:
-        """Drop this machine's timings, here and in the file: every candidate is timed again."""
+        """Re-measure: drop this machine's timings and kept choices, here and in the file, so
+        every product a later load builds is timed (and chosen) again, and flagged as renewed.
+        Models already loaded keep their kernels until they are loaded again."""
         with self._lock:
+            for entries in self._timings.values():
+                self._forgotten.update(entries)
+            self._earlier |= self._forgotten
             self._timings.clear()
-            self._provisional.clear()
+            self._renewed.clear()
+            self.spent_s = 0.0  # an asked-for re-measure has a budget of its own
             self._write()
+            logger.info("kernel choices forgotten: the next loads time them again")
 
     def timings(self, entry: str, threads: int) -> dict[str, float]:
         with self._lock:
             return dict(self._timings.get(str(threads), {}).get(entry, {}))
+
+    def renewed(self, entry: str, threads: int) -> bool:
+        """Whether ``entry`` was chosen anew in this process where an earlier choice existed
+        (another CPU, torch version or thread count, or a re-measure)."""
+        with self._lock:
+            return (str(threads), entry) in self._renewed
+
+    def _settle(self, entry: str, threads: int, values: dict[str, float]) -> None:
+        """Keep ``values`` as ``entry``'s, in memory and in the file (the lock is held)."""
+        self._timings.setdefault(str(threads), {})[entry] = values
+        if entry in self._earlier:
+            self._renewed.add((str(threads), entry))
+            logger.info("%s at %d threads: chosen anew (earlier replies may differ)", entry, threads)
+        self._forgotten.discard(entry)
+        self._write()
 
     def _measure(
         self,
@@ -258,44 +313,67 @@ class KernelTuner:
         time_them: Callable[[list[str]], dict[str, float]],
         scale: float = 1.0,
     ) -> dict[str, float]:
-        """µs per product of each of ``names`` not yet timed for ``entry``, by ``time_them`` (times
-        ``scale``, for a product timed on a slice of the matrix), saved to the file; then all of
-        ``entry``'s timings."""
+        """µs per product of each of ``names`` by ``time_them`` (times ``scale``, for a product
+        timed on a slice of the matrix), saved to the file; then ``entry``'s timings. An entry
+        timed once is kept as it is, whatever candidates are asked for now (a candidate it lacks
+        is not used): the choice it made is kept until :meth:`forget`. Past the budget the entry
+        is kept as :data:`UNTIMED`: every caller then takes its safe default, now and later."""
         with self._lock:
-            known = self._timings.setdefault(str(threads), {}).setdefault(entry, {})
-            missing = [name for name in names if name not in known]
-            if missing and self.spent_s >= self.budget_s:
+            known = self.timings(entry, threads)
+            if known:
+                return known
+            if self.spent_s >= self.budget_s:
                 if not self.skipped:
                     logger.info(
-                        "kernel timing passed its %.0f s budget: safe defaults until the next start",
+                        "kernel timing passed its %.0f s budget: safe defaults, kept as the choices",
                         self.budget_s,
                     )
                 self.skipped += 1
-                return dict(known)
-            if missing:
-                listener = getattr(self._listeners, "current", None)
-                if listener is not None:
-                    listener(self.spent_s, self.budget_s)
-                others = OtherLoad()
-                started = time.perf_counter()
-                with torch.inference_mode():
-                    timed = time_them(missing)
-                self.spent_s += time.perf_counter() - started
-                self.measured += len(timed)
-                known.update({name: round(us * scale, 2) for name, us in timed.items()})
-                busy = others.share()
-                if busy > BUSY_SHARE:
-                    # Kernels that need every core lose most on a busy machine, so these timings
-                    # would wrongly favour single-threaded ones for good: use them now, keep them
-                    # out of the file, and time again at the next start.
-                    self._provisional.add((str(threads), entry))
-                    logger.info(
-                        "timed %s while other programs used %.0f%% of the CPU; not saved", entry, 100 * busy
-                    )
-                else:
-                    self._provisional.discard((str(threads), entry))
-                    self._write()
-            return dict(known)
+                self._settle(entry, threads, {UNTIMED: 1.0})
+                return {UNTIMED: 1.0}
+            listener = getattr(self._listeners, "current", None)
+            if listener is not None:
+                listener(self.spent_s, self.budget_s)
+            others = OtherLoad()
+            started = time.perf_counter()
+            with torch.inference_mode():
+                timed = time_them(list(names))
+            self.spent_s += time.perf_counter() - started
+            self.measured += len(timed)
+            busy = others.share()
+            if busy > BUSY_SHARE:
+                # Kernels that need every core lose most on a busy machine, so this choice may
+                # favour a single-threaded one; it is kept all the same (it keeps the mode's
+                # contract, and replies must not change at the next start): Re-measure redoes it.
+                logger.info(
+                    "timed %s while other programs used %.0f%% of the CPU; kept until re-measured",
+                    entry,
+                    100 * busy,
+                )
+            values = {name: round(us * scale, 2) for name, us in timed.items()}
+            self._settle(entry, threads, values)
+            return dict(values)
+
+    def remember(self, entry: str, measure: Callable[[], dict[str, float]]) -> tuple[dict[str, float], bool]:
+        """``entry``'s values as kept for this machine and the calling thread's thread count, or
+        ``measure()``'s, kept from now on (no budget: a decision is asked for once); and whether
+        they were chosen anew over an earlier choice. For timing-driven decisions besides kernels
+        that change the numbers a reply computes (speculative decoding's costs and compiled twins)."""
+        threads = torch.get_num_threads()
+        with self._lock:
+            known = self.timings(entry, threads)
+        if not known:
+            with torch.inference_mode():  # outside the lock: Compare's other panes go on meanwhile
+                values = {name: float(value) for name, value in measure().items() if _is_timing(value)}
+            with self._lock:
+                known = self.timings(entry, threads) or values  # another thread may have settled it
+                if known is values:
+                    self._settle(entry, threads, values)
+        return dict(known), self.renewed(entry, threads)
+
+    def recall(self, entry: str) -> dict[str, float]:
+        """``entry``'s values as :meth:`remember` kept them at this thread count ({}: none yet)."""
+        return self.timings(entry, torch.get_num_threads())
 
     def verdict(self, entry: str, threads: int, check: Callable[[], bool]) -> bool:
         """Whether ``check`` held for ``entry`` at ``threads`` threads on this machine. It is run
@@ -308,8 +386,7 @@ class KernelTuner:
         with torch.inference_mode():  # outside the lock: Compare's other panes go on meanwhile
             same = check()
         with self._lock:
-            self._timings.setdefault(str(threads), {})[entry] = {"same": float(same)}
-            self._write()
+            self._settle(entry, threads, {"same": float(same)})
             logger.info("%s at %d threads: %s", entry, threads, "same bits" if same else "other bits")
             return same
 
@@ -330,10 +407,11 @@ class KernelTuner:
 
         entry = _exact_entry(product) + (f" {rows} rows" if rows > 1 else "")
         timed = self._measure(entry, threads, list(routes), time_them)
-        if not all(name in timed for name in routes):  # past the budget: the safe route first
+        if UNTIMED in timed:  # past the budget: the safe route first (and at every later start)
             safe = "by parts" if "by parts" in routes else "F.linear"
             return [safe, *(name for name in routes if name != safe)]
-        return sorted(routes, key=lambda name: timed[name])
+        # A route the kept entry lacks comes last: the choice once made stays.
+        return sorted(routes, key=lambda name: timed.get(name, float("inf")))
 
     # ----- building products ----------------------------------------------------------------------
 
@@ -371,21 +449,24 @@ class KernelTuner:
         # conversion, and fp32 keeps every contract.
         candidates = {c.name: c for c in (*_candidates(kind), Candidate("fp32 exact", self.exact))}
         with self._lock:
-            timed = self.timings(entry, threads)
-            untimed = [c for name, c in candidates.items() if name not in timed]
-            if untimed:
-                timed = self._time_candidates(entry, threads, weight, untimed, refused)
+            timed = self._time_candidates(entry, threads, weight, list(candidates.values()), refused)
+        renewed = self.renewed(entry, threads)
         bound = TOLERANCE[kind]
         for name in sorted((name for name in timed if name in candidates), key=timed.__getitem__):
             kernel = candidates[name].build(weight)
             error = relative_error(kernel, weight)
             if error <= bound:
                 with self._lock:  # Compare's panes load on their own threads
-                    self._choices[kernel] = Choice((n, k), kind, name, timed, refused)
+                    self._choices[kernel] = Choice((n, k), kind, name, timed, refused, renewed)
                 return kernel
             refused[name] = f"error {error:.1e} > {bound:.0e}"
-        logger.info("%s %dx%d: no candidate within %.0e; exact fp32", kind, n, k, bound)
-        return self.exact(weight)
+        if UNTIMED not in timed:
+            logger.info("%s %dx%d: no candidate within %.0e; exact fp32", kind, n, k, bound)
+        kernel = self.exact(weight)
+        with self._lock:  # what the status bar and the renewal flag read
+            why = "untimed" if UNTIMED in timed else "none within the bound"
+            self._choices[kernel] = Choice((n, k), kind, f"fp32 exact ({why})", {}, refused, renewed)
+        return kernel
 
     def _time_candidates(
         self,
@@ -439,6 +520,21 @@ class KernelTuner:
         return list(seen.values())
 
 
+def _entries(machine: object) -> dict[str, dict[str, dict[str, float]]]:
+    """One machine's entries from the file (thread count -> entry -> values), what is well formed."""
+    if not isinstance(machine, dict):
+        return {}
+    return {
+        threads: {
+            entry: {name: float(us) for name, us in timings.items() if _is_timing(us)}
+            for entry, timings in entries.items()
+            if isinstance(timings, dict)
+        }
+        for threads, entries in machine.items()
+        if isinstance(entries, dict)
+    }
+
+
 def _is_timing(value: object) -> bool:
     """A time in µs as this cache writes it. Compared before ``float()``: a 400-digit integer in
     a damaged file would overflow it."""
@@ -470,6 +566,14 @@ def tuner_for(cache_file: Path | None) -> KernelTuner:
         if cache_file not in _shared:
             _shared[cache_file] = KernelTuner(cache_file)
         return _shared[cache_file]
+
+
+def remeasure(cache_file: Path | None) -> None:
+    """Settings › "Re-measure kernels" (and ``nanoscope bench --retime``): forget this machine's
+    kernel choices and kept speculative decisions in ``cache_file``, for this process's tuner and
+    the next start's. The models loaded next time every product again; their first replies are
+    flagged (``ModelInfo.choices_renewed``) as possibly differing from older ones."""
+    tuner_for(cache_file).forget()
 
 
 def tuning_progress(report: Callable[[int, str], None], start: int, end: int) -> TuningListener:

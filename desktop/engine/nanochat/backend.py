@@ -29,6 +29,7 @@ from desktop.engine.backend import (
 from desktop.engine.decode.drafts import DraftSpec
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.decode.pass_timing import Decisions
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.decode.speculative import Draft, DraftSlot, stream_decoded
 from desktop.engine.decode.verifier import Verifier
@@ -86,7 +87,8 @@ class NanochatBackend:
         self._info = self._describe()
         self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
         self._draft = DraftSlot()
-        self._verifier: Verifier | None = Verifier(self.model, cache_of(self.model))
+        self._verifier: Verifier | None = Verifier(self.model, cache_of(self.model), self.decisions())
+        self._renewal_unsaid = False  # the load chose kernels anew; the first reply says so
 
     @classmethod
     def open(
@@ -123,7 +125,16 @@ class NanochatBackend:
             self._info,
             kernels=tuple(choice.line() for choice in choices),
             precision=shown_precision(self._info.precision, choices),
+            choices_renewed=any(choice.renewed for choice in choices),
         )
+        self._renewal_unsaid = self._info.choices_renewed
+
+    def decisions(self) -> Decisions:
+        """Where speculative decoding's timing-driven decisions for this model are kept, beside
+        its kernel timings (engine/decode/pass_timing.py)."""
+        loaded = self.loaded
+        key = f"nanochat {loaded.directory.resolve()} step {loaded.step} {loaded.precision.name}"
+        return Decisions(self.model.tuner, key)
 
     def _describe(self) -> ModelInfo:
         loaded, cfg = self.loaded, self.loaded.config
@@ -215,6 +226,8 @@ class NanochatBackend:
         draft = self._draft.for_reply(options.draft, self.draft)
         if draft is None and self._verifier is not None:
             self._verifier.stop()  # speculative decoding is off: no compile slows plain replies
+        if stats is not None and self._renewal_unsaid:
+            stats.choices_renewed, self._renewal_unsaid = True, False
         yield from stream_decoded(
             self.model,
             self.tok,
@@ -245,7 +258,13 @@ class NanochatBackend:
 
         def make(spec: DraftSpec) -> Draft:
             draft = make_draft(
-                self.loaded, self.tok, spec, find_tokenizer, opts.kernel_cache, opts.compile_drafts
+                self.loaded,
+                self.tok,
+                spec,
+                find_tokenizer,
+                opts.kernel_cache,
+                opts.compile_drafts,
+                self.decisions(),
             )
             start = verifier_compile(self.loaded) if opts.compile_drafts else None
             if start is not None and self._verifier is not None:

@@ -26,6 +26,7 @@ import torch
 from desktop.engine.decode.compiled_draft import COMPILED_ROWS, CompiledTwin, why_not_compiled
 from desktop.engine.decode.drafts import AUTO, MTP, DraftSpec, check_same_tokenizer
 from desktop.engine.decode.kvcache import KVCache
+from desktop.engine.decode.pass_timing import Decisions
 from desktop.engine.decode.protocols import Tokenizer
 from desktop.engine.decode.speculative import K_MAX, Draft, cheapest, measure_costs, ready_draft
 from desktop.engine.kernels.device import pick_precision
@@ -100,8 +101,11 @@ def why_stays_eager(loaded: LoadedModel) -> str | None:
 
 
 def _compile_in_background(draft: Draft, other: LoadedModel) -> None:
-    """Start compiling a checkpoint draft's forward, where it can be."""
+    """Start compiling a checkpoint draft's forward, where it can be and may pay (it was not
+    found slower here before: pass_timing.Decisions)."""
     why = why_stays_eager(other)
+    if why is None and not draft.should_compile():
+        why = "its compiled form was slower here (Re-measure kernels to time it again)"
     if why is not None:
         logger.info("draft %s stays eager: %s", draft.name, why)
         return
@@ -149,7 +153,9 @@ def cache_of(model: GPT) -> Callable[[int], KVCache]:
     return lambda capacity: KVCache(model.config, 1, capacity, model.device, model.compute_dtype)
 
 
-def _self_draft(loaded: LoadedModel, precision: str, kernel_cache: Path | None) -> Draft:
+def _self_draft(
+    loaded: LoadedModel, precision: str, kernel_cache: Path | None, decisions: Decisions | None
+) -> Draft:
     model = _shared(loaded, precision, kernel_cache)
     if model is None:
         model = load_model(
@@ -158,16 +164,19 @@ def _self_draft(loaded: LoadedModel, precision: str, kernel_cache: Path | None) 
     release_freed_memory()  # conversions and tuning buffers, freed, go back to the OS
     target = loaded.model
     name = f"self ({precision})"
-    return ready_draft(model, name, model.config.rope_len, cache_of(model), target, cache_of(target))
+    kept = decisions.under(name) if decisions is not None else None
+    return ready_draft(model, name, model.config.rope_len, cache_of(model), target, cache_of(target), kept)
 
 
-def _head_draft(loaded: LoadedModel) -> Draft:
+def _head_draft(loaded: LoadedModel, decisions: Decisions | None) -> Draft:
     """The checkpoint's MTP head reading the target's hidden states, its costs measured (one line
     where it has none)."""
     target = loaded.model
     model = HeadDraft(target, load_head(loaded))
     release_freed_memory()  # the mapped file's pages and the conversions go back to the OS
     draft = Draft(model, "MTP head", target.config.rope_len, model.new_cache, cap=1, needs=2, follow=follow)
+    if decisions is not None:
+        draft.decisions = decisions.under(draft.name)
     measure_costs(target, cache_of(target), draft)
     return draft
 
@@ -179,12 +188,16 @@ def make_draft(
     find_tokenizer: FindTokenizer,
     kernel_cache: Path | None = None,
     compile_draft: bool = False,
+    decisions: Decisions | None = None,
 ) -> Draft:
     """The draft ``spec`` names for the target ``loaded`` (whose tokenizer is ``tok``).
-    ``compile_draft``: a checkpoint draft's forward is compiled in the background, where it can."""
+    ``compile_draft``: a checkpoint draft's forward is compiled in the background, where it can.
+    ``decisions``: where the target's speculative decisions are kept (each draft's under it)."""
     if spec.checkpoint is None:
         makers = [
-            partial(_head_draft, loaded) if made == MTP else partial(_self_draft, loaded, made, kernel_cache)
+            partial(_head_draft, loaded, decisions)
+            if made == MTP
+            else partial(_self_draft, loaded, made, kernel_cache, decisions)
             for made in self_candidates(loaded, spec)
         ]
         return cheapest(makers)
@@ -195,7 +208,9 @@ def make_draft(
     check_same_tokenizer(find_tokenizer(other.directory, cfg.vocab_size, cfg.is_fork), tok)
     model, target = other.model, loaded.model
     name = f"{other.directory.name} · step {other.step:,}"
-    draft = ready_draft(model, name, model.config.rope_len, cache_of(model), target, cache_of(target))
+    which = f"{other.directory.resolve()} step {other.step} {other.precision.name}"
+    kept = decisions.under(which) if decisions is not None else None
+    draft = ready_draft(model, name, model.config.rope_len, cache_of(model), target, cache_of(target), kept)
     if compile_draft:
         _compile_in_background(draft, other)
     return draft
