@@ -297,6 +297,7 @@ RUN_ENGINE_WORK = {
     "desktop.qt.model.slot": "a KempnerForge run's remembered config",
     "desktop.qt.app.background": "folder scans and checkpoint summaries",
     "desktop.qt.app.hf_export_task": "the Hugging Face export",
+    "desktop.qt.app.remeasure_task": "Settings › Re-measure kernels forgets the kept kernel choices",
     "desktop.qt.app.smoke": "the smoke test finds the demo's steps",
     "desktop.qt.compare.memory_check": "the memory estimate of the picked checkpoints",
     "desktop.qt.run.report_task": "the report card",

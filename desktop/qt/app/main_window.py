@@ -13,6 +13,7 @@ from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QTabWidget
 
+from desktop.config import paths
 from desktop.config.keystore import keystore
 from desktop.config.paths import nanochat_base_dir
 from desktop.config.servers import publish as publish_servers
@@ -21,6 +22,7 @@ from desktop.engine.backend import ModelInfo
 from desktop.qt.app.background import Background
 from desktop.qt.app.hf_export_task import HFExportTask
 from desktop.qt.app.log_folder import open_log_folder
+from desktop.qt.app.remeasure_task import RemeasureTask
 from desktop.qt.app.shortcuts_dialog import ShortcutsDialog
 from desktop.qt.chat.controller import ChatController
 from desktop.qt.chat.page import ChatPage
@@ -141,6 +143,10 @@ class MainWindow(QMainWindow):
             checked=self.settings.get("enter_sends"),
         )
         action("&Settings", "Servers…", None, self._open_servers)
+        self.remeasure = RemeasureTask(self)
+        self.remeasure.forgotten.connect(self._on_kernels_forgotten)
+        self.remeasure.failed.connect(lambda title, message: self._on_notice("error", title, message))
+        action("&Settings", "Re-measure kernels", None, self._remeasure_kernels)
         action("&Help", "Keyboard shortcuts", "F1", lambda: ShortcutsDialog(self).exec())
         action("&Help", "Open log folder", None, open_log_folder)
 
@@ -219,6 +225,21 @@ class MainWindow(QMainWindow):
             self.compare_view.set_sampling(self.chat_page.sampling_state.values())
             self.compare_view.set_draft(self.sampling.speculative.value()[0])
         self._sync_sidebar()
+
+    def _remeasure_kernels(self) -> None:
+        """Time every product again: the kept choices go, and the chat's model reloads to re-time."""
+        if not self.remeasure.start(paths.kernel_timings_file()):
+            self.banner.show_warning("Re-measure kernels", "A re-measure is already running.")
+
+    def _on_kernels_forgotten(self) -> None:
+        info = self.controller.model_info
+        if info is not None and info.step is not None:
+            self.controller.load_checkpoint(Path(info.path), info.step)  # times its products again
+        self.banner.show_info(
+            "Re-measure kernels",
+            "Each model times its products again when it loads; "
+            "in the fast and int8 modes its next replies may differ from older ones.",
+        )
 
     def _open_servers(self) -> None:
         """Settings › Servers; on OK the engine and the model lists learn the new servers."""
@@ -317,5 +338,6 @@ class MainWindow(QMainWindow):
                 self.compare.shutdown()
             self.run_page.shutdown()
             self.hf_export.stop(wait=30.0)  # it ends at its next stage and removes its folder
+            self.remeasure.stop(wait=30.0)  # it ends once the tuner's lock is free
             self.controller.shutdown()
         super().closeEvent(event)
