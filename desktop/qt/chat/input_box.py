@@ -58,9 +58,11 @@ class _Editor(QPlainTextEdit):
 
 
 class InputBox(QFrame):
-    """Signals: send_requested(str), stop_requested(), text_changed() (e.g. to count tokens)."""
+    """Signals: send_requested(str), stop_requested(), text_changed() (e.g. to count tokens),
+    refused() (the user tried to send while a reply comes; the text stays in the box)."""
 
     send_requested = Signal(str)
+    refused = Signal()
     stop_requested = Signal()
     text_changed = Signal()
 
@@ -207,7 +209,10 @@ class InputBox(QFrame):
 
     def _submit(self) -> None:
         text = self.editor.toPlainText()
-        if self.generating or not text.strip():
+        if not text.strip():
+            return
+        if self.generating:
+            self.refused.emit()
             return
         self.send_requested.emit(text)
 
