@@ -26,6 +26,8 @@ from desktop.qt.widgets import common, icons, theme
 MAX_VISIBLE_LINES = 8
 COLUMN_MAX_WIDTH = 860  # the chat column's width, so the box lines up with the messages
 PLACEHOLDER = "Message the model…"
+STOP_TIP = "Stop generating (Esc); the partial reply is kept"
+STOP_WAITING_TIP = "Stop waiting for the model (Esc); your message goes back to the box"
 
 
 class _Editor(QPlainTextEdit):
@@ -90,7 +92,7 @@ class InputBox(QFrame):
         self.stop_btn.setObjectName("Danger")
         self.stop_btn.setIconSize(QSize(16, 16))
         self.stop_btn.setAccessibleName("Stop generating")
-        self.stop_btn.setToolTip("Stop generating (Esc); the partial reply is kept")
+        self.stop_btn.setToolTip(STOP_TIP)
         self.stop_btn.setCursor(Qt.CursorShape.PointingHandCursor)
         self.stop_btn.hide()
 

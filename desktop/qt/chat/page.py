@@ -23,7 +23,7 @@ from desktop.qt.app.background import Background
 from desktop.qt.chat.chat_view import ChatView
 from desktop.qt.chat.controller import ONE_WAITS, ChatController
 from desktop.qt.chat.history_sidebar import HistorySidebar
-from desktop.qt.chat.input_box import InputBox
+from desktop.qt.chat.input_box import STOP_TIP, STOP_WAITING_TIP, InputBox
 from desktop.qt.widgets.checkpoint_picker import CheckpointPicker
 from desktop.qt.widgets.error_banner import ErrorBanner
 from desktop.qt.widgets.model_picker import ModelPicker
@@ -338,6 +338,7 @@ class ChatPage(QWidget):
         """A message waits for the model: shown in the chat; Stop (and Esc) gives it back."""
         self.chat.set_waiting(text, line, percent)
         self.input.set_generating(bool(text) or self.controller.busy)
+        self.input.stop_btn.setToolTip(STOP_WAITING_TIP if text else STOP_TIP)
 
     def _give_back(self, text: str, prefill: str) -> None:
         """A message that waited in vain goes back to the box, before anything typed since."""

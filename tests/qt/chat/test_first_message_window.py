@@ -14,6 +14,7 @@ import pytest
 from PySide6.QtCore import Qt
 from support.window import WAIT, banner_says, open_window
 
+from desktop.config import paths
 from desktop.qt.app.main_window import MainWindow
 
 QUESTION = "What is 12 times 7?"
@@ -115,6 +116,7 @@ def test_esc_gives_the_waiting_message_back_and_the_model_still_loads(qtbot, win
         win.chat_page.load_step(Path("/fake/m"), 7)
         type_and_enter(qtbot, win, QUESTION)
         assert win.chat.waiting.isVisibleTo(win)
+        assert win.input.stop_btn.toolTip().startswith("Stop waiting for the model (Esc)")
         qtbot.keyClick(win.input.editor, Qt.Key.Key_Escape)
         assert win.input.text() == QUESTION and win.chat.waiting.isHidden()
     assert win.controller.session.messages == [] and not win.controller.busy
@@ -130,3 +132,18 @@ def test_a_second_message_while_one_waits_is_refused_visibly_and_kept(qtbot, win
         assert banner_says(win, "Not sent yet") and win.input.text() == "and 13 times 7?"
     assert [m.plain_text() for m in win.controller.session.messages] == [QUESTION, f"echo: {QUESTION}"]
     assert win.input.text() == "and 13 times 7?"
+
+
+def test_with_no_model_to_load_the_waiting_message_comes_back_and_later_ones_are_refused_at_once(
+    qtbot, windows, loop, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(paths, "demo_checkpoint", lambda: None)  # an installation without the demo
+    win = started(qtbot, windows, monkeypatch, tmp_path / "no-checkpoints", fake=True)
+    with qtbot.waitSignal(win.background.checkpoints_found, timeout=WAIT):
+        type_and_enter(qtbot, win, QUESTION)
+        assert win.chat.waiting.isVisibleTo(win) and win.input.text() == ""
+    assert win.input.text() == QUESTION and win.chat.waiting.isHidden()
+    assert banner_says(win, "No checkpoints yet") and win.input.send_btn.isVisibleTo(win)
+    type_and_enter(qtbot, win, QUESTION)  # nothing is coming now: said at once, and kept
+    assert banner_says(win, "No model loaded") and win.input.text() == QUESTION
+    assert win.chat.waiting.isHidden() and win.controller.store.list_conversations() == []
