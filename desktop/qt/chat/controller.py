@@ -108,7 +108,8 @@ class ChatController(QObject):
         self._wait_timer.setInterval(1000)  # the time waited moves while nothing else does
         self._wait_timer.timeout.connect(self._on_waiting_changed)
         s = self.slot
-        s.loading.connect(self._on_loading)
+        s.loading.connect(self.waiting.progress)
+        s.loading.connect(self.model_loading)
         s.loaded.connect(self._on_loaded)
         s.load_failed.connect(self._on_load_failed)
         s.notice.connect(self.notice)
@@ -151,25 +152,23 @@ class ChatController(QObject):
         """The first scan found nothing to load: a waiting message goes back to the box."""
         self._give_back(self.waiting.failed())
 
-    def _on_loading(self, percent: int, step: str) -> None:
-        self.waiting.progress(percent, step)
-        self.model_loading.emit(percent, step)
-
     def _on_loaded(self, info: ModelInfo) -> None:
         if not is_demo(Path(info.path)):
             self.settings.set("last_checkpoint", {"dir": info.path, "step": info.step})
         self.session.set_context_length(info.context_length)
+        held = self.waiting.arrived()  # first: a send from a model_loaded handler goes straight on
         self.model_loaded.emit(info)
-        held = self.waiting.arrived()
-        if held is not None and not self.busy:
+        if held is not None and self.busy:  # that handler (or a regeneration meanwhile) went first
+            self._give_back(held)
+        elif held is not None:
             self._answer(held)
 
     def _on_load_failed(self, target: str, reason: str) -> None:
         self.model_load_failed.emit(target, reason)
         held = self.waiting.failed()
-        back = "; your message is back in the box" if held is not None else ""
         # The folder's name in the title (the reason names the file in full, and elides last).
-        self.notice.emit("error", f"Could not load {Path(target).name or target}", reason + back)
+        back = reason + ("; your message is back in the box" if held is not None else "")
+        self.notice.emit("error", f"Could not load {Path(target).name or target}", back)
         self._give_back(held)
 
     def _give_back(self, held: HeldMessage | None) -> None:
