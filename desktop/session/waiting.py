@@ -15,11 +15,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from desktop.engine.discovery import run_tag, source_of
 from desktop.engine.params import SamplingParams
 from desktop.session.observable import Events
 
 LOOKING = "looking for checkpoints…"
+
+
+def target_name(path: Path, step: int | None) -> str:
+    """What loads, as the picker names it: "sft/d20 step 2,400" (a folder of another kind by its
+    name)."""
+    source = source_of(path)
+    name = f"{source}/{run_tag(path)}" if source else path.name
+    return name if step is None else f"{name} step {step:,}"
 
 
 @dataclass(frozen=True)

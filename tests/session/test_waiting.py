@@ -6,7 +6,7 @@ back), a second one is refused, and nothing is held when no model is coming at a
 from __future__ import annotations
 
 from desktop.engine.params import SamplingParams
-from desktop.session.waiting import LOOKING, HeldMessage, ModelWait
+from desktop.session.waiting import LOOKING, HeldMessage, ModelWait, target_name
 
 
 class Clock:
@@ -80,3 +80,9 @@ def test_cancel_gives_the_message_back_and_the_model_still_comes() -> None:
     assert held is not None and wait.held is None and wait.coming
     assert wait.cancel() is None
     assert wait.arrived() is None  # nothing to answer once it is loaded
+
+
+def test_what_loads_is_named_as_the_picker_names_it(tmp_path) -> None:
+    run = tmp_path / "chatsft_checkpoints" / "d20"
+    assert target_name(run, 2400) == "sft/d20 step 2,400"
+    assert target_name(tmp_path / "my-export", None) == "my-export"

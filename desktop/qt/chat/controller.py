@@ -25,7 +25,7 @@ from desktop.engine.params import SamplingParams
 from desktop.qt.model.slot import ModelSlot
 from desktop.session.compare.pane_run import Fork, fork_of
 from desktop.session.conversation import ConversationSession, continuation, refork, reply_message
-from desktop.session.waiting import HeldMessage, ModelWait
+from desktop.session.waiting import HeldMessage, ModelWait, target_name
 from desktop.store import HistoryStore, StreamingWriter
 from desktop.store.export import to_json, to_markdown
 
@@ -141,7 +141,7 @@ class ChatController(QObject):
     def load_checkpoint(self, path: Path, step: int | None, config: Path | None = None) -> None:
         """Load a checkpoint; a reply in flight is stopped first (the worker ends it, then loads).
         ``config``: a KempnerForge run's training TOML, when the user picked one."""
-        self.waiting.loading(f"{Path(path).name} step {step:,}" if step is not None else Path(path).name)
+        self.waiting.loading(target_name(Path(path), step))
         self.slot.load(path, step, config)
 
     def looking_for_model(self) -> None:

@@ -78,8 +78,10 @@ def test_a_message_sent_as_the_window_opens_waits_for_the_model_and_is_answered(
     assert win.controller.session.messages[1].plain_text() == f"echo: {QUESTION}"
     # It said what it waited for, from the load's own reports, in order.
     assert shown[0] == "Waiting for a model · looking for checkpoints…"
-    assert "Waiting for d4 step 20 to load · 0%" in shown
-    assert any(line.startswith("Waiting for d4 step 20 to load · reading the fake (50%)") for line in shown)
+    assert "Waiting for sft/d4 step 20 to load · 0%" in shown
+    assert any(
+        line.startswith("Waiting for sft/d4 step 20 to load · reading the fake (50%)") for line in shown
+    )
     assert win.controller.store.list_conversations()[0].title == QUESTION
 
 
@@ -89,7 +91,7 @@ def test_on_a_busy_machine_the_real_model_loads_slowly_and_the_message_still_get
     win = started(qtbot, windows, monkeypatch, nanochat_base, fake=False)
     win.sampling.set_values({"max_tokens": 4})
     shown = answered_after_waiting(qtbot, win)
-    loading = [line for line in shown if line.startswith("Waiting for d4 step 20 to load")]
+    loading = [line for line in shown if line.startswith("Waiting for sft/d4 step 20 to load")]
     assert loading and any("%)" in line for line in loading)  # the engine's own steps, with progress
     reply = win.controller.session.messages[1]
     assert "error" not in reply.meta and reply.meta["stats"]["new_tokens"] > 0
