@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
-from support.window import WAIT, banner_says, open_window
+from support.window import WAIT, action, banner_says, open_window
 
 from desktop.config import paths
 from desktop.qt.app.main_window import MainWindow
@@ -102,9 +102,13 @@ def test_a_failed_load_gives_the_message_back_with_the_reason(qtbot, windows, lo
     windows.append(win)
     with qtbot.waitSignal(win.controller.model_load_failed, timeout=WAIT):
         win.chat_page.load_step(Path("/fake/broken"), 1)
+        qtbot.mouseClick(win.input.prefill_btn, Qt.MouseButton.LeftButton)  # the reply starts so
+        win.input.prefill_edit.setText("It is")
         type_and_enter(qtbot, win, QUESTION)
         assert win.chat.waiting.line.startswith("Waiting for broken step 1 to load")
+        assert win.input.prefill_edit.text() == ""
     assert win.input.text() == QUESTION and win.chat.waiting.isHidden()
+    assert win.input.prefill() == "It is"
     assert banner_says(win, "Could not load broken")
     assert "truncated or corrupt" in win.banner.message.text()
     assert "back in the box" in win.banner.message.text()
@@ -149,3 +153,14 @@ def test_with_no_model_to_load_the_waiting_message_comes_back_and_later_ones_are
     type_and_enter(qtbot, win, QUESTION)  # nothing is coming now: said at once, and kept
     assert banner_says(win, "No model loaded") and win.input.text() == QUESTION
     assert win.chat.waiting.isHidden() and win.controller.store.list_conversations() == []
+
+
+def test_a_new_chat_while_a_message_waits_gives_it_back_and_the_new_chat_stays_empty(qtbot, windows, loop):
+    win = open_window(qtbot)
+    windows.append(win)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=WAIT):
+        win.chat_page.load_step(Path("/fake/m"), 7)
+        type_and_enter(qtbot, win, QUESTION)
+        action(win, "New chat").trigger()  # Ctrl+N
+        assert win.input.text() == QUESTION and win.chat.waiting.isHidden()
+    assert win.controller.session.messages == [] and not win.controller.busy
