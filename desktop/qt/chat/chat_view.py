@@ -167,13 +167,15 @@ class ChatView(QWidget):
     def set_waiting(self, text: str, line: str, percent: int) -> None:
         """Show ``text`` (the user's message, "" for none) after the conversation, waiting for the
         model, with ``line`` saying for what and the load's ``percent``."""
+        appears = bool(text) and self.waiting.isHidden()
         if text:
             self.waiting.show_waiting(text, line, percent)
+        if appears:
             self.column.box.removeWidget(self.waiting)  # right after the messages
             self.column.box.insertWidget(len(self.widgets), self.waiting)
         self.waiting.setVisible(bool(text))
         self._update_page()
-        if text:
+        if appears:  # once: reading back up while it waits is not interrupted by its progress
             self.scroll_to_bottom()
 
     def clear(self) -> None:
