@@ -191,6 +191,7 @@ class MainWindow(QMainWindow):
         apply_theme(_qapp(), self.settings.get("theme"))
         self.controller.refresh_list()
         self.background.servers = publish_servers(self.settings)
+        self.controller.looking_for_model()  # a message sent meanwhile waits for what it finds
         self.background.scan()
         for warning in self.settings.warnings:
             self.banner.show_warning("Settings reset", warning)

@@ -25,6 +25,7 @@ from superqt.utils import qdebounced
 
 from desktop.engine.messages import Message, TokenEvent
 from desktop.qt.chat.message_widget import MessageWidget
+from desktop.qt.chat.waiting_block import WaitingBlock
 from desktop.qt.widgets import icons, theme
 from desktop.qt.widgets.token_records import TokenRecord, records_of
 
@@ -96,6 +97,9 @@ class ChatView(QWidget):
         self.notice.hide()
 
         self.column = _Column()
+        self.waiting = WaitingBlock()  # a message sent before the model was ready, last
+        self.waiting.hide()
+        self.column.box.addWidget(self.waiting)
         self.scroll_area = QScrollArea()
         self.scroll_area.setObjectName("ChatScroll")
         self.scroll_area.setWidgetResizable(True)
@@ -159,6 +163,20 @@ class ChatView(QWidget):
         """A strip above the conversation (e.g. completion mode); None hides it."""
         self.notice.setText(text or "")
         self.notice.setVisible(bool(text))
+
+    def set_waiting(self, text: str, line: str, percent: int) -> None:
+        """Show ``text`` (the user's message, "" for none) after the conversation, waiting for the
+        model, with ``line`` saying for what and the load's ``percent``."""
+        appears = bool(text) and self.waiting.isHidden()
+        if text:
+            self.waiting.show_waiting(text, line, percent)
+        if appears:
+            self.column.box.removeWidget(self.waiting)  # right after the messages
+            self.column.box.insertWidget(len(self.widgets), self.waiting)
+        self.waiting.setVisible(bool(text))
+        self._update_page()
+        if appears:  # once: reading back up while it waits is not interrupted by its progress
+            self.scroll_to_bottom()
 
     def clear(self) -> None:
         for w in self.widgets:
@@ -283,7 +301,8 @@ class ChatView(QWidget):
             w.set_actions_pinned(w is self.widgets[-1])
 
     def _update_page(self) -> None:
-        self.stack.setCurrentWidget(self.scroll_area if self.messages else self.placeholder)
+        shown = self.messages or not self.waiting.isHidden()
+        self.stack.setCurrentWidget(self.scroll_area if shown else self.placeholder)
         self._place_jump_button()
 
     # ----- raw tokens ------------------------------------------------------------------------

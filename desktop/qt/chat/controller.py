@@ -25,6 +25,7 @@ from desktop.engine.params import SamplingParams
 from desktop.qt.model.slot import ModelSlot
 from desktop.session.compare.pane_run import Fork, fork_of
 from desktop.session.conversation import ConversationSession, continuation, refork, reply_message
+from desktop.session.waiting import HeldMessage, ModelWait, target_name
 from desktop.store import HistoryStore, StreamingWriter
 from desktop.store.export import to_json, to_markdown
 
@@ -33,6 +34,7 @@ TITLE_CHARS = 48
 CHAT_TOP = 5
 CONTEXT_FULL = "Context full"  # the titles of the notices about the conversation's context
 TRUNCATED = "Message truncated"
+ONE_WAITS = "a message already waits for the model (Stop or Esc gives it back); yours stays in the box"
 
 
 class ChatController(QObject):
@@ -55,6 +57,9 @@ class ChatController(QObject):
             model): on every reply's prompt and token, and when another conversation is shown.
         notice(str, str, str): level ("error" | "warning" | "info"), title, message.
         notice_withdrawn(str): the notice with this title is no longer true (a chat that fits).
+        waiting_changed(str, str, int): the message waiting for the model ("" none), what it
+            waits for, and the load's percentage; message_returned(str, str): one given back
+            (load failed, no model, Stop) with its prefill, for the input box.
     """
 
     conversation_changed = Signal(list, list)
@@ -70,6 +75,8 @@ class ChatController(QObject):
     context_changed = Signal(int, int)
     notice = Signal(str, str, str)
     notice_withdrawn = Signal(str)
+    waiting_changed = Signal(str, str, int)
+    message_returned = Signal(str, str)
 
     def __init__(
         self,
@@ -94,7 +101,14 @@ class ChatController(QObject):
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000)  # a stalled stream still reaches disk within a second
         self._flush_timer.timeout.connect(self._flush)
+        # A message sent before the model is ready waits for it (desktop.session.waiting).
+        self.waiting = ModelWait()
+        self.waiting.events.changed.connect(self._on_waiting_changed)
+        self._wait_timer = QTimer(self)
+        self._wait_timer.setInterval(1000)  # the time waited moves while nothing else does
+        self._wait_timer.timeout.connect(self._on_waiting_changed)
         s = self.slot
+        s.loading.connect(self.waiting.progress)
         s.loading.connect(self.model_loading)
         s.loaded.connect(self._on_loaded)
         s.load_failed.connect(self._on_load_failed)
@@ -127,18 +141,47 @@ class ChatController(QObject):
     def load_checkpoint(self, path: Path, step: int | None, config: Path | None = None) -> None:
         """Load a checkpoint; a reply in flight is stopped first (the worker ends it, then loads).
         ``config``: a KempnerForge run's training TOML, when the user picked one."""
+        self.waiting.loading(target_name(Path(path), step))
         self.slot.load(path, step, config)
+
+    def looking_for_model(self) -> None:
+        """The first scan started: a message sent now waits for the model it will load."""
+        self.waiting.looking()
+
+    def no_model(self) -> None:
+        """The first scan found nothing to load: a waiting message goes back to the box."""
+        self._give_back(self.waiting.failed())
 
     def _on_loaded(self, info: ModelInfo) -> None:
         if not is_demo(Path(info.path)):
             self.settings.set("last_checkpoint", {"dir": info.path, "step": info.step})
         self.session.set_context_length(info.context_length)
+        held = self.waiting.arrived()  # first: a send from a model_loaded handler goes straight on
         self.model_loaded.emit(info)
+        if held is not None and self.busy:  # that handler (or a regeneration meanwhile) went first
+            self._give_back(held)
+        elif held is not None:
+            self._answer(held)
 
     def _on_load_failed(self, target: str, reason: str) -> None:
         self.model_load_failed.emit(target, reason)
+        held = self.waiting.failed()
         # The folder's name in the title (the reason names the file in full, and elides last).
-        self.notice.emit("error", f"Could not load {Path(target).name or target}", reason)
+        back = reason + ("; your message is back in the box" if held is not None else "")
+        self.notice.emit("error", f"Could not load {Path(target).name or target}", back)
+        self._give_back(held)
+
+    def _give_back(self, held: HeldMessage | None) -> None:
+        if held is not None:
+            self.message_returned.emit(held.text, held.prefill)
+
+    def _on_waiting_changed(self) -> None:
+        held = self.waiting.held
+        if held is None:
+            self._wait_timer.stop()
+        elif not self._wait_timer.isActive():
+            self._wait_timer.start()
+        self.waiting_changed.emit(held.text if held else "", self.waiting.line(), self.waiting.percent)
 
     # ----- conversations ---------------------------------------------------------------------
 
@@ -200,28 +243,33 @@ class ChatController(QObject):
 
     def send(self, text: str, params: SamplingParams, system_prompt: str = "", prefill: str = "") -> bool:
         """Append a user message and stream the model's reply; False (nothing changed) if refused.
-        ``prefill``: the start of the reply, written by the user; the model continues it."""
+        ``prefill``: the start of the reply, written by the user; the model continues it. While
+        a model is looked for or loads, the message waits for it (``self.waiting``)."""
         text = text.strip()
         if not text or self.busy:
+            return False
+        if self.waiting.coming:
+            if self.waiting.hold(HeldMessage(text, params, system_prompt, prefill)):
+                return True
+            self.notice.emit("info", "Not sent yet", ONE_WAITS)
             return False
         if self.slot.info is None:
             self.notice.emit("warning", "No model loaded", "pick a checkpoint and press Load first")
             return False
+        self._answer(HeldMessage(text, params, system_prompt, prefill))
+        return True
+
+    def _answer(self, m: HeldMessage) -> None:
         session = self.session
         if session.conv_id is None:
-            session.conv_id = self.store.create_conversation(text[:TITLE_CHARS].splitlines()[0] or "Chat")
+            session.conv_id = self.store.create_conversation(m.text[:TITLE_CHARS].splitlines()[0] or "Chat")
         parent = self.path[-1][0] if self.path else None
-        user = Message.of_text("user", text)
-        msg_id = self.store.add_message(session.conv_id, user, parent)
-        session.add(msg_id, user)
-        if prefill:
-            self._start_reply(
-                params, system_prompt, ReplyStart(given_text=prefill), [], {"at": 0, "prefill": True}
-            )
-        else:
-            self._start_reply(params, system_prompt)
+        user = Message.of_text("user", m.text)
+        session.add(self.store.add_message(session.conv_id, user, parent), user)
+        start = ReplyStart(given_text=m.prefill) if m.prefill else None
+        where = {"at": 0, "prefill": True} if m.prefill else None
+        self._start_reply(m.params, m.system_prompt, start, [], where)
         self.refresh_list()
-        return True
 
     @Slot(int, object)
     def regenerate(self, index: int, params: SamplingParams, system_prompt: str = "") -> None:
@@ -357,11 +405,18 @@ class ChatController(QObject):
 
     @Slot()
     def stop(self) -> None:
+        """Stop the reply, or the wait of a message for the model (it goes back to the box)."""
+        held = self.waiting.cancel()
+        if held is not None:
+            self._give_back(held)
+            return
         self.slot.stop()
 
     def _leave_reply(self) -> None:
         """The user leaves the conversation a reply is streaming into: stop it and save it as it
-        stands, in its own conversation. Its last tokens, still on their way, are dropped."""
+        stands, in its own conversation. Its last tokens, still on their way, are dropped. A
+        message waiting for the model goes back to the box (it was meant for this one)."""
+        self._give_back(self.waiting.cancel())
         reply = self.session.reply
         if reply is None:
             return

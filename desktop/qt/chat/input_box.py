@@ -26,6 +26,8 @@ from desktop.qt.widgets import common, icons, theme
 MAX_VISIBLE_LINES = 8
 COLUMN_MAX_WIDTH = 860  # the chat column's width, so the box lines up with the messages
 PLACEHOLDER = "Message the model…"
+STOP_TIP = "Stop generating (Esc); the partial reply is kept"
+STOP_WAITING_TIP = "Stop waiting for the model (Esc); your message goes back to the box"
 
 
 class _Editor(QPlainTextEdit):
@@ -58,9 +60,11 @@ class _Editor(QPlainTextEdit):
 
 
 class InputBox(QFrame):
-    """Signals: send_requested(str), stop_requested(), text_changed() (e.g. to count tokens)."""
+    """Signals: send_requested(str), stop_requested(), text_changed() (e.g. to count tokens),
+    refused() (the user tried to send while a reply comes; the text stays in the box)."""
 
     send_requested = Signal(str)
+    refused = Signal()
     stop_requested = Signal()
     text_changed = Signal()
 
@@ -88,7 +92,7 @@ class InputBox(QFrame):
         self.stop_btn.setObjectName("Danger")
         self.stop_btn.setIconSize(QSize(16, 16))
         self.stop_btn.setAccessibleName("Stop generating")
-        self.stop_btn.setToolTip("Stop generating (Esc); the partial reply is kept")
+        self.stop_btn.setToolTip(STOP_TIP)
         self.stop_btn.setCursor(Qt.CursorShape.PointingHandCursor)
         self.stop_btn.hide()
 
@@ -207,7 +211,10 @@ class InputBox(QFrame):
 
     def _submit(self) -> None:
         text = self.editor.toPlainText()
-        if self.generating or not text.strip():
+        if not text.strip():
+            return
+        if self.generating:
+            self.refused.emit()
             return
         self.send_requested.emit(text)
 

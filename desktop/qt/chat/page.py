@@ -21,9 +21,9 @@ from desktop.engine.backend import ModelInfo
 from desktop.engine.params import FILTER_KEYS, SamplingParams
 from desktop.qt.app.background import Background
 from desktop.qt.chat.chat_view import ChatView
-from desktop.qt.chat.controller import ChatController
+from desktop.qt.chat.controller import ONE_WAITS, ChatController
 from desktop.qt.chat.history_sidebar import HistorySidebar
-from desktop.qt.chat.input_box import InputBox
+from desktop.qt.chat.input_box import STOP_TIP, STOP_WAITING_TIP, InputBox
 from desktop.qt.widgets.checkpoint_picker import CheckpointPicker
 from desktop.qt.widgets.error_banner import ErrorBanner
 from desktop.qt.widgets.model_picker import ModelPicker
@@ -137,6 +137,9 @@ class ChatPage(QWidget):
         c.reply_event.connect(self.chat.append_event)
         c.reply_finished.connect(self.chat.end_assistant)
         c.busy_changed.connect(self.input.set_generating)
+        c.waiting_changed.connect(self._on_waiting)
+        c.message_returned.connect(self._give_back)
+        self.input.refused.connect(self._on_refused)
         c.context_changed.connect(self._show_context)
         # history
         c.conversations_listed.connect(self.sidebar.set_conversations)
@@ -171,6 +174,7 @@ class ChatPage(QWidget):
             self.notice.emit(
                 "info", "No checkpoints yet", "Train one with nanochat, or use Open folder… to pick one."
             )
+            self.controller.no_model()
             return
         path, step = target
         if step is None:
@@ -329,6 +333,29 @@ class ChatPage(QWidget):
     def _send(self, text: str) -> None:
         if self.controller.send(text, *self.request(), prefill=self.input.prefill()):
             self.input.clear()
+
+    def _on_waiting(self, text: str, line: str, percent: int) -> None:
+        """A message waits for the model: shown in the chat; Stop (and Esc) gives it back."""
+        self.chat.set_waiting(text, line, percent)
+        self.input.set_generating(bool(text) or self.controller.busy)
+        self.input.stop_btn.setToolTip(STOP_WAITING_TIP if text else STOP_TIP)
+
+    def _give_back(self, text: str, prefill: str) -> None:
+        """A message that waited in vain goes back to the box, before anything typed since."""
+        typed = self.input.text()
+        self.input.set_text(f"{text}\n\n{typed}" if typed.strip() else text)
+        if prefill:
+            self.input.prefill_btn.setChecked(True)
+            self.input.prefill_edit.setText(prefill)
+
+    def _on_refused(self) -> None:
+        """Enter while a reply comes or a message waits: the text stays, and the banner says why."""
+        if self.controller.waiting.held is not None:
+            self.notice.emit("info", "Not sent yet", ONE_WAITS)
+        else:
+            self.notice.emit(
+                "info", "Not sent yet", "the reply is still coming; your message stays in the box"
+            )
 
     def toggle_raw(self) -> None:
         self.chat.set_raw_mode(not self.chat.raw_mode)
