@@ -221,9 +221,12 @@ class MainWindow(QMainWindow):
             self.sidebar.select(self.controller.conv_id)
 
     def _on_tab(self, index: int) -> None:
-        """Entering Compare starts from the chat's sampling values (each pane can override them)."""
+        """Entering Compare starts from the chat's sampling values (each pane can override them),
+        unless it shows a comparison: then its row keeps the values that comparison ran with."""
+        compare = self.compare
         if self.compare_view is not None and self.tabs.widget(index) is self.compare_view:
-            self.compare_view.set_sampling(self.chat_page.sampling_state.values())
+            if compare is None or not compare.session.has_result():
+                self.compare_view.set_sampling(self.chat_page.sampling_state.values())
             self.compare_view.set_draft(self.sampling.speculative.value()[0])
         self._sync_sidebar()
 

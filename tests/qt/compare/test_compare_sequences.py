@@ -137,6 +137,7 @@ def test_the_compare_screen_comes_back_after_a_restart(
     assert [len(p.view.tokens) for p in view.panes] == [len(r) for r in replies]
     assert view.panes[1].temperature.text() == "0.60"
     assert view.input.editor.toPlainText() == "hello there"
+    assert view.shared_params() == compare.session.shared  # the row shows what ran, not Chat's values
     win.controller.refresh_list()  # the history list, as the app's start fills it
     assert compare.conv_id is not None and win.sidebar.kind_of(compare.conv_id) == "compare"
     assert view.status.text() == compare.session.divergence_status() != ""
