@@ -62,6 +62,9 @@ class Run:
     def __init__(self, job: Job, main: Callable[[Run], None]) -> None:
         self.job = job
         self.cancel = threading.Event()
+        # Set once the work has returned or raised, before its outcome is posted: the thread lives
+        # a moment longer, and a start asked by the outcome's own callback must not be refused.
+        self.ended = threading.Event()
         self.thread = threading.Thread(target=main, args=(self,), name=job.name, daemon=False)
 
     def stopped(self) -> bool:
@@ -139,8 +142,8 @@ class Job(QObject):
         self._closed = False
 
     def running(self) -> bool:
-        """Whether the latest run's thread is still going."""
-        return self._run is not None and self._run.thread.is_alive()
+        """Whether the latest run's work is still going."""
+        return self._run is not None and not self._run.ended.is_set()
 
     def start(
         self,
@@ -194,10 +197,12 @@ class Job(QObject):
         try:
             result = work(run)
         except Exception as exc:
+            run.ended.set()
             logger.exception("%s failed", self.name)
             if failed is not None:
                 run.post(failed, one_line(exc))
         else:
+            run.ended.set()
             if done is not None:
                 run.post(done, result)
         finally:

@@ -175,3 +175,33 @@ def test_a_closed_job_delivers_nothing_and_starts_no_more(qtbot):
     qtbot.waitUntil(lambda: not job.running(), timeout=WAIT)
     flush(qtbot)
     assert got == [] and not job.start(lambda _run: "more", done=got.append)
+
+
+def test_the_outcome_may_start_the_job_again_at_once(qtbot):
+    """A single-instance job whose work has returned takes a new start from its own ``done``
+    (the memory check reads what was picked meanwhile that way), however long its thread takes to
+    end: the thread is held past its work here until the second run has started."""
+    job = Job("again")
+    release = threading.Event()
+    results: list[object] = []
+
+    def first(_run: Run) -> str:
+        return "first"
+
+    def then(result: object) -> None:
+        results.append(result)
+        if result == "first":
+            results.append(job.start(lambda _run: "second", done=then))
+            release.set()
+
+    original = job._main
+
+    def held_main(run, work, done, failed):  # the first run's thread lingers after its work
+        original(run, work, done, failed)
+        if work is first:
+            release.wait(WAIT_S)
+
+    job._main = held_main  # type: ignore[method-assign]
+    assert job.start(first, done=then)
+    qtbot.waitUntil(lambda: "second" in results, timeout=WAIT)
+    assert results == ["first", True, "second"]
