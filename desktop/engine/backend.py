@@ -207,6 +207,9 @@ class GenerationStats:
     accepted: int = 0
     draft_compiled: bool = False  # the draft ran its compiled forward (engine/decode/compiled_draft.py)
     verifier_compiled: bool = False  # the target's passes ran its compiled twin (engine/decode/verifier.py)
+    # Why a reply asked to draft drafted nothing, in a few words for its footer ("int8 copy not
+    # faster on this CPU: drafted nothing"); "" when it drafted or was not asked to.
+    draft_skipped: str = ""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

@@ -243,6 +243,8 @@ class CompareSession:
         run.stats = dict(stats) if error is None else {"error": error}
         if error is None and run.reply.meta.get("draft"):
             run.stats["draft"] = run.reply.meta["draft"]
+        elif error is None and run.reply.meta.get("draft_skipped"):
+            run.stats["draft_skipped"] = run.reply.meta["draft_skipped"]  # a pane asked not to draft
         run.error = error
         if self.divergence is None:
             self.advance_divergence()
