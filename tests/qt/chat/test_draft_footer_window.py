@@ -15,8 +15,9 @@ import pytest
 from PySide6.QtCore import Qt
 from support.window import WAIT, click_row, restart, send, start_with_base
 from test_fork_window import DEMO_BASE, last
-from test_speculative_window import reopen_comparison
+from test_speculative_window import OTHER_TOKENIZER, reopen_comparison
 
+from desktop.config import settings
 from desktop.engine.decode import speculative
 from desktop.qt.compare.controller import CompareController
 from desktop.qt.compare.view import CompareView
@@ -78,6 +79,22 @@ def test_chat_footers_say_what_the_draft_did_and_say_it_again_from_history(
     click_row(qtbot, win, conv)
     assert [w.footer.text() for w in win.chat.widgets] == footers
     assert sum(NOT_FASTER in f for f in footers) == 1 and sum(bool(DRAFTED.search(f)) for f in footers) == 1
+
+
+def test_a_draft_the_model_cannot_use_is_named_in_the_footer_not_called_speculative(
+    qtbot, windows, loop, monkeypatch
+):
+    """A draft named in the settings (or on the command line) whose tokenizer is another: the
+    reply fails, and its footer says which draft and why, not that it was speculative."""
+    monkeypatch.setitem(settings.DEFAULTS, "draft", str(OTHER_TOKENIZER))
+    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
+    assert win.sampling.speculative.value()[0] == str(OTHER_TOKENIZER)
+    send(qtbot, win, "What is 12 times 7?")
+    reply = win.controller.path[-1][1]
+    assert reply.meta["draft"] == str(OTHER_TOKENIZER) and "tokenizer" in reply.meta["error"]
+    footer = last(win).footer.text()
+    assert footer.startswith(f"⚠ draft {OTHER_TOKENIZER}: its tokenizer") and "differs" in footer
+    assert "speculative" not in footer
 
 
 def ask(qtbot, view: CompareView, compare: CompareController, text: str) -> None:
