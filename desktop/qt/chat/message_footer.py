@@ -92,6 +92,8 @@ def format_stats(meta: dict) -> tuple[str, str]:
         bits.append(STOP_REASONS[stats["stopped"]])
     if meta.get("draft") and (line := speculative_line(str(meta["draft"]), stats)):
         bits.append(line)
+    elif meta.get("draft_skipped") and not meta.get("error"):  # a draft chosen, not asked for: why
+        bits.append(str(meta["draft_skipped"]))
     if stats.get("greedy_fallbacks"):  # the distribution degenerated (e.g. a tiny temperature)
         bits.append(f"⚠ {stats['greedy_fallbacks']} token(s) taken greedily")
     sampling = meta.get("sampling") or {}

@@ -44,3 +44,11 @@ def test_a_failed_reply_names_its_error_and_no_draft():
 def test_a_pane_asked_not_to_draft_says_why():
     lines = format_pane_stats({**DONE, "draft_skipped": "decoded plainly: it is the draft"})
     assert lines[1] == "decoded plainly: it is the draft" and "speculative" not in "".join(lines)
+
+
+def test_a_reply_that_was_not_asked_to_draft_says_why():
+    """A draft chosen for a model that cannot draft here (a served one): the footer says so."""
+    why = "draft not used: speculative decoding runs on the server, not here"
+    line, tip = format_stats({"draft_skipped": why, "stats": DONE})
+    assert why in line and "speculative (" not in line and "drafted" not in line
+    assert SPECULATIVE_NOTE not in tip
