@@ -215,6 +215,9 @@ class GenerationStats:
     # speculative draft's costs, its compiled twins, the verifying pass's kernels; or, on the first
     # reply after a load, ModelInfo.choices_renewed): it may differ from older replies to the same seed.
     choices_renewed: bool = False
+    # Why a reply asked to draft drafted nothing, in a few words for its footer ("int8 copy not
+    # faster on this CPU: drafted nothing"); "" when it drafted or was not asked to.
+    draft_skipped: str = ""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

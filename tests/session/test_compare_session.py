@@ -268,3 +268,32 @@ def test_a_hand_broken_compare_setting_falls_back_to_the_default_with_a_warning(
     back = CompareSession(store)
     back.restore(settings)
     assert len(back.panes) == MIN_PANES and all(p.picked is None for p in back.panes)
+
+
+def test_each_pane_says_which_draft_it_streams_with_or_why_not_and_keeps_it_saved(store, run_dir):
+    """Pane A's checkpoint drafts for the others: A's reply says why it decoded plainly, B's
+    names its draft; the engine's own word on a draft that drafted nothing is kept; all of it
+    comes back with the saved comparison."""
+    session = CompareSession(store)
+    load(session, 0, run_dir, 1000)
+    load(session, 1, run_dir, 2400)
+    session.choose_draft(pane=0)
+    session.begin_round("hello", SamplingParams(temperature=0.8, seed=7))
+    a, b = session.panes
+    for pane in (a, b):
+        session.start_run(pane, SamplingParams(temperature=0.8, seed=7))
+    plain = "decoded plainly: it is the draft"
+    assert "draft" not in a.run.reply.meta and a.run.reply.meta["draft_skipped"] == plain
+    assert b.run.reply.meta["draft"] == f"{run_dir}@1000" and "draft_skipped" not in b.run.reply.meta
+    stream(session, a, [5, 6])
+    stream(session, b, [5, 7])
+    not_paying = "demo · step 1,000 not faster on this CPU: drafted nothing"
+    session.finish_run(a, {"new_tokens": 2})
+    session.finish_run(b, {"new_tokens": 2, "drafted": 0, "draft_skipped": not_paying})
+    assert a.run.stats["draft_skipped"] == plain and "draft" not in a.run.stats
+    assert b.run.stats["draft"] == f"{run_dir}@1000" and b.run.stats["draft_skipped"] == not_paying
+    conv_id = session.save("parallel")
+    assert conv_id is not None
+    again = CompareSession(store)
+    assert again.open_comparison(conv_id)
+    assert [p.run.stats for p in again.panes] == [a.run.stats, b.run.stats]

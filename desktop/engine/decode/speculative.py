@@ -32,6 +32,7 @@ state at the token it proposes is the verifying pass's to compute.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -160,6 +161,16 @@ class Draft:
         with, drafting the best length its cap allows: how :func:`cheapest` ranks drafts."""
         length = DraftLength(self.cost, self.verify_cost, cap=self.cap)
         return length.gain(PRIOR_ACCEPTANCE, length.best(PRIOR_ACCEPTANCE))
+
+    def why_not_paying(self) -> str:
+        """Why a reply with this draft decodes plainly from its start: its measured costs say no
+        draft length can beat a plain step, as the footer says it."""
+        copy = re.fullmatch(r"self \((.+)\)", self.name)
+        what = f"{copy[1]} copy" if copy else self.name
+        device = self.model.device.type
+        where = {"cpu": "this CPU", "cuda": "this GPU", "mps": "this GPU"}.get(device, f"this {device}")
+        compiling = " (still compiling)" if self.twin is not None and not self.twin.done.is_set() else ""
+        return f"{what} not faster on {where}{compiling}: drafted nothing"
 
     @property
     def compiled(self) -> bool:
@@ -473,6 +484,8 @@ def stream_decoded(
         if verifier is not None:
             verifier.renewed = False
     drafting = draft is not None and draft.pays(options.draft_k, verifier)
+    if draft is not None and not drafting and stats is not None:
+        stats.draft_skipped = draft.why_not_paying()
     if drafting and draft is not None and stats is not None:
         stats.draft_compiled = draft.compiled
         stats.verifier_compiled = verifier is not None and verifier.compiled
@@ -567,8 +580,18 @@ def stream_speculative(
     try:
         with torch_threads(threads):
             yield from run.events(cancel)
+        if not run.stats.drafted:
+            run.stats.draft_skipped = _why_drafted_nothing(run.length)
     finally:
         release_freed_memory()
+
+
+def _why_drafted_nothing(length: DraftLength) -> str:
+    """Why a speculative reply proposed no token: its lengths waited for a probe that never came
+    (the draft was not expected to pay), or the reply ended, or every token was known, first."""
+    if not length.fixed and (length.probes or length.hopeless):
+        return "decoded plainly: the draft was not expected to pay"
+    return "drafted nothing: the reply ended first"
 
 
 class _Speculation:

@@ -388,8 +388,11 @@ class ChatController(QObject):
         if fork is not None:
             meta["fork"] = fork
         caps = self.slot.info.capabilities
-        if self.settings.get("draft") and not caps.why_not("draft"):
-            meta["draft"] = self.settings.get("draft")  # speculative: the footer says so
+        if self.settings.get("draft"):  # the footer says which draft, or why none could be
+            if why := caps.why_not("draft"):
+                meta["draft_skipped"] = f"draft not used: {why}"
+            else:
+                meta["draft"] = self.settings.get("draft")
         reply = reply_message(meta, said or ())
         parent = self.path[-1][0] if self.path else None
         reply_id = self.store.add_message(self.conv_id, reply, parent, complete=False)

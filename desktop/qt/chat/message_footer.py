@@ -33,18 +33,27 @@ def draft_label(draft: str) -> str:
 def speculative_line(draft: str, stats: dict) -> str:
     """ "speculative (int8) · 92% of 48 drafted kept": on, with which draft (", compiled" when it
     ran its compiled forward; "target compiled" when the target's passes ran its compiled twin),
-    how much was kept."""
+    how much was kept. A reply that drafted nothing decoded plainly: the line says why, as the
+    engine said it ("int8 copy not faster on this CPU: drafted nothing"); "" before it ended."""
+    drafted = stats.get("drafted") or 0
+    if not drafted:
+        if stats.get("draft_skipped"):
+            return str(stats["draft_skipped"])
+        # A reply saved before the engine said why, or one that failed: no claim beyond the count.
+        return f"{draft_label(draft)} draft: drafted nothing" if stats.get("new_tokens") else ""
     compiled = [
         said
         for key, said in (("draft_compiled", "compiled"), ("verifier_compiled", "target compiled"))
         if stats.get(key)
     ]
     named = f"speculative ({', '.join([draft_label(draft), *compiled])})"
-    drafted = stats.get("drafted") or 0
-    if not drafted:
-        return named
     kept = 100 * (stats.get("accepted") or 0) / drafted
     return f"{named} · {kept:.0f}% of {drafted} drafted kept"
+
+
+def drafted(stats: dict) -> bool:
+    """Whether a reply's tokens were drafted ahead (its seed then repeats the speculative stream)."""
+    return bool(stats.get("drafted"))
 
 
 def raw_summary(records: list[TokenRecord]) -> str:
@@ -81,8 +90,10 @@ def format_stats(meta: dict) -> tuple[str, str]:
         bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if stats.get("stopped") in STOP_REASONS:
         bits.append(STOP_REASONS[stats["stopped"]])
-    if meta.get("draft"):
-        bits.append(speculative_line(str(meta["draft"]), stats))
+    if meta.get("draft") and (line := speculative_line(str(meta["draft"]), stats)):
+        bits.append(line)
+    elif meta.get("draft_skipped") and not meta.get("error"):  # a draft chosen, not asked for: why
+        bits.append(str(meta["draft_skipped"]))
     if stats.get("greedy_fallbacks"):  # the distribution degenerated (e.g. a tiny temperature)
         bits.append(f"⚠ {stats['greedy_fallbacks']} token(s) taken greedily")
     sampling = meta.get("sampling") or {}
@@ -113,5 +124,5 @@ def format_stats(meta: dict) -> tuple[str, str]:
     if stats.get("prompt_tokens"):
         tip_lines.append(f"prompt tokens: {stats['prompt_tokens']}")
     if meta.get("draft"):
-        tip_lines += [f"draft: {meta['draft']}", SPECULATIVE_NOTE]
+        tip_lines += [f"draft: {meta['draft']}", *([SPECULATIVE_NOTE] * drafted(stats))]
     return "  ·  ".join(bits), "\n".join(tip_lines)

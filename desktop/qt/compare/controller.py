@@ -310,9 +310,7 @@ class CompareController(QObject):
             params = effective_params(shared, pane.overrides)
             run = self.session.start_run(pane.state, params)
             options, lock = plan[pane]
-            draft, _plain = self.session.draft_for(pane.state)
-            if draft:
-                run.reply.meta["draft"] = draft  # its footer says so
+            if draft := run.reply.meta.get("draft"):
                 options = replace(options, draft=draft, draft_k=self.settings.get("draft_k"))
             if fork is not None:
                 # Each pane's reply holds what the fork said, with no probabilities: those were

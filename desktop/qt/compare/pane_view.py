@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from desktop.engine.messages import TokenEvent, TokenTrace
 from desktop.engine.params import KNOB
-from desktop.qt.chat.message_widget import SPECULATIVE_NOTE, speculative_line
+from desktop.qt.chat.message_footer import SPECULATIVE_NOTE, drafted, speculative_line
 from desktop.qt.widgets import common, theme
 from desktop.qt.widgets.checkpoint_picker import entry_name, human_params
 from desktop.qt.widgets.fork_popup import ForkPopup
@@ -56,8 +56,8 @@ def format_pane_stats(stats: dict) -> list[str]:
     reason = {"cancelled": "stopped", "max_tokens": "max tokens", "context": "context full"}
     if stats.get("stopped") in reason:
         bits.append(reason[stats["stopped"]])
-    drafted = [speculative_line(str(stats["draft"]), stats)] if stats.get("draft") else []
-    return ["  ·  ".join(bits), *drafted]
+    draft = speculative_line(str(stats["draft"]), stats) if stats.get("draft") else stats.get("draft_skipped")
+    return ["  ·  ".join(bits), *([draft] if draft else [])]
 
 
 def format_score(source: str, result: dict) -> str:
@@ -424,7 +424,7 @@ class ComparePane(QFrame):
         self._show_stats(stats)
 
     def _show_stats(self, stats: dict) -> None:
-        self.stats.set_lines(format_pane_stats(stats), SPECULATIVE_NOTE if stats.get("draft") else "")
+        self.stats.set_lines(format_pane_stats(stats), SPECULATIVE_NOTE if drafted(stats) else "")
 
     def set_draft_colours(self, on: bool) -> None:
         """Colour speculative decoding's kept drafts and corrections instead of probabilities."""

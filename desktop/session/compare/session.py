@@ -219,9 +219,16 @@ class CompareSession:
             pane.run = PaneRun()
 
     def start_run(self, pane: PaneState, params: SamplingParams) -> PaneRun:
-        """``pane`` starts replying with ``params``: its run, to fill with tokens."""
+        """``pane`` starts replying with ``params``: its run, to fill with tokens. Its reply's meta
+        names the draft it streams with (``draft``), or why it decodes plainly while the others
+        draft (``draft_skipped``): the footer says either."""
         assert pane.info is not None
         pane.run = PaneRun(params, pane.info.reply_meta(), dict(pane.overrides), running=True)
+        draft, plain = self.draft_for(pane)
+        if draft:
+            pane.run.reply.meta["draft"] = draft
+        elif plain:
+            pane.run.reply.meta["draft_skipped"] = f"decoded plainly: {plain}"
         return pane.run
 
     def add_token(self, pane: PaneState, ev: TokenEvent) -> int | None:
@@ -243,6 +250,8 @@ class CompareSession:
         run.stats = dict(stats) if error is None else {"error": error}
         if error is None and run.reply.meta.get("draft"):
             run.stats["draft"] = run.reply.meta["draft"]
+        elif error is None and run.reply.meta.get("draft_skipped"):
+            run.stats["draft_skipped"] = run.reply.meta["draft_skipped"]  # a pane asked not to draft
         run.error = error
         if self.divergence is None:
             self.advance_divergence()

@@ -214,6 +214,28 @@ def test_a_draft_whose_tokenizer_differs_is_one_line(demo):
         events_of(demo, prompt, GREEDY, draft=str(other))
 
 
+def test_a_reply_says_why_its_draft_drafted_nothing(demo):
+    """The int8 copy measured as costly as the model (as on a CPU without int8 products): an
+    adaptive reply decodes plainly and says why; a fixed length drafts and says nothing; a
+    reply stopped before its first round says it ended first."""
+    prompt = demo.render([Message.of_text("user", "What is 12 times 7?")], 40)
+    draft = demo.draft("int8")
+    measured = draft.cost
+    draft.cost = 1.0  # one draft step costs one target step: no length can pay
+    try:
+        got, stats = events_of(demo, prompt, GREEDY, draft="int8")
+        assert stats.drafted == 0 and not any(e.draft for e in got)
+        assert stats.draft_skipped == "int8 copy not faster on this CPU: drafted nothing"
+        _, fixed = events_of(demo, prompt, GREEDY, draft="int8", draft_k=3)
+        assert fixed.drafted > 0 and fixed.draft_skipped == ""
+        _, short = events_of(demo, prompt, GREEDY.with_values(max_tokens=1), draft="int8", draft_k=3)
+        assert short.drafted == 0 and short.draft_skipped == "drafted nothing: the reply ended first"
+    finally:
+        draft.cost = measured
+    _, plain = events_of(demo, prompt, GREEDY)
+    assert plain.draft_skipped == "" and plain.drafted == 0
+
+
 def test_draft_length_grows_while_kept_shrinks_when_not_and_falls_back():
     length = DraftLength(cost=0.3, verify_cost=0.1)
     first = length.next()

@@ -11,9 +11,11 @@ from support.fake_backend import FakeBackend, open_fake
 
 from desktop.config import paths
 from desktop.config.settings import Settings
+from desktop.engine.backend import Capabilities
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT, TEXT, Message
 from desktop.engine.params import SamplingParams
 from desktop.qt.chat.controller import ChatController
+from desktop.qt.chat.message_footer import format_stats
 from desktop.qt.model.slot import ModelSlot
 from desktop.store import HistoryStore
 
@@ -199,4 +201,33 @@ def test_a_run_without_its_training_toml_asks_for_one_and_remembers_it(qtbot, tm
         slot.shutdown()
         again.shutdown()
     finally:
+        paths.set_home(None)
+
+
+def test_a_draft_chosen_for_a_model_that_cannot_draft_here_is_named_as_not_used(qtbot, tmp_path):
+    """A served model drafts on its server, if at all: a reply with a draft chosen in Chat streams
+    without one, and its meta (saved, and what the footer shows) says why."""
+    why = "speculative decoding runs on the server, not here"
+
+    def open_served(target: Path, options, progress) -> FakeBackend:
+        backend = open_fake(target, options, progress)
+        backend._info = replace(backend._info, capabilities=Capabilities(unavailable=(("draft", why),)))
+        return backend
+
+    paths.set_home(tmp_path)
+    settings = Settings(tmp_path / "settings.json")
+    settings.set("draft", "int8")
+    store = HistoryStore(tmp_path / "history.sqlite3")
+    c = ChatController(store, settings, ModelSlot(settings, opener=open_served))
+    try:
+        load(qtbot, c)
+        send(qtbot, c, "hi")
+        reply = c.path[-1][1]
+        assert "draft" not in reply.meta and reply.meta["draft_skipped"] == f"draft not used: {why}"
+        assert f"draft not used: {why}" in format_stats(reply.meta)[0]
+        saved = store.active_path(c.conv_id)[-1][1]
+        assert saved.meta["draft_skipped"] == reply.meta["draft_skipped"]
+    finally:
+        c.shutdown()
+        store.close()
         paths.set_home(None)
