@@ -387,12 +387,11 @@ class ChatController(QObject):
         }
         if fork is not None:
             meta["fork"] = fork
-        caps = self.slot.info.capabilities
-        if self.settings.get("draft"):  # the footer says which draft, or why none could be
-            if why := caps.why_not("draft"):
-                meta["draft_skipped"] = f"draft not used: {why}"
-            else:
-                meta["draft"] = self.settings.get("draft")
+        caps, chosen = self.slot.info.capabilities, self.settings.get("draft")
+        if chosen and (why := caps.why_not("draft")):  # the footer says which draft, or why none
+            meta["draft_skipped"] = f"draft not used: {why}"
+        elif chosen:
+            meta["draft"] = chosen
         reply = reply_message(meta, said or ())
         parent = self.path[-1][0] if self.path else None
         reply_id = self.store.add_message(self.conv_id, reply, parent, complete=False)
@@ -400,9 +399,8 @@ class ChatController(QObject):
         self.session.begin_reply(reply_id, reply)
         self.busy_changed.emit(True)
         self._flush_timer.start()
-        caps = self.slot.info.capabilities
         top = CHAT_TOP if caps.logprobs else 0
-        draft = "" if caps.why_not("draft") else self.settings.get("draft")
+        draft = str(meta.get("draft", ""))
         options = StreamOptions(logprobs=top, start=start, draft=draft, draft_k=self.settings.get("draft_k"))
         self.slot.generate(history, params, options)
 

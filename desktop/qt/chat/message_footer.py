@@ -51,6 +51,11 @@ def speculative_line(draft: str, stats: dict) -> str:
     return f"{named} · {kept:.0f}% of {drafted} drafted kept"
 
 
+# The first reply after a kernel or speculative choice was made anew (Settings › Re-measure
+# kernels, a new torch, another CPU: GenerationStats.choices_renewed).
+RENEWED = "kernels chosen anew: this mode's replies may differ from older ones"
+
+
 def drafted(stats: dict) -> bool:
     """Whether a reply's tokens were drafted ahead (its seed then repeats the speculative stream)."""
     return bool(stats.get("drafted"))
@@ -94,6 +99,8 @@ def format_stats(meta: dict) -> tuple[str, str]:
         bits.append(line)
     elif meta.get("draft_skipped") and not meta.get("error"):  # a draft chosen, not asked for: why
         bits.append(str(meta["draft_skipped"]))
+    if stats.get("choices_renewed"):
+        bits.append(RENEWED)
     if stats.get("greedy_fallbacks"):  # the distribution degenerated (e.g. a tiny temperature)
         bits.append(f"⚠ {stats['greedy_fallbacks']} token(s) taken greedily")
     sampling = meta.get("sampling") or {}

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from desktop.engine.messages import TokenEvent, TokenTrace
 from desktop.engine.params import KNOB
-from desktop.qt.chat.message_footer import SPECULATIVE_NOTE, drafted, speculative_line
+from desktop.qt.chat.message_footer import RENEWED, SPECULATIVE_NOTE, drafted, speculative_line
 from desktop.qt.widgets import common, theme
 from desktop.qt.widgets.checkpoint_picker import entry_name, human_params
 from desktop.qt.widgets.fork_popup import ForkPopup
@@ -57,7 +57,8 @@ def format_pane_stats(stats: dict) -> list[str]:
     if stats.get("stopped") in reason:
         bits.append(reason[stats["stopped"]])
     draft = speculative_line(str(stats["draft"]), stats) if stats.get("draft") else stats.get("draft_skipped")
-    return ["  ·  ".join(bits), *([draft] if draft else [])]
+    renewed = RENEWED if stats.get("choices_renewed") else ""
+    return ["  ·  ".join(bits), *(line for line in (draft, renewed) if line)]
 
 
 def format_score(source: str, result: dict) -> str:

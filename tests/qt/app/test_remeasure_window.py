@@ -5,7 +5,9 @@ first reply's footer builds on)."""
 from __future__ import annotations
 
 import pytest
-from support.window import WAIT, action, start_with_base
+from support.window import WAIT, action, send, start_with_base
+
+from desktop.qt.chat.message_footer import RENEWED
 
 pytestmark = pytest.mark.gui
 
@@ -24,3 +26,9 @@ def test_re_measure_forgets_the_kept_choices_and_reloads_the_model(
     assert (info.path, info.step) == (fast.args[0].path, fast.args[0].step)
     assert info.choices_renewed  # the products were timed again, and the app knows it
     qtbot.waitUntil(lambda: not win.banner.isHidden() and win.banner.title.text() == "Re-measure kernels")
+
+    # The first reply after it says its numbers may differ from older ones; the next does not.
+    assert send(qtbot, win, "hello")["choices_renewed"]
+    assert RENEWED in win.chat.widgets[-1].footer.text()
+    assert not send(qtbot, win, "and again")["choices_renewed"]
+    assert RENEWED not in win.chat.widgets[-1].footer.text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from desktop.qt.chat.message_footer import SPECULATIVE_NOTE, format_stats
+from desktop.qt.chat.message_footer import RENEWED, SPECULATIVE_NOTE, format_stats
 from desktop.qt.compare.pane_view import format_pane_stats
 
 DONE = {"new_tokens": 24, "decode_tok_s": 30.0, "ttft_ms": 80.0, "stopped": "max_tokens"}
@@ -52,3 +52,12 @@ def test_a_reply_that_was_not_asked_to_draft_says_why():
     line, tip = format_stats({"draft_skipped": why, "stats": DONE})
     assert why in line and "speculative (" not in line and "drafted" not in line
     assert SPECULATIVE_NOTE not in tip
+
+
+def test_a_reply_after_kernels_were_chosen_anew_says_so_in_chat_and_in_a_pane():
+    renewed = {"new_tokens": 5, "decode_tok_s": 10.0, "choices_renewed": True}
+    assert RENEWED in format_stats({"stats": renewed})[0]
+    assert RENEWED in format_pane_stats(renewed)
+    kept = {**renewed, "choices_renewed": False}
+    assert RENEWED not in format_stats({"stats": kept})[0]
+    assert format_pane_stats(kept) == ["10.0 tok/s  ·  5 tokens"]
