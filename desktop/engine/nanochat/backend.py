@@ -223,9 +223,9 @@ class NanochatBackend:
             cfg = self.model.config
             cap = min(cfg.rope_len, len(ids) + len(given) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
+        # Speculative decoding off lets the draft go, not the verifier's compile: it waits while
+        # replies stream (desktop.engine.foreground), and a later speculative reply takes it.
         draft = self._draft.for_reply(options.draft, self.draft)
-        if draft is None and self._verifier is not None:
-            self._verifier.stop()  # speculative decoding is off: no compile slows plain replies
         if stats is not None and self._renewal_unsaid:
             stats.choices_renewed, self._renewal_unsaid = True, False
         yield from stream_decoded(
