@@ -79,7 +79,7 @@ _ONE_AT_A_TIME = threading.Lock()
 # never at a call into the standard library, whose locks (logging's, an import's) other threads
 # take too.
 _TORCH = str(Path(torch.__file__).parent)
-COMPILER_FILES = tuple(os.path.join(_TORCH, part, "") for part in ("_dynamo", "_inductor", "fx", "_functorch"))
+COMPILER_FILES = tuple(os.path.join(_TORCH, d, "") for d in ("_dynamo", "_inductor", "fx", "_functorch"))
 # Frames that may hold a lock another thread takes: a wait under one of them could wait on the
 # reply that waits on the lock.
 _LOCKING_FILES = (os.path.dirname(logging.__file__), "<frozen importlib")

@@ -143,8 +143,8 @@ def compile_twin(
 
     # Once in the process for a checkpoint's step, kernels, rows and passes (two Compare panes of
     # one model, the model loaded again while its compile runs).
-    what = "every row" if every_row else "last row"
-    key = f"{loaded.directory.resolve()}@{loaded.step} {loaded.precision} {kind} {backend} {rows} rows, {what}"
+    what = f"{rows} rows, {'every row' if every_row else 'last row'}"
+    key = f"{loaded.directory.resolve()}@{loaded.step} {loaded.precision} {kind} {backend} {what}"
     return shared_twin(key, make)
 
 
