@@ -16,9 +16,9 @@ What keeps it out of the user's way:
 * The compile and its warm-up run on a thread of their own, one compile at a time in the
   process, while the eager model goes on. The first compile takes about two minutes on two
   cores (about 25 s when inductor's on-disk cache already holds the code).
-* That thread runs at the lowest OS priority, with one intra-op thread and one inductor compile
-  worker, and it waits (at the next call it makes into the compiler) while a reply streams or
-  the user types (:mod:`desktop.engine.foreground`): a compile takes what the user leaves.
+* That thread runs at the lowest OS priority, with one inductor compile worker, and it waits
+  (at the next call it makes into the compiler) while a reply streams or the user types
+  (:mod:`desktop.engine.foreground`): a compile takes what the user leaves.
 * One compile per model and settings in the process (:func:`shared_twin`): a second request for
   it (the same model in two Compare panes, or loaded again) holds the first, under way or done.
 * Dropping the model's use (a new draft, speculative off, unload, quit) stops the compile where
@@ -56,7 +56,6 @@ import torch
 
 from desktop.engine.decode.protocols import DecodingModel
 from desktop.engine.foreground import HELD, lower_this_threads_priority, wait_while_held
-from desktop.engine.kernels.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +164,14 @@ def _may_wait(frame: types.FrameType) -> bool:
     return True
 
 
+def keep_compiled_code_in(folder: Path) -> None:
+    """Inductor's on-disk cache in ``folder`` (beside the kept kernel timings), unless the user
+    named one: its default, under the system's temporary folder, is emptied at a reboot on many
+    systems, and a compile that paid off would then take minutes again instead of ~25 s. Before
+    the process's first compile: inductor reads it then."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
+
+
 def why_not_compiled() -> str | None:
     """Why nothing can be compiled here (one line), or None when it can."""
     if getattr(sys, "frozen", False):
@@ -267,10 +274,12 @@ class CompiledTwin:
 
     def _work(self) -> None:
         # The lowest priority for this thread and what it starts (the C++ compiler, OpenMP's
-        # workers), and one intra-op thread for its warm-up passes: the user's replies first.
+        # workers): the user's replies first. Its intra-op threads stay the process's: dynamo
+        # guards compiled code on that count, so code compiled under one thread would run
+        # eagerly on the worker's (a timed pass ran no compiled region).
         lower_this_threads_priority()
         try:
-            with _ONE_AT_A_TIME, torch_threads(1):
+            with _ONE_AT_A_TIME:
                 switch = sys.getswitchinterval()
                 try:
                     if not self._stop.is_set():

@@ -26,6 +26,7 @@ from desktop.engine.backend import (
     Prompt,
     StreamOptions,
 )
+from desktop.engine.decode.compiled_draft import keep_compiled_code_in
 from desktop.engine.decode.drafts import DraftSpec
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
@@ -257,6 +258,8 @@ class NanochatBackend:
             return select_tokenizer(tokenizer_dirs(directory, opts.base_dir), vocab, is_fork)
 
         def make(spec: DraftSpec) -> Draft:
+            if opts.compile_drafts and opts.kernel_cache is not None:
+                keep_compiled_code_in(opts.kernel_cache.parent / "inductor")
             draft = make_draft(
                 self.loaded,
                 self.tok,
