@@ -81,12 +81,12 @@ def holding() -> list[str]:
 
 
 def wait_while_held(wake: threading.Event) -> None:
-    """Wait, on the calling thread, until nothing holds background work or ``wake`` is set by
-    another (a stop); returns at once when nothing holds."""
+    """Wait, on the calling thread, until nothing holds background work or ``wake`` is set (by a
+    stop, from another thread; the caller clears it before it looks at what would set it);
+    returns at once when nothing holds."""
     with _lock:
         if not HELD:
             return
-        wake.clear()
         _wakers.add(wake)
     try:
         wake.wait()

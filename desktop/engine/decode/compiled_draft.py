@@ -143,7 +143,10 @@ class CallStop:
             return
         self.waiting.set()
         try:
-            while HELD and not self._requested:
+            while True:
+                self._wake.clear()  # before the checks: a stop requested after them still wakes it
+                if not HELD or self._requested:
+                    return
                 wait_while_held(self._wake)
         finally:
             self.waiting.clear()
