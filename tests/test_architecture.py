@@ -270,11 +270,20 @@ def test_the_layering_rule_catches_a_violation(tmp_path):
 
 
 # What the widgets may know of the engine: the protocol and its value types, the checkpoint
-# list, a run's timeline (values the Run tab draws), and the served-model protocol's types (the
-# Servers dialog).
+# list, a run's timeline (values the Run tab draws), the served-model protocol's types (the
+# Servers dialog), and what the user does in the foreground (typing holds background compiles).
 UI_MAY_IMPORT = frozenset(
     f"desktop.engine.{m}"
-    for m in ("backend", "params", "messages", "errors", "discovery", "runs.timeline", "remote.http")
+    for m in (
+        "backend",
+        "params",
+        "messages",
+        "errors",
+        "discovery",
+        "runs.timeline",
+        "remote.http",
+        "foreground",
+    )
 )
 
 

@@ -16,6 +16,11 @@ What keeps it out of the user's way:
 * The compile and its warm-up run on a thread of their own, one compile at a time in the
   process, while the eager model goes on. The first compile takes about two minutes on two
   cores (about 25 s when inductor's on-disk cache already holds the code).
+* That thread runs at the lowest OS priority, with one inductor compile worker, and it waits
+  (at the next call it makes into the compiler) while a reply streams or the user types
+  (:mod:`desktop.engine.foreground`): a compile takes what the user leaves.
+* One compile per model and settings in the process (:func:`shared_twin`): a second request for
+  it (the same model in two Compare panes, or loaded again) holds the first, under way or done.
 * Dropping the model's use (a new draft, speculative off, unload, quit) stops the compile where
   it is, not when its graph is done: at the next Python function it calls (:class:`CallStop`), so
   an app closed mid-compile exits at once, and cleanly.
@@ -50,6 +55,7 @@ from typing import Any, Protocol
 import torch
 
 from desktop.engine.decode.protocols import DecodingModel
+from desktop.engine.foreground import HELD, lower_this_threads_priority, wait_while_held
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +74,17 @@ SWITCH_WHILE_COMPILING_S = 1e-4
 # One compile at a time in the process: dynamo's tracing is not meant to run on two threads at
 # once (two Compare panes may each compile a draft).
 _ONE_AT_A_TIME = threading.Lock()
+# Where the compiler's own Python code is: a compile waits for the foreground at a call into it,
+# never at a call into the standard library, whose locks (logging's, an import's) other threads
+# take too.
+_TORCH = str(Path(torch.__file__).parent)
+COMPILER_FILES = tuple(os.path.join(_TORCH, d, "") for d in ("_dynamo", "_inductor", "fx", "_functorch"))
+# Frames that may hold a lock another thread takes: a wait under one of them could wait on the
+# reply that waits on the lock.
+_LOCKING_FILES = (os.path.dirname(logging.__file__), "<frozen importlib")
+# The compiles under way or done in this process, by what they compile (shared_twin).
+_SHARED: dict[str, CompiledTwin] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 class CompileStopped(BaseException):
@@ -78,7 +95,11 @@ class CompileStopped(BaseException):
 class CallStop:
     """Ends the code run inside it, on its thread, once :meth:`request` is called from any thread:
     :class:`CompileStopped` is raised at the entry of the next Python function that thread calls
-    (by a trace function, set for this thread alone, that raises at most once).
+    (by a trace function, set for this thread alone, that raises at most once). And while the
+    foreground holds background work (:mod:`desktop.engine.foreground`) that thread waits at the
+    entry of the next function it calls in ``pause_in`` (the compiler's files), unless a frame
+    under it may hold a lock other threads take (logging's, an import's); ``waiting`` is set
+    meanwhile. A stop ends the wait.
 
     Not an asynchronous exception (``PyThreadState_SetAsyncExc``), which lands at whatever
     instruction the thread is at: it once landed after a lock's ``acquire()`` had returned and
@@ -89,18 +110,24 @@ class CallStop:
     code runs slower traced (a compile of the demo's draft, inductor's cache warm: 19 -> 29 s on a
     2-core AMD EPYC). A C++ compile it waits on ends first."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause_in: tuple[str, ...] = COMPILER_FILES) -> None:
         self._requested: list[bool] = []  # a list: the trace function reads it without a lookup
         self._before: Callable[..., Any] | None = None  # the thread's trace function before it
+        self.pause_in = pause_in
+        self.waiting = threading.Event()  # set while the thread waits for the foreground
+        self._wake = threading.Event()  # ends a wait: the foreground is free, or a stop
 
     def request(self) -> None:
         self._requested.append(True)
+        self._wake.set()
 
     def __enter__(self) -> CallStop:
-        requested = self._requested
+        requested, pause_in = self._requested, self.pause_in
         self._before = before = sys.gettrace()  # a debugger's or a coverage tool's, given back
 
         def check(frame: types.FrameType, event: str, arg: object) -> None:
+            if HELD and not requested and frame.f_code.co_filename.startswith(pause_in):
+                self._wait_for_foreground(frame)
             if requested:
                 sys.settrace(before)  # once: what the exception unwinds through runs unchecked
                 raise CompileStopped
@@ -110,6 +137,42 @@ class CallStop:
 
     def __exit__(self, *exc: object) -> None:
         sys.settrace(self._before)
+
+    def _wait_for_foreground(self, frame: types.FrameType) -> None:
+        if not _may_wait(frame):
+            return
+        self.waiting.set()
+        try:
+            while True:
+                self._wake.clear()  # before the checks: a stop requested after them still wakes it
+                if not HELD or self._requested:
+                    return
+                wait_while_held(self._wake)
+        finally:
+            self.waiting.clear()
+
+
+def _may_wait(frame: types.FrameType) -> bool:
+    """Whether the thread running ``frame`` can wait without holding a lock another thread takes:
+    logging's module lock, or any frame of logging or of an import under it (a handler's lock,
+    a module's import lock)."""
+    owned = getattr(logging._lock, "_is_owned", None)  # type: ignore[attr-defined]
+    if owned is not None and owned():
+        return False
+    under: types.FrameType | None = frame
+    while under is not None:
+        if under.f_code.co_filename.startswith(_LOCKING_FILES) or under.f_code.co_name == "<module>":
+            return False
+        under = under.f_back
+    return True
+
+
+def keep_compiled_code_in(folder: Path) -> None:
+    """Inductor's on-disk cache in ``folder`` (beside the kept kernel timings), unless the user
+    named one: its default, under the system's temporary folder, is emptied at a reboot on many
+    systems, and a compile that paid off would then take minutes again instead of ~25 s. Before
+    the process's first compile: inductor reads it then."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
 
 
 def why_not_compiled() -> str | None:
@@ -180,16 +243,32 @@ class CompiledTwin:
         name = "verifier-compile" if every_row else "draft-compile"
         self._thread = threading.Thread(target=self._work, name=name, daemon=False)
         self._call_stop = CallStop()  # ends the compile at its next Python call (stop())
+        self.holders = 1  # who use it (shared_twin hands it to more); the last stop() ends it
+        self.key: str | None = None  # what it compiles, when shared (shared_twin)
 
     def start(self) -> CompiledTwin:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """End the compile: at its next Python call (after a C++ compile it waits on), or before
-        it starts."""
+    def stop(self) -> bool:
+        """A holder lets it go. Once none is left (one, unless :func:`shared_twin` handed it to
+        more), the compile ends: at its next Python call (after a C++ compile it waits on), or
+        before it starts; a compile already ended keeps its code for whoever took it. Whether
+        this ended a compile under way."""
+        with _SHARED_LOCK:
+            self.holders -= 1
+            if self.holders > 0:
+                return False
+            if self.key is not None and _SHARED.get(self.key) is self:
+                del _SHARED[self.key]
         self._stop.set()
         self._call_stop.request()
+        return not self.done.is_set()
+
+    @property
+    def waiting(self) -> threading.Event:
+        """Set while the compile waits for the foreground (a reply streaming, the user typing)."""
+        return self._call_stop.waiting
 
     @property
     def compiled(self) -> Callable[..., torch.Tensor] | None:
@@ -197,6 +276,11 @@ class CompiledTwin:
         return self._run if self.done.is_set() else None
 
     def _work(self) -> None:
+        # The lowest priority for this thread and what it starts (the C++ compiler, OpenMP's
+        # workers): the user's replies first. Its intra-op threads stay the process's: dynamo
+        # guards compiled code on that count, so code compiled under one thread would run
+        # eagerly on the worker's (a timed pass ran no compiled region).
+        lower_this_threads_priority()
         try:
             with _ONE_AT_A_TIME:
                 switch = sys.getswitchinterval()
@@ -234,7 +318,8 @@ class CompiledTwin:
         import torch._inductor.config
 
         logger.info("compiling %s (%s)", self._what, self.backend)
-        # Compile in this thread: a pool of compile processes would outlive the compile.
+        # Compile in this thread (one worker): a pool of compile processes would outlive the
+        # compile, and would take cores from the user's replies at their own priority.
         torch._inductor.config.compile_threads = 1
         # The forward itself, not the module's __call__: dynamo keeps compiled code on the code
         # object it compiled, and run-only mode looks it up there. One graph (fullgraph: a graph
@@ -271,6 +356,23 @@ class CompiledTwin:
         logger.info("%s: compiled (%s)", self._what, self.backend)
 
 
+def shared_twin(key: str, make: Callable[[], CompiledTwin]) -> CompiledTwin:
+    """The compile of ``key`` (what it compiles: a model, its settings) under way or ended in this
+    process, held once more (each holder calls :meth:`CompiledTwin.stop` once); else ``make()``'s,
+    started. So a model is never compiled twice at once, nor again while a holder keeps it:
+    twins of one checkpoint compute the same function, whichever one's tensors the code reads."""
+    with _SHARED_LOCK:
+        twin = _SHARED.get(key)
+        if twin is not None:
+            twin.holders += 1
+            logger.info("%s: compiled once for %s", twin._what, key)
+            return twin
+        twin = make()
+        twin.key = key
+        _SHARED[key] = twin
+    return twin.start()
+
+
 class HoldsTwin(Protocol):
     """What holds a compile under way until it is settled: a draft, or the target's verifier."""
 
@@ -285,6 +387,7 @@ def take_compiled(holder: HoldsTwin, eager: DecodingModel) -> Switched | None:
     if twin is None or not twin.done.is_set():
         return None
     holder.twin = None
+    twin.stop()  # this holder lets it go; its code, if any, is taken now
     return twin.switched(eager)
 
 

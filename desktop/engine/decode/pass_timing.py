@@ -37,6 +37,9 @@ TIMINGS = 3
 # Measured costs are rounded to this, so that a machine's wobble rarely changes how many tokens
 # are drafted (and so a seed's reply).
 COST_STEP = 0.05
+# Why a compile's kept decision is "not compiled" without a timing (Decisions.give_up).
+STOPPED = 1.0
+FAILED = 2.0
 
 
 def timed_ms(model: DecodingModel, make_cache: Callable[[int], Any], rows: int) -> float:
@@ -91,6 +94,13 @@ class Decisions:
         if self.tuner is None:
             return measure(), False
         return self.tuner.remember(f"speculative {self.key} · {name}", measure)
+
+    def give_up(self, name: str, why: str) -> None:
+        """Keep that the compile ``name`` decides on ended without code here (``why``: "stopped",
+        or the error), as a form found slower is kept: no later session starts it again, until
+        the user asks to re-measure. A decision kept already (a form found faster) stays."""
+        ended = STOPPED if why == "stopped" else FAILED
+        self.remember(name, lambda: {"compiled": 0.0, "ended": ended})
 
     def recall(self, name: str) -> dict[str, float]:
         """``name``'s values as kept ({} when not decided on this machine yet)."""

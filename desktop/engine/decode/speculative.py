@@ -54,6 +54,7 @@ from desktop.engine.decode.sampling import GreedyFallback, draw_token, next_toke
 from desktop.engine.decode.scoring import token_label
 from desktop.engine.decode.verifier import Verifier
 from desktop.engine.errors import ContextError, NanoscopeError
+from desktop.engine.foreground import hold_background
 from desktop.engine.kernels.gemv import few_rows
 from desktop.engine.kernels.memory import release_freed_memory
 from desktop.engine.kernels.threads import torch_threads
@@ -183,8 +184,11 @@ class Draft:
         eager one here (the worker's thread, with the compile thread gone and ``threads`` as the
         reply will use), and draft with the compiled form from now on if it is faster; its cost
         then shrinks in proportion. Called at a reply's start; nothing happens while it compiles."""
+        twin = self.twin
         switched = take_compiled(self, self.model)
         if switched is None:
+            if twin is not None and twin.error is not None:  # ended without code: not again
+                self.decisions.give_up(DRAFT_COMPILED, twin.error)
             return
 
         def measure() -> dict[str, float]:
@@ -204,6 +208,14 @@ class Draft:
         if kept.get("compiled") == 1.0:
             self.model = switched
             self.cost = kept.get("cost", self.cost)
+
+    def let_go(self) -> None:
+        """Nobody drafts with it any more: a compile of its forward under way ends, and is kept as
+        stopped (:meth:`~.pass_timing.Decisions.give_up`), so no later session starts it again."""
+        if self.twin is not None:
+            if self.twin.stop():  # the last holder, mid-compile
+                self.decisions.give_up(DRAFT_COMPILED, "stopped")
+            self.twin = None
 
     def should_compile(self) -> bool:
         """Whether compiling its forward may pay: not when it was found slower here before. One
@@ -323,8 +335,8 @@ class DraftSlot:
         return named(text)
 
     def clear(self) -> None:
-        if self._held is not None and self._held[1].twin is not None:
-            self._held[1].twin.stop()  # a compile under way need not warm up what nobody holds
+        if self._held is not None:
+            self._held[1].let_go()  # a compile under way need not warm up what nobody holds
         self._held = None
 
 
@@ -467,7 +479,46 @@ def stream_decoded(
     """A family's reply, decoded as ``options`` ask: speculatively when a ``draft`` was named
     and drafting can pay, else the plain loop (generation.py, or the family's own ``plain``
     one). ``probs``: the family's sampling distribution; ``verifier``: what computes the
-    target's passes when drafting (default: ``model`` itself). The one place the two meet."""
+    target's passes when drafting (default: ``model`` itself). The one place the two meet, so
+    the one that holds background compiles while a reply streams (desktop.engine.foreground)."""
+    with hold_background("a reply"):
+        yield from _decoded(
+            model,
+            tok,
+            prompt,
+            params,
+            options,
+            draft,
+            cache=cache,
+            limit=limit,
+            cancel=cancel,
+            stats=stats,
+            said=said,
+            given=given,
+            probs=probs,
+            plain=plain,
+            verifier=verifier,
+        )
+
+
+def _decoded(
+    model: DecodingModel,
+    tok: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    options: StreamOptions,
+    draft: Draft | None,
+    *,
+    cache: Any,
+    limit: int,
+    cancel: threading.Event | None,
+    stats: GenerationStats | None,
+    said: int,
+    given: Sequence[int],
+    probs: ProbsFn,
+    plain: Callable[[], Iterator[TokenEvent]] | None,
+    verifier: Verifier | None,
+) -> Iterator[TokenEvent]:
     if draft is not None and draft.follow is not None:
         # A draft that reads the target's hidden states needs passes that write them; a compiled
         # twin was warmed up on caches without them, so each of its passes would run eagerly.

@@ -72,10 +72,13 @@ class Verifier:
         self.verify_cost = kept.get("verify_cost")
 
     def stop(self) -> None:
-        """Stop a compile under way (speculative decoding was turned off, or the model closes): a
-        background compile would slow every plain reply meanwhile. The next draft starts it again."""
-        if self.twin is not None and not self.twin.done.is_set():
-            self.twin.stop()
+        """Let the compile go (the model closes): one under way ends, and is kept as stopped
+        (:meth:`~.pass_timing.Decisions.give_up`), so no later session starts it again. Plain
+        replies meanwhile need not stop it: it waits while a reply streams
+        (:mod:`desktop.engine.foreground`), and the next speculative reply takes it."""
+        if self.twin is not None:
+            if self.twin.stop():  # the last holder, mid-compile
+                self.decisions.give_up(COMPILED, "stopped")
             self.twin = None
 
     @torch.inference_mode()
@@ -84,8 +87,11 @@ class Verifier:
         rows both ways here (the worker's thread, with ``threads`` as the reply will use), and run
         passes with the compiled twin from now on if its wide pass is faster. Called at a reply's
         start; nothing happens while it compiles."""
+        twin = self.twin
         switched = take_compiled(self, self.eager)
         if switched is None:
+            if twin is not None and twin.error is not None:  # ended without code: not again
+                self.decisions.give_up(COMPILED, twin.error)
             return
 
         def measure() -> dict[str, float]:

@@ -26,6 +26,7 @@ from desktop.engine.backend import (
     Prompt,
     StreamOptions,
 )
+from desktop.engine.decode.compiled_draft import keep_compiled_code_in
 from desktop.engine.decode.drafts import DraftSpec
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
@@ -223,9 +224,9 @@ class NanochatBackend:
             cfg = self.model.config
             cap = min(cfg.rope_len, len(ids) + len(given) + (params.max_tokens or cfg.sequence_len))
             self._cache = KVCache(cfg, 1, cap, self.model.device, self.model.compute_dtype)
+        # Speculative decoding off lets the draft go, not the verifier's compile: it waits while
+        # replies stream (desktop.engine.foreground), and a later speculative reply takes it.
         draft = self._draft.for_reply(options.draft, self.draft)
-        if draft is None and self._verifier is not None:
-            self._verifier.stop()  # speculative decoding is off: no compile slows plain replies
         if stats is not None and self._renewal_unsaid:
             stats.choices_renewed, self._renewal_unsaid = True, False
         yield from stream_decoded(
@@ -257,6 +258,8 @@ class NanochatBackend:
             return select_tokenizer(tokenizer_dirs(directory, opts.base_dir), vocab, is_fork)
 
         def make(spec: DraftSpec) -> Draft:
+            if opts.compile_drafts and opts.kernel_cache is not None:
+                keep_compiled_code_in(opts.kernel_cache.parent / "inductor")
             draft = make_draft(
                 self.loaded,
                 self.tok,

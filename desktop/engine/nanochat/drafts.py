@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from desktop.engine.decode.compiled_draft import COMPILED_ROWS, CompiledTwin, why_not_compiled
+from desktop.engine.decode.compiled_draft import COMPILED_ROWS, CompiledTwin, shared_twin, why_not_compiled
 from desktop.engine.decode.drafts import AUTO, MTP, DraftSpec, check_same_tokenizer
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.pass_timing import Decisions
@@ -132,12 +132,20 @@ def compile_twin(
     small model) with ``backend``, for passes of up to ``rows`` rows (``every_row``: see
     :class:`CompiledTwin`)."""
     kind = "inlined" if loaded.model.decode_bytes() <= INLINED_BYTES else "plain"
-    twin = on_tensors(loaded, kind, tuner_for(None))
-    # Its whole rotary table at once: a table grown mid-reply is a branch the compiled code was
-    # not warmed up for, so every pass after it would run eagerly.
-    twin.set_rotary(loaded.device, loaded.precision.compute, loaded.config.rope_len)
-    positions = warm_positions(loaded.config, rows)
-    return CompiledTwin(twin, cache_of(twin), positions, backend, rows, every_row).start()
+
+    def make() -> CompiledTwin:
+        twin = on_tensors(loaded, kind, tuner_for(None))
+        # Its whole rotary table at once: a table grown mid-reply is a branch the compiled code
+        # was not warmed up for, so every pass after it would run eagerly.
+        twin.set_rotary(loaded.device, loaded.precision.compute, loaded.config.rope_len)
+        positions = warm_positions(loaded.config, rows)
+        return CompiledTwin(twin, cache_of(twin), positions, backend, rows, every_row)
+
+    # Once in the process for a checkpoint's step, kernels, rows and passes (two Compare panes of
+    # one model, the model loaded again while its compile runs).
+    what = f"{rows} rows, {'every row' if every_row else 'last row'}"
+    key = f"{loaded.directory.resolve()}@{loaded.step} {loaded.precision} {kind} {backend} {what}"
+    return shared_twin(key, make)
 
 
 def warm_positions(cfg: ModelConfig, rows: int = COMPILED_ROWS) -> list[int]:

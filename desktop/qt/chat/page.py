@@ -12,12 +12,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QFileDialog, QSplitter, QVBoxLayout, QWidget
 
 from desktop.config.paths import is_demo
 from desktop.config.settings import Settings
 from desktop.engine.backend import ModelInfo
+from desktop.engine.foreground import set_foreground_busy
 from desktop.engine.params import FILTER_KEYS, SamplingParams
 from desktop.qt.app.background import Background
 from desktop.qt.chat.chat_view import ChatView
@@ -29,6 +30,9 @@ from desktop.qt.widgets.error_banner import ErrorBanner
 from desktop.qt.widgets.model_picker import ModelPicker
 from desktop.qt.widgets.sampling_panel import SamplingPanel
 from desktop.session.sampling import SamplingState
+
+# A background compile waits while the user types, and this long after the last keystroke.
+TYPING_HOLD_MS = 1500
 
 FOLD_PANEL_BELOW = 1100  # window width (px) below which the Parameters panel folds by itself
 SIDEBAR_WIDTH, PANEL_WIDTH = 240, 300  # their widths when there is room
@@ -85,8 +89,18 @@ class ChatPage(QWidget):
         layout.addWidget(self.picker)
         layout.addWidget(self.splitter, 1)
 
+        # Typing holds background compiles (desktop.engine.foreground) until a pause in it.
+        self._typing = QTimer(self, singleShot=True, interval=TYPING_HOLD_MS)
+        self._typing.timeout.connect(lambda: set_foreground_busy("typing", False))
+        self.input.text_changed.connect(self._on_typing)
+        self.destroyed.connect(lambda: set_foreground_busy("typing", False))
+
         self._restore_settings()
         self._connect_signals()
+
+    def _on_typing(self) -> None:
+        set_foreground_busy("typing", True)
+        self._typing.start()
 
     def _restore_settings(self) -> None:
         self.sampling_state.update(

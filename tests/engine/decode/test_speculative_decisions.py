@@ -26,8 +26,9 @@ VOCAB = 48
 class Twin:
     """A compile that has ended (or not yet), its code standing in for the compiled forward."""
 
-    def __init__(self, done: bool = True) -> None:
+    def __init__(self, done: bool = True, error: str | None = None) -> None:
         self.done = threading.Event()
+        self.error = error  # why it ended without code
         if done:
             self.done.set()
 
