@@ -18,6 +18,7 @@ next. So each is measured once per model and machine, and re-measured only when 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,14 +32,15 @@ from desktop.engine.kernels.gemv import few_rows
 from desktop.engine.kernels.tuning import KernelTuner
 from desktop.engine.params import SamplingParams
 
+logger = logging.getLogger(__name__)
+
 # The rows of a timed verifying pass, and how many times each pass is timed.
 TIMED_ROWS = 5
 TIMINGS = 3
 # Measured costs are rounded to this, so that a machine's wobble rarely changes how many tokens
 # are drafted (and so a seed's reply).
 COST_STEP = 0.05
-# Why a compile's kept decision is "not compiled" without a timing (Decisions.give_up).
-STOPPED = 1.0
+# A compile's kept decision "not compiled" without a timing: it failed here (Decisions.give_up).
 FAILED = 2.0
 
 
@@ -96,11 +98,13 @@ class Decisions:
         return self.tuner.remember(f"speculative {self.key} · {name}", measure)
 
     def give_up(self, name: str, why: str) -> None:
-        """Keep that the compile ``name`` decides on ended without code here (``why``: "stopped",
-        or the error), as a form found slower is kept: no later session starts it again, until
-        the user asks to re-measure. A decision kept already (a form found faster) stays."""
-        ended = STOPPED if why == "stopped" else FAILED
-        self.remember(name, lambda: {"compiled": 0.0, "ended": ended})
+        """Keep that the compile ``name`` decides on failed here (``why``: the error), as a form
+        found slower is kept: no later session starts it again, until the user asks to
+        re-measure. A decision kept already (a form found faster) stays. A compile merely
+        stopped (the app quit, the draft let go) is not kept: it has not been measured, and
+        inductor's on-disk cache makes the next try shorter."""
+        logger.info("%s: not compiled again on this machine (%s)", name, why)
+        self.remember(name, lambda: {"compiled": 0.0, "ended": FAILED})
 
     def recall(self, name: str) -> dict[str, float]:
         """``name``'s values as kept ({} when not decided on this machine yet)."""

@@ -210,11 +210,10 @@ class Draft:
             self.cost = kept.get("cost", self.cost)
 
     def let_go(self) -> None:
-        """Nobody drafts with it any more: a compile of its forward under way ends, and is kept as
-        stopped (:meth:`~.pass_timing.Decisions.give_up`), so no later session starts it again."""
+        """Nobody drafts with it any more: a compile of its forward under way ends (a later
+        session may try it again: only a failed or slower compile is kept as not worth it)."""
         if self.twin is not None:
-            if self.twin.stop():  # the last holder, mid-compile
-                self.decisions.give_up(DRAFT_COMPILED, "stopped")
+            self.twin.stop()
             self.twin = None
 
     def should_compile(self) -> bool:

@@ -72,13 +72,12 @@ class Verifier:
         self.verify_cost = kept.get("verify_cost")
 
     def stop(self) -> None:
-        """Let the compile go (the model closes): one under way ends, and is kept as stopped
-        (:meth:`~.pass_timing.Decisions.give_up`), so no later session starts it again. Plain
-        replies meanwhile need not stop it: it waits while a reply streams
-        (:mod:`desktop.engine.foreground`), and the next speculative reply takes it."""
+        """Let the compile go (the model closes): one under way ends (a later session may try it
+        again: only a failed or slower compile is kept as not worth it). Plain replies meanwhile
+        need not stop it: it waits while a reply streams (:mod:`desktop.engine.foreground`), and
+        the next speculative reply takes it."""
         if self.twin is not None:
-            if self.twin.stop():  # the last holder, mid-compile
-                self.decisions.give_up(COMPILED, "stopped")
+            self.twin.stop()
             self.twin = None
 
     @torch.inference_mode()
