@@ -43,7 +43,7 @@ PANE_MIN_WIDTH = 270  # two panes fit an 800 px window; more scroll sideways the
 
 class CompareView(QWidget):
     """The whole Compare page. ``set_entries`` takes the checkpoint list (Background's scan);
-    ``set_sampling`` pre-fills the shared sampling row (the chat's sampling values)."""
+    ``set_sampling`` fills the shared sampling row (Chat's values, or those a round ran with)."""
 
     _styled_for: theme.Colors | None = None  # the palette the style sheet was built for
 
@@ -175,8 +175,7 @@ class CompareView(QWidget):
             self._system_prompt = str(values["system_prompt"] or "")
 
     def set_draft(self, draft: str) -> None:
-        """Pre-fill the speculative choice (Chat's Speed choice; a draft that names another
-        checkpoint is Chat's own, so Compare starts plain)."""
+        """Pre-fill the speculative choice with Chat's (one naming a checkpoint starts plain)."""
         self.speed.setCurrentIndex(max(0, self.speed.findData(draft)))
 
     def _on_speed(self) -> None:
@@ -332,7 +331,9 @@ class CompareView(QWidget):
         for pane in self.panes:
             pane.busy = busy
         self._update_actions()
-        if not busy:
+        if busy:  # a round began: the shared row shows what it runs with (a race from Chat too)
+            self.set_sampling(self.controller.session.shared.to_dict())
+        else:
             self._show_divergence_status()
 
     def _update_actions(self) -> None:
