@@ -481,104 +481,67 @@ def stream_decoded(
     target's passes when drafting (default: ``model`` itself). The one place the two meet, so
     the one that holds background compiles while a reply streams (desktop.engine.foreground)."""
     with hold_background("a reply"):
-        yield from _decoded(
+        if draft is not None and draft.follow is not None:
+            # A draft that reads the target's hidden states needs passes that write them; a compiled
+            # twin was warmed up on caches without them, so each of its passes would run eagerly.
+            verifier = None
+        if draft is not None:
+            draft.settle(options.threads)
+            if verifier is not None:
+                verifier.settle(options.threads)
+        if draft is not None and stats is not None:
+            # Said once, on the first reply that used a decision made anew (then not again): whether
+            # it drafts at all is one of them.
+            stats.choices_renewed |= draft.renewed or (verifier is not None and verifier.renewed)
+            draft.renewed = False
+            if verifier is not None:
+                verifier.renewed = False
+        drafting = draft is not None and draft.pays(options.draft_k, verifier)
+        if draft is not None and not drafting and stats is not None:
+            stats.draft_skipped = draft.why_not_paying()
+        if drafting and draft is not None and stats is not None:
+            stats.draft_compiled = draft.compiled
+            stats.verifier_compiled = verifier is not None and verifier.compiled
+        if isinstance(cache, KVCache) and not (drafting and draft is not None and draft.follow is not None):
+            cache.keep_hidden(False)  # kept for a draft that read them; a plain pass need not write them
+        if drafting and draft is not None:
+            if not options.reuse_cache:
+                draft.cache = None  # the target starts from nothing: so does its draft
+            yield from stream_speculative(
+                model,
+                tok,
+                prompt,
+                params,
+                draft,
+                cache=cache,
+                limit=limit,
+                cancel=cancel,
+                stats=stats,
+                logprobs=options.logprobs,
+                threads=options.threads,
+                said=said,
+                given=given,
+                draft_k=options.draft_k,
+                probs=probs,
+                verifier=verifier,
+            )
+            return
+        if plain is not None:
+            yield from plain()
+            return
+        yield from stream_reply(
             model,
             tok,
             prompt,
             params,
-            options,
-            draft,
             cache=cache,
-            limit=limit,
-            cancel=cancel,
-            stats=stats,
-            said=said,
-            given=given,
-            probs=probs,
-            plain=plain,
-            verifier=verifier,
-        )
-
-
-def _decoded(
-    model: DecodingModel,
-    tok: Tokenizer,
-    prompt: Sequence[int],
-    params: SamplingParams,
-    options: StreamOptions,
-    draft: Draft | None,
-    *,
-    cache: Any,
-    limit: int,
-    cancel: threading.Event | None,
-    stats: GenerationStats | None,
-    said: int,
-    given: Sequence[int],
-    probs: ProbsFn,
-    plain: Callable[[], Iterator[TokenEvent]] | None,
-    verifier: Verifier | None,
-) -> Iterator[TokenEvent]:
-    if draft is not None and draft.follow is not None:
-        # A draft that reads the target's hidden states needs passes that write them; a compiled
-        # twin was warmed up on caches without them, so each of its passes would run eagerly.
-        verifier = None
-    if draft is not None:
-        draft.settle(options.threads)
-        if verifier is not None:
-            verifier.settle(options.threads)
-    if draft is not None and stats is not None:
-        # Said once, on the first reply that used a decision made anew (then not again): whether
-        # it drafts at all is one of them.
-        stats.choices_renewed |= draft.renewed or (verifier is not None and verifier.renewed)
-        draft.renewed = False
-        if verifier is not None:
-            verifier.renewed = False
-    drafting = draft is not None and draft.pays(options.draft_k, verifier)
-    if draft is not None and not drafting and stats is not None:
-        stats.draft_skipped = draft.why_not_paying()
-    if drafting and draft is not None and stats is not None:
-        stats.draft_compiled = draft.compiled
-        stats.verifier_compiled = verifier is not None and verifier.compiled
-    if isinstance(cache, KVCache) and not (drafting and draft is not None and draft.follow is not None):
-        cache.keep_hidden(False)  # kept for a draft that read them; a plain pass need not write them
-    if drafting and draft is not None:
-        if not options.reuse_cache:
-            draft.cache = None  # the target starts from nothing: so does its draft
-        yield from stream_speculative(
-            model,
-            tok,
-            prompt,
-            params,
-            draft,
-            cache=cache,
-            limit=limit,
             cancel=cancel,
             stats=stats,
             logprobs=options.logprobs,
             threads=options.threads,
             said=said,
             given=given,
-            draft_k=options.draft_k,
-            probs=probs,
-            verifier=verifier,
         )
-        return
-    if plain is not None:
-        yield from plain()
-        return
-    yield from stream_reply(
-        model,
-        tok,
-        prompt,
-        params,
-        cache=cache,
-        cancel=cancel,
-        stats=stats,
-        logprobs=options.logprobs,
-        threads=options.threads,
-        said=said,
-        given=given,
-    )
 
 
 def stream_speculative(
