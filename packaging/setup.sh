@@ -76,7 +76,11 @@ case "$mode" in
   test)
     ensure_installed test ".[test]"
     export QT_QPA_PLATFORM=offscreen
-    exec "$VPY" -m pytest -q "$@"
+    # One pytest-xdist worker per CPU this process may use, at most 4: each holds torch and the
+    # models of its tests (~1 GB), and past 4 the suite's longest tests set its time. Files are
+    # shared out test by test, idle workers taking from busy ones (worksteal). `-n 0` runs serially.
+    workers=$("$VPY" -c 'import os; n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(); print(max(1, min(4, n or 1)))')
+    exec "$VPY" -m pytest -q -n "$workers" --dist worksteal "$@"
     ;;
   check)
     # What CI runs before the tests: lint, formatting and the type checker.

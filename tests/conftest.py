@@ -22,6 +22,13 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault(
     "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
 )
+# The README's command runs the suite on one pytest-xdist worker per CPU. Each worker's torch takes
+# its share of the CPUs for intra-op threads (before torch is imported, which reads it once): N
+# workers of N threads each on N cores spend the cores switching between threads that wait on
+# each other. Tests that ask for a thread count (StreamOptions.threads) still get it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +49,32 @@ def _no_draft_compiles(monkeypatch):
     from desktop.config import settings
 
     monkeypatch.setitem(settings.DEFAULTS, "compile_drafts", False)
+
+
+@pytest.fixture
+def several_threads():
+    """At least two intra-op threads for the test (restored after): a product is split across
+    threads, and its route timed and listed, only where there are threads to split it across; an
+    xdist worker, or a one-CPU machine, may run with one."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _compiles_at_the_tests_priority(request, monkeypatch):
+    """The app's background compiles lower their thread to the lowest OS priority
+    (engine/foreground.py). Beside another xdist worker's test at normal priority, such a thread
+    gets a sliver of a core, and a test that waits on a compile (a minute or two alone) takes many.
+    The tests of that priority are marked ``compile_priority`` and keep it."""
+    if request.node.get_closest_marker("compile_priority"):
+        return
+    from desktop.engine.decode import compiled_draft
+
+    monkeypatch.setattr(compiled_draft, "lower_this_threads_priority", lambda: False)
 
 
 @pytest.fixture(autouse=True)

@@ -160,6 +160,7 @@ class InjectedCompile(CompiledTwin):
         self._run = lambda *args, **kwargs: torch.zeros(1)
 
 
+@pytest.mark.compile_priority
 def test_one_compile_per_model_in_the_process_and_the_last_holder_ends_it():
     InjectedCompile.made = 0
     first = shared_twin("tiny @1", InjectedCompile)

@@ -117,7 +117,7 @@ def test_chat_template_gives_transformers_ids(models, name):
     assert backend.info().capabilities.chat
 
 
-def test_info_describes_the_model(models, monkeypatch):
+def test_info_describes_the_model(models, monkeypatch, several_threads):
     monkeypatch.setattr(gemv, "MIN_SPLIT_BYTES", 1)  # the tiny test matrices are timed like real ones
     info = open_hf(models["llama"]).info()
     reference, _ = load_reference(models["llama"])

@@ -94,7 +94,9 @@ def test_logits_and_greedy_ids_equal_the_reference(tmp_path, tokenizer_dir, name
     )
 
 
-def test_products_timed_on_this_machine_keep_the_reference_bits(tmp_path, tokenizer_dir, monkeypatch):
+def test_products_timed_on_this_machine_keep_the_reference_bits(
+    tmp_path, tokenizer_dir, monkeypatch, several_threads
+):
     """With every matrix big enough to be split across threads (as real ones are), the routes the
     tuner picks still give KempnerForge's logits bit for bit, and the kernels are listed."""
     monkeypatch.setattr(gemv, "MIN_SPLIT_BYTES", 1)
