@@ -347,14 +347,17 @@ def _draft(text: str, base: Path) -> str:
     directory and step; a name that is neither a precision nor a checkpoint is one line."""
     from desktop.engine.decode.drafts import AUTO, parse_draft
     from desktop.engine.discovery import resolve_spec
+    from desktop.engine.files.bounded import PathRefused, shown_path
 
     try:
         spec = parse_draft(text)
         if spec.is_self or spec.checkpoint is None or spec.checkpoint.exists():
             return text
         directory, step = resolve_spec(str(spec.checkpoint), base)
+    except PathRefused as exc:  # it names the path already
+        raise NanoscopeError(f"--draft: {exc}") from None
     except NanoscopeError as exc:
-        raise NanoscopeError(f"--draft {text}: {exc}") from None
+        raise NanoscopeError(f"--draft {shown_path(text)}: {exc}") from None
     step = spec.step if spec.step is not None else step
     prefix = f"{spec.precision}:" if spec.precision != AUTO else ""
     return f"{prefix}{directory}" + (f"@{step}" if step is not None else "")
