@@ -30,7 +30,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -111,14 +111,14 @@ class EvalResults:
         )
         if row is None:
             return None
-        if not isinstance(row[0], str) or len(row[0]) > MAX_ANSWERS_BYTES:
-            logger.warning("eval results: a kept row of %s is not JSON text; asked again", key[1])
+        answers: Any = None
+        if isinstance(row[0], str) and len(row[0]) <= MAX_ANSWERS_BYTES:
+            with suppress(JsonRefused):  # said below, with every other row that is no list of answers
+                answers = loads_bounded(row[0], 8)
+        if not isinstance(answers, list) or not all(isinstance(a, dict) for a in answers):
+            logger.warning("eval results: a kept row of %s is not a list of answers; asked again", key[1])
             return None
-        try:
-            answers = loads_bounded(row[0], 8)
-        except JsonRefused:
-            return None
-        return answers if isinstance(answers, list) and all(isinstance(a, dict) for a in answers) else None
+        return answers
 
     def put(self, key: tuple[str, str, str, str], answers: list[dict[str, Any]]) -> None:
         self._write(

@@ -93,7 +93,10 @@ def named_path(value: object) -> Path:
     if "\0" in text:
         raise PathRefused(shown_path(text), "a path with a NUL byte")
     path = Path(os.path.expanduser(text))  # Path.expanduser raises for an unknown ~user
-    encoded = os.fsencode(path)
+    try:
+        encoded = os.fsencode(path)
+    except UnicodeEncodeError:  # a lone surrogate that no file name's bytes decode to
+        raise PathRefused(shown_path(text), "not a path (characters no file name has)") from None
     longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
     if longest > NAME_MAX:
         raise PathRefused(

@@ -28,13 +28,22 @@ class NotANumber(NumberRefused):
 
 
 def describe(value: object) -> str:
-    """A value for a message: never a 4,000-digit number or a megabyte of text."""
+    """A value for a message, as Python shows it, but never a 4,000-digit number or a megabyte
+    of text."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
         return f"a {_digits(abs(value))}-digit number"
-    text = value if isinstance(value, str) else repr(value)
+    return _cut(repr(value))
+
+
+def _written(text: str) -> str:
+    """A number as a line of text writes it, for a message (unquoted, controls escaped)."""
     digits = len(_DIGIT.findall(text)) if len(text) > 40 else 0
     if digits > 30:
         return f"a {digits}-digit number"
+    return _cut(text if text.isprintable() else repr(text)[1:-1])
+
+
+def _cut(text: str) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
@@ -75,7 +84,7 @@ def parse_float(text: str) -> float:
     except ValueError:
         raise NotANumber("is not a number") from None
     if math.isinf(number) and _DIGIT.search(text):
-        raise NumberRefused(f"is {describe(text)}, too large for a float")
+        raise NumberRefused(f"is {_written(text)}, too large for a float")
     if not math.isfinite(number):
         raise NumberRefused(f"is {number}")
     return number
@@ -85,7 +94,7 @@ def parse_count(text: str, hi: int = MAX_COUNT - 1) -> int:
     """A count as a line of text writes it (decimal digits); its length is checked before
     ``int()`` runs, which is quadratic in the digits and refuses more than 4,300 of them."""
     if not _INTEGER.fullmatch(text):
-        raise NotANumber(f"is {describe(text)}, not a count")
+        raise NotANumber(f"is {_written(text)}, not a count")
     if len(text.lstrip("+-0")) > len(str(hi)):
-        raise NumberRefused(f"is {describe(text)}, not an integer from 0 to {hi:,}")
+        raise NumberRefused(f"is {_written(text)}, not an integer from 0 to {hi:,}")
     return integer(int(text), 0, hi)

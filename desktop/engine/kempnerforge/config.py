@@ -125,10 +125,11 @@ class KFRunConfig:
 
 
 def ffn_hidden_dim(dim: int, multiplier: float, explicit: int | None) -> int:
-    """KempnerForge's rule: the explicit size, else 4·dim·2/3·multiplier rounded up to 256."""
+    """KempnerForge's rule: the explicit size, else 4·dim·2/3·multiplier rounded up to 256;
+    NumberRefused when that product overflows a float."""
     if explicit is not None:
         return explicit
-    raw = int(4 * dim * (2 / 3) * multiplier)  # the same float operations, in the same order
+    raw = int(finite_float(4 * dim * (2 / 3) * multiplier))  # the same float operations, in order
     return 256 * math.ceil(raw / 256)
 
 
@@ -234,11 +235,14 @@ def parse_config(data: dict[str, Any], path: Path) -> KFRunConfig:
         raise CheckpointError(
             f"{path}: model.max_seq_len = {v['max_seq_len']} is over {MAX_SEQ_LEN}, the most Nanoscope runs"
         )
-    ffn = ffn_hidden_dim(v["dim"], v["ffn_dim_multiplier"], v["ffn_hidden_dim"])
-    if ffn > MAX_INT:  # a finite multiplier can still make a size no tensor has
+    try:  # a finite multiplier can still make a size no model has, or no float holds
+        ffn: int | None = ffn_hidden_dim(v["dim"], v["ffn_dim_multiplier"], v["ffn_hidden_dim"])
+    except NumberRefused:
+        ffn = None
+    if ffn is None or not 0 < ffn <= MAX_INT:
         raise CheckpointError(
-            f"{path}: model.ffn_dim_multiplier = {v['ffn_dim_multiplier']:g} "
-            f"makes an FFN size of {describe(ffn)}"
+            f"{path}: model.ffn_dim_multiplier = {v['ffn_dim_multiplier']:g} makes an FFN size of "
+            + (describe(ffn) if ffn is not None else "more than a float holds")
         )
     cfg = KFModelConfig(
         dim=v["dim"],
