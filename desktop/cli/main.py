@@ -25,6 +25,7 @@ from desktop.config import paths
 from desktop.config.logfile import SHOWN, cli_logging
 from desktop.engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
+from desktop.engine.files.bounded import PathRefused, named_path, shown_path
 from desktop.engine.kempnerforge.config import ConfigMemory
 from desktop.engine.kernels.device import DEVICES, PRECISIONS
 from desktop.engine.messages import TokenEvent
@@ -347,7 +348,6 @@ def _draft(text: str, base: Path) -> str:
     directory and step; a name that is neither a precision nor a checkpoint is one line."""
     from desktop.engine.decode.drafts import AUTO, parse_draft
     from desktop.engine.discovery import resolve_spec
-    from desktop.engine.files.bounded import PathRefused, shown_path
 
     try:
         spec = parse_draft(text)
@@ -433,6 +433,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:  # every path flag (--home, --base-dir, --tokenizer, --config, --hf, --open), before any is used
+        for value in vars(args).values():
+            if isinstance(value, Path):
+                named_path(value)
+    except PathRefused as exc:
+        print(printable(f"nanoscope: error: {exc}"), file=sys.stderr)
+        return EXIT_ERROR
     if args.home is not None:
         if args.home.exists() and not args.home.is_dir():
             print(printable(f"nanoscope: error: --home {args.home} is a file, not a folder"), file=sys.stderr)

@@ -470,6 +470,10 @@ def test_a_dataset_uri_with_a_nul_skips_its_task_in_one_line(tmp_path):
         ["eval", str(DEMO), "--task", "core", "--data", "/tmp/a\x00b"],
         ["generate", str(DEMO), "--prompt", "hi", "--draft", f"/tmp/{LONG_NAME}"],
         ["generate", str(DEMO), "--prompt", "hi", "--draft", "int8:/tmp/a\x00b"],
+        ["generate", str(DEMO), "--prompt", "hi", "--tokenizer", f"/tmp/{LONG_NAME}"],
+        ["generate", str(DEMO), "--prompt", "hi", "--config", "/tmp/a\x00b.toml"],
+        ["list", "--base-dir", "/tmp/a\x00b"],
+        ["--home", f"/tmp/{LONG_NAME}", "list"],
     ],
     ids=[
         "timeline-long",
@@ -481,6 +485,10 @@ def test_a_dataset_uri_with_a_nul_skips_its_task_in_one_line(tmp_path):
         "core-data-nul",
         "draft-long",
         "draft-nul",
+        "tokenizer-long",
+        "config-nul",
+        "base-dir-nul",
+        "home-long",
     ],
 )
 def test_a_path_on_the_command_line_no_file_can_have_is_one_line(capsys, argv):
