@@ -84,7 +84,7 @@ class PathRefused(FileRefused, NanoscopeError):
 
 def named_path(value: object) -> Path:
     """``value`` as a path (``~`` expanded where the user is known), once it is text the system
-    can take as one; else :class:`PathRefused`. Costs no system call."""
+    can take as one; else :class:`PathRefused`. Touches no file."""
     if not isinstance(value, (str, os.PathLike)):
         raise PathRefused(repr(value)[:40], f"not a path ({type(value).__name__})")
     text = os.fspath(value)
