@@ -92,12 +92,13 @@ def named_path(value: object) -> Path:
         raise PathRefused(repr(text)[:40], "not a path (bytes)")
     if "\0" in text:
         raise PathRefused(shown_path(text), "a path with a NUL byte")
-    path = Path(os.path.expanduser(text))  # Path.expanduser raises for an unknown ~user
+    expanded = os.path.expanduser(text)  # Path.expanduser raises for an unknown ~user
     try:
-        encoded = os.fsencode(path)
+        encoded = os.fsencode(expanded)
     except UnicodeEncodeError:  # a lone surrogate that no file name's bytes decode to
         raise PathRefused(shown_path(text), "not a path (characters no file name has)") from None
-    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    separators = encoded.replace(os.altsep.encode(), os.sep.encode()) if os.altsep else encoded
+    longest = max(map(len, separators.split(os.sep.encode())))
     if longest > NAME_MAX:
         raise PathRefused(
             shown_path(text), f"a name of {longest:,} bytes in the path (the system allows {NAME_MAX})"
@@ -106,7 +107,7 @@ def named_path(value: object) -> Path:
         raise PathRefused(
             shown_path(text), f"a path of {len(encoded):,} bytes (the system allows {PATH_MAX - 1:,})"
         )
-    return path
+    return Path(expanded)
 
 
 def shown_path(text: str, limit: int = 120) -> str:
