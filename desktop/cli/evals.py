@@ -54,7 +54,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=None, help="mc: the JSONL; bpb: the text; core: the eval_bundle folder")
     p.add_argument("--lite", type=int, default=None, metavar="N", help="ask the first N examples per task")
     p.add_argument("--steps", default=None, help="comma-separated steps (default: every saved step)")
-    p.add_argument("--prompt", action="append", default=None, help="your own prompt (repeatable)")
+    p.add_argument("--prompt", action="append", default=None, help="your own prompt (repeatable, up to 100)")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true", help="one JSON line per answer, then what flipped")
 
@@ -93,8 +93,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     sweep = tasks_sweep(
         points, [p.task for p in planned], options=options, cancel=cancel, progress=shown, keeper=keeper
     )
+    by_name = {p.task.name: p for p in planned}
+    unscored: set[tuple[str, int]] = set()
     for r in sweep:
         results[r.task].append(r.result)
+        _warn_unscored(r.result, by_name[r.task], unscored)
         step = (r.result.stage, r.result.step, r.task)
         if r.kept and step not in said:
             said.add(step)
@@ -113,6 +116,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for p in planned:
         _show_flips(p, results[p.task.name], args.json)
     return 0
+
+
+def _warn_unscored(result: Any, planned: Planned, said: set[tuple[str, int]]) -> None:
+    """One warning per CORE example a model could not score (``CoreAnswer.refused``), the
+    first time a step meets it."""
+    reason = getattr(result, "refused", "")
+    if reason and planned.core is not None and (planned.task.name, result.line) not in said:
+        said.add((planned.task.name, result.line))
+        print(f"nanoscope: warning: {planned.core.data}:{result.line}: {reason}", file=sys.stderr)
 
 
 def _chosen_steps(directory: Path, points: list, steps: str | None) -> list:
@@ -157,7 +169,10 @@ def _plan_one(name: str, args: argparse.Namespace, cancel: threading.Event) -> P
     lite = f" (lite {args.lite})" if args.lite else ""
     if name == "samples":
         prompts = (args.prompt or list(evals.SAMPLE_PROMPTS))[: args.lite]
-        task = evals.samples_task(prompts, cancel)
+        try:
+            task = evals.samples_task(prompts, cancel)
+        except ValueError as exc:  # more prompts than a sweep asks (evals.MAX_PROMPTS)
+            raise NanoscopeError(f"--prompt: {exc}") from None
         return Planned(task, kept.samples_key(prompts), "sample prompts" + lite)
     if name == "answers":
         problems = checked_answers.bundled_problems()[: args.lite]
@@ -188,8 +203,8 @@ def _plan_core(labels: list[str], args: argparse.Namespace, base: Path | None) -
     from desktop.engine.runs import core_bundle
     from desktop.store.eval_results import core_key
 
-    bundle = core_bundle.find_bundle(Path(args.data).expanduser() if args.data else None, base)
     try:
+        bundle = core_bundle.find_bundle(Path(args.data) if args.data else None, base)
         tasks, problems = core_bundle.read_tasks(bundle)
     except FileRefused as exc:
         raise NanoscopeError(str(exc)) from None
@@ -222,12 +237,12 @@ def _plan_core(labels: list[str], args: argparse.Namespace, base: Path | None) -
 
 def _read(args: argparse.Namespace, read: Any, needs: str) -> Any:
     """What ``--data`` names, read by ``read``; one line when it is missing or cannot be read."""
-    from desktop.engine.files.bounded import FileRefused
+    from desktop.engine.files.bounded import FileRefused, named_path
 
     if not args.data:
         raise NanoscopeError(f"--task {args.task} needs --data {needs}")
     try:
-        return read(Path(args.data).expanduser())
+        return read(named_path(args.data))
     except FileRefused as exc:
         raise NanoscopeError(str(exc)) from None
 

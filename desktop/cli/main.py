@@ -25,6 +25,7 @@ from desktop.config import paths
 from desktop.config.logfile import SHOWN, cli_logging
 from desktop.engine.backend import Backend, GenerationStats, LoadOptions, Prompt, StreamOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
+from desktop.engine.files.bounded import PathRefused, named_path, shown_path
 from desktop.engine.kempnerforge.config import ConfigMemory
 from desktop.engine.kernels.device import DEVICES, PRECISIONS
 from desktop.engine.messages import TokenEvent
@@ -353,8 +354,10 @@ def _draft(text: str, base: Path) -> str:
         if spec.is_self or spec.checkpoint is None or spec.checkpoint.exists():
             return text
         directory, step = resolve_spec(str(spec.checkpoint), base)
+    except PathRefused as exc:  # it names the path already
+        raise NanoscopeError(f"--draft: {exc}") from None
     except NanoscopeError as exc:
-        raise NanoscopeError(f"--draft {text}: {exc}") from None
+        raise NanoscopeError(f"--draft {shown_path(text)}: {exc}") from None
     step = spec.step if spec.step is not None else step
     prefix = f"{spec.precision}:" if spec.precision != AUTO else ""
     return f"{prefix}{directory}" + (f"@{step}" if step is not None else "")
@@ -430,6 +433,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:  # every path flag (--home, --base-dir, --tokenizer, --config, --hf, --open), before any is used
+        for value in vars(args).values():
+            if isinstance(value, Path):
+                named_path(value)
+    except PathRefused as exc:
+        print(printable(f"nanoscope: error: {exc}"), file=sys.stderr)
+        return EXIT_ERROR
     if args.home is not None:
         if args.home.exists() and not args.home.is_dir():
             print(printable(f"nanoscope: error: --home {args.home} is a file, not a folder"), file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import Any
 
 from desktop.config import paths
 from desktop.engine.files import bounded
+from desktop.engine.files.numbers import NumberRefused, describe, finite_float
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
 from desktop.engine.kernels.device import DEVICES, PRECISIONS
 from desktop.engine.params import CHAT_DEFAULTS, SamplingParams
@@ -81,14 +82,16 @@ def _check_type(key: str, value: Any, default: Any) -> Any:
     if isinstance(default, bool):
         ok = isinstance(value, bool)
     elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
+        try:
+            value, ok = finite_float(value), True
+        except NumberRefused:
+            ok = False
     elif isinstance(default, int):
         ok = isinstance(value, int) and not isinstance(value, bool)
     else:
         ok = isinstance(value, type(default))
     if not ok:
-        raise ValueError(f"setting {key!r} must be {type(default).__name__}, got {value!r}")
+        raise ValueError(f"setting {key!r} must be {type(default).__name__}, got {describe(value)}")
     return value
 
 
@@ -181,13 +184,20 @@ def _recent(key: str, value: Any) -> list[dict[str, Any]]:
             and isinstance(v["dir"], str)
             and isinstance(v["step"], int)
             and not isinstance(v["step"], bool)
-            and isinstance(v["used"], (int, float))
-            and not isinstance(v["used"], bool)
+            and _is_finite(v["used"])
         )
 
     if not isinstance(value, list) or not all(valid(v) for v in value):
         raise ValueError(f"setting {key!r} must be a list of {{'dir': str, 'step': int, 'used': number}}")
-    return [{"dir": v["dir"], "step": v["step"], "used": float(v["used"])} for v in value[:RECENT_MAX]]
+    return [{"dir": v["dir"], "step": v["step"], "used": finite_float(v["used"])} for v in value[:RECENT_MAX]]
+
+
+def _is_finite(value: Any) -> bool:
+    try:
+        finite_float(value)
+    except NumberRefused:
+        return False
+    return True
 
 
 def _optional(key: str, value: Any, kind: type) -> Any:

@@ -378,9 +378,11 @@ def template_source(tokenizer_config: dict[str, Any], directory: Path) -> tuple[
     origin = directory / "tokenizer_config.json"
     if isinstance(value, str):
         return value, origin
-    # Named templates: a list of {"name", "template"} (or a dict); "default" is the chat one.
+    # Named templates: a list of {"name", "template"} (or a dict); "default" is the chat one. A
+    # name that is not text (a list cannot even be a dict key) names no template.
     if isinstance(value, list):
-        value = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        named = [t for t in value if isinstance(t, dict) and isinstance(t.get("name"), str)]
+        value = {t["name"]: t.get("template") for t in named}
     if isinstance(value, dict) and isinstance(value.get("default"), str):
         return value["default"], origin
     return None

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from desktop.engine.errors import NanoscopeError
+from desktop.engine.files.bounded import named_path
 from desktop.engine.hf.files import display_name, find_hf_directories, is_hf_directory
 from desktop.engine.hf.summary import summary_fields
 from desktop.engine.kempnerforge.layout import STEP_RE, find_runs, is_kf_target
@@ -139,8 +140,8 @@ def latest_step(directory: Path) -> int:
 
 def resolve_spec(spec: str, base_dir: Path) -> tuple[Path, int | None]:
     """``SOURCE[/TAG[/STEP]]`` (TAG may be an experiment's ``NAME/TAG``) or a directory ->
-    (checkpoint dir, step or None)."""
-    p = Path(spec).expanduser()
+    (checkpoint dir, step or None). PathRefused (one line) for text no path can be."""
+    p = named_path(spec)
     if p.exists():
         return p, None
     parts = spec.strip("/").split("/")

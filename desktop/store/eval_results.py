@@ -7,7 +7,9 @@ gave it. Hashing reads every byte of the weights, so a file's hash is itself kep
 modification time) and computed once.
 
 It is a cache: a damaged, locked or unwritable file gives one log line and the sweep simply
-runs (nothing here raises into a sweep).
+runs (nothing here raises into a sweep). So does a row whose answers are not what a sweep gives
+(a field of another type, an index out of range: :mod:`desktop.store.result_rows`); its step is
+asked again.
 
 The engine's sweep (``engine/runs/sweep.py`` ``tasks_sweep``) asks a Keeper for a step's kept
 answers before it opens the step; :class:`StoreKeeper` is that Keeper over this store, given a
@@ -28,7 +30,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from desktop.engine.runs.multiple_choice import Answer, Question, mc_task
 from desktop.engine.runs.report import weights_files
 from desktop.engine.runs.sweep import EvalTask, tasks_sweep
 from desktop.engine.runs.timeline import Point
+from desktop.store.result_rows import checked_result
 
 logger = logging.getLogger(__name__)
 SCHEMA = """
@@ -91,7 +94,7 @@ class EvalResults:
         key = json.dumps([str(f) for f in files])
         shape = (sum(s.st_size for s in stats), max(s.st_mtime_ns for s in stats))
         row = self._query("SELECT size, mtime_ns, sha256 FROM file_hashes WHERE path = ?", (key,))
-        if row is not None and (row[0], row[1]) == shape:
+        if row is not None and (row[0], row[1]) == shape and _is_sha256(row[2]):
             return str(row[2])
         try:
             digest = sha256_of_files(files, cancel)
@@ -106,13 +109,16 @@ class EvalResults:
         row = self._query(
             "SELECT answers FROM results WHERE weights=? AND task=? AND data=? AND settings=?", key
         )
-        if row is None or len(row[0]) > MAX_ANSWERS_BYTES:
+        if row is None:
             return None
-        try:
-            answers = loads_bounded(row[0], 8)
-        except JsonRefused:
+        answers: Any = None
+        if isinstance(row[0], str) and len(row[0]) <= MAX_ANSWERS_BYTES:
+            with suppress(JsonRefused):  # said below, with every other row that is no list of answers
+                answers = loads_bounded(row[0], 8)
+        if not isinstance(answers, list) or not all(isinstance(a, dict) for a in answers):
+            logger.warning("eval results: a kept row of %s is not a list of answers; asked again", key[1])
             return None
-        return answers if isinstance(answers, list) and all(isinstance(a, dict) for a in answers) else None
+        return answers
 
     def put(self, key: tuple[str, str, str, str], answers: list[dict[str, Any]]) -> None:
         self._write(
@@ -188,8 +194,12 @@ class StoreKeeper:
         if not kept:
             return None
         try:
-            results = [self.keys[task].from_dict(d) for d in kept]
-        except (TypeError, KeyError, ValueError):
+            results = [checked_result(self.keys[task].from_dict(d)) for d in kept]
+        except (TypeError, KeyError, ValueError, OverflowError) as exc:  # RowRefused is a ValueError
+            logger.warning(
+                "eval results: the kept row of %s at %s step %s is refused (%s); asked again",
+                task, point.stage, point.step, str(exc)[:200],
+            )  # fmt: skip
             return None
         self.read_back.add((point.stage, point.step, task))
         return results
@@ -198,6 +208,10 @@ class StoreKeeper:
         key = self._key(point, task)
         if self.store is not None and key is not None and results:
             self.store.put(key, [self.keys[task].to_dict(r) for r in results])
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 _shared: EvalResults | None = None

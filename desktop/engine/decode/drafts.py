@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError
+from desktop.engine.files.bounded import PathRefused, named_path
+from desktop.engine.files.numbers import NumberRefused, parse_count
 from desktop.engine.kernels.device import PRECISIONS
 
 AUTO = "auto"
@@ -69,9 +71,21 @@ def parse_draft(text: str) -> DraftSpec:
         precision, rest = _precision(head) or AUTO, tail
     step = None
     found = _STEP.match(rest)
-    if found and not Path(rest).expanduser().exists():
-        rest, step = found["path"], int(found["step"])
-    return DraftSpec(text, precision, Path(rest).expanduser(), step)
+    if found and not _exists(rest):
+        rest = found["path"]
+        try:
+            step = parse_count(found["step"])
+        except NumberRefused as exc:
+            raise NanoscopeError(f"the step after @ {exc}") from None
+    return DraftSpec(text, precision, named_path(rest), step)
+
+
+def _exists(text: str) -> bool:
+    """Whether ``text`` names an existing file or folder (a path no file can have does not)."""
+    try:
+        return named_path(text).exists()
+    except PathRefused:
+        return False
 
 
 def no_head(where: object) -> CheckpointError:

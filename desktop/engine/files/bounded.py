@@ -12,6 +12,13 @@ Every reader here
 
 Refusals are :class:`FileRefused`, whose text is ``"<path>: <reason>"``: one line for the UI,
 the CLI (exit 2) and the log.
+
+Every path is checked before the disk is touched (:func:`named_path`), by every reader here and by
+whoever takes a path from a file or the command line (a TOML's ``tensorboard_dir``, a core.yaml's
+``dataset_uri``, ``--data``, ``--draft``, a run). Unchecked, the system's refusals are not what
+callers expect: a NUL byte is a ValueError from every ``os`` call, a name past ``NAME_MAX`` bytes
+makes ``Path.exists()`` raise OSError rather than answer False, and a number or a list where a
+path belongs is a TypeError. Checked, each is a :class:`PathRefused`, one line naming the path.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.safe_json import MAX_DEPTH, JsonRefused, loads_bounded
 
 if sys.version_info >= (3, 11):
@@ -51,6 +59,8 @@ LIMITS: dict[str, int] = {
     "eval_text": 4 * MB,  # a text to measure bits per byte on: ~1M tokens, minutes per step at d12
     "eval_config": 1 * MB,  # nanochat's eval_bundle core.yaml and eval_meta_data.csv: a few KB
 }
+NAME_MAX = 255  # bytes in one part of a path: ext4, XFS, Btrfs, APFS and NTFS alike
+PATH_MAX = 4096  # bytes in a whole path, with its terminating NUL (Linux; macOS allows 1024)
 TOML_MAX_KEY_PARTS = 32  # a.b.c = 1: KempnerForge's deepest key has 3 parts
 TOML_MAX_TABLES = 10_000  # [section] and [[array]] headers
 
@@ -66,6 +76,45 @@ class FileRefused(ValueError):
 
 class FileMissing(FileRefused):
     """The file does not exist (callers often treat that as "use the default")."""
+
+
+class PathRefused(FileRefused, NanoscopeError):
+    """A path no file can have; a FileRefused for readers, and one line for the CLI as it is."""
+
+
+def named_path(value: object) -> Path:
+    """``value`` as a path (``~`` expanded where the user is known), once it is text the system
+    can take as one; else :class:`PathRefused`. Touches no file."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise PathRefused(repr(value)[:40], f"not a path ({type(value).__name__})")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise PathRefused(repr(text)[:40], "not a path (bytes)")
+    if "\0" in text:
+        raise PathRefused(shown_path(text), "a path with a NUL byte")
+    expanded = os.path.expanduser(text)  # Path.expanduser raises for an unknown ~user
+    try:
+        encoded = os.fsencode(expanded)
+    except UnicodeEncodeError:  # a lone surrogate that no file name's bytes decode to
+        raise PathRefused(shown_path(text), "not a path (characters no file name has)") from None
+    separators = encoded.replace(os.altsep.encode(), os.sep.encode()) if os.altsep else encoded
+    longest = max(map(len, separators.split(os.sep.encode())))
+    if longest > NAME_MAX:
+        raise PathRefused(
+            shown_path(text), f"a name of {longest:,} bytes in the path (the system allows {NAME_MAX})"
+        )
+    if len(encoded) >= PATH_MAX:
+        raise PathRefused(
+            shown_path(text), f"a path of {len(encoded):,} bytes (the system allows {PATH_MAX - 1:,})"
+        )
+    return Path(expanded)
+
+
+def shown_path(text: str, limit: int = 120) -> str:
+    """A path for a message: a long one cut in the middle, with its length."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2]}…{text[-limit // 4 :]} ({len(text):,} characters)"
 
 
 _KINDS = (
@@ -98,6 +147,7 @@ def read_bytes(path: Path | str, kind: str, limit: int | None = None) -> bytes:
 def open_regular(path: Path | str) -> io.BufferedReader:
     """A regular file opened for reading in binary, for readers that seek (weights); the caller
     bounds what it reads from what the file declares."""
+    named_path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from desktop.engine.errors import CheckpointError, UnsupportedFormatError
+from desktop.engine.files.numbers import NumberRefused, describe, finite_float
 
 SUPPORTED_TYPES = ("nanochat", "llama")
 ROPE_KINDS = ("default", "linear", "llama3")
@@ -275,11 +276,14 @@ def _int(values: dict[str, Any], name: str, path: Path) -> int:
 def _float(values: dict[str, Any], name: str, path: Path, *, positive: bool = False) -> float:
     """A finite model constant (a NaN or infinite one makes every logit NaN)."""
     value = values.get(name)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (positive and value == 0):  # type: ignore[operator]
+    try:
+        number = finite_float(value)  # a 400-digit int is a number, but not a finite float
+    except NumberRefused:
+        number = math.nan  # refused below, as a negative number is
+    if not (number > 0 if positive else number >= 0):
         kind = "positive" if positive else "non-negative"
-        raise CheckpointError(f"{path}: {name} must be a finite {kind} number, got {str(value)[:40]}")
-    return float(value)  # type: ignore[arg-type]
+        raise CheckpointError(f"{path}: {name} must be a finite {kind} number, got {describe(value)}")
+    return number
 
 
 def _bool(values: dict[str, Any], name: str, path: Path) -> bool:

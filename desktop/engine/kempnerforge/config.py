@@ -19,12 +19,14 @@ from typing import Any
 
 from desktop.engine.errors import CheckpointError, UnsupportedFormatError
 from desktop.engine.files import bounded
+from desktop.engine.files.numbers import NumberRefused, describe, finite_float, integer
 from desktop.engine.kempnerforge.layout import KFCheckpoint, run_dir
 
 logger = logging.getLogger(__name__)
 
 # 256k positions: Llama 3.1's 128k twice over. The RoPE table for it is 128 MB at head_dim 128.
 MAX_SEQ_LEN = 1 << 18
+MAX_INT = 1 << 31  # no size or count of a model comes near it; past it the sizes' products overflow
 NORM_TYPES = ("rmsnorm", "layernorm")
 ACTIVATIONS = ("silu", "gelu", "relu")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
@@ -123,10 +125,11 @@ class KFRunConfig:
 
 
 def ffn_hidden_dim(dim: int, multiplier: float, explicit: int | None) -> int:
-    """KempnerForge's rule: the explicit size, else 4·dim·2/3·multiplier rounded up to 256."""
+    """KempnerForge's rule: the explicit size, else 4·dim·2/3·multiplier rounded up to 256;
+    NumberRefused when that product overflows a float."""
     if explicit is not None:
         return explicit
-    raw = int(4 * dim * (2 / 3) * multiplier)  # the same float operations, in the same order
+    raw = int(finite_float(4 * dim * (2 / 3) * multiplier))  # the same float operations, in order
     return 256 * math.ceil(raw / 256)
 
 
@@ -154,8 +157,13 @@ def _value(table: dict[str, Any], name: str, path: Path) -> Any:
     }[kind]
     if not ok:
         wanted = {"int": "an integer", "int?": "an integer", "float": "a number", "bool": "true or false"}
-        raise CheckpointError(f"{path}: model.{name} must be {wanted.get(kind, 'text')}, got {v!r}")
-    return float(v) if kind == "float" else v
+        raise CheckpointError(f"{path}: model.{name} must be {wanted.get(kind, 'text')}, got {describe(v)}")
+    try:  # TOML allows inf, nan and 4,000-digit integers; the model's arithmetic does not
+        if kind == "float":
+            return finite_float(v)
+        return integer(v, -MAX_INT, MAX_INT) if kind in ("int", "int?") else v
+    except NumberRefused as exc:
+        raise CheckpointError(f"{path}: model.{name} {exc}") from None
 
 
 def _refuse_variants(data: dict[str, Any], model: dict[str, Any], path: Path) -> None:
@@ -219,13 +227,22 @@ def parse_config(data: dict[str, Any], path: Path) -> KFRunConfig:
             )
     if v["ffn_hidden_dim"] is not None and v["ffn_hidden_dim"] <= 0:
         raise CheckpointError(f"{path}: model.ffn_hidden_dim must be positive, got {v['ffn_hidden_dim']}")
-    if not math.isfinite(v["norm_eps"]) or v["norm_eps"] < 0:
+    if v["norm_eps"] < 0:  # finite already (_value)
         raise CheckpointError(f"{path}: model.norm_eps must be a finite number >= 0")
-    if not math.isfinite(v["rope_theta"]) or not v["rope_theta"] > 0:
+    if not v["rope_theta"] > 0:
         raise CheckpointError(f"{path}: model.rope_theta must be a finite number > 0")
     if v["max_seq_len"] > MAX_SEQ_LEN:  # its RoPE table is built before anything else is checked
         raise CheckpointError(
             f"{path}: model.max_seq_len = {v['max_seq_len']} is over {MAX_SEQ_LEN}, the most Nanoscope runs"
+        )
+    try:  # a finite multiplier can still make a size no model has, or no float holds
+        ffn: int | None = ffn_hidden_dim(v["dim"], v["ffn_dim_multiplier"], v["ffn_hidden_dim"])
+    except NumberRefused:
+        ffn = None
+    if ffn is None or not 0 < ffn <= MAX_INT:
+        raise CheckpointError(
+            f"{path}: model.ffn_dim_multiplier = {v['ffn_dim_multiplier']:g} makes an FFN size of "
+            + (describe(ffn) if ffn is not None else "more than a float holds")
         )
     cfg = KFModelConfig(
         dim=v["dim"],
@@ -233,7 +250,7 @@ def parse_config(data: dict[str, Any], path: Path) -> KFRunConfig:
         n_heads=v["n_heads"],
         n_kv_heads=n_kv,
         vocab_size=v["vocab_size"],
-        ffn_hidden_dim=ffn_hidden_dim(v["dim"], v["ffn_dim_multiplier"], v["ffn_hidden_dim"]),
+        ffn_hidden_dim=ffn,
         norm_type=v["norm_type"],
         norm_eps=v["norm_eps"],
         activation=v["activation"],
@@ -246,7 +263,11 @@ def parse_config(data: dict[str, Any], path: Path) -> KFRunConfig:
     data_table = data.get("data")
     tokenizer = data_table.get("tokenizer_path", "") if isinstance(data_table, dict) else ""
     if not isinstance(tokenizer, str):
-        raise CheckpointError(f"{path}: data.tokenizer_path must be text, got {tokenizer!r}")
+        raise CheckpointError(f"{path}: data.tokenizer_path must be text, got {describe(tokenizer)}")
+    try:
+        bounded.named_path(tokenizer)  # looked for as a folder later: a NUL or a long name is no folder
+    except bounded.PathRefused as exc:
+        raise CheckpointError(f"{path}: data.tokenizer_path: {exc}") from None
     return KFRunConfig(Path(path), cfg, tokenizer, tuple(warnings))
 
 
@@ -329,7 +350,11 @@ class ConfigMemory:
     def get(self, path: Path) -> Path | None:
         """The TOML remembered for the run ``path`` names (the run, or one of its steps)."""
         value = self._read().get(self._key(path))
-        return Path(value) if value and Path(value).is_file() else None
+        try:
+            toml = bounded.named_path(value) if value else None
+        except bounded.PathRefused:  # the app's own file, damaged: as if nothing was remembered
+            return None
+        return toml if toml is not None and toml.is_file() else None
 
     def remember(self, run: Path, toml: Path) -> None:
         data = self._read()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from desktop.engine.files.numbers import NumberRefused, finite_float
+
 
 def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
@@ -195,19 +197,24 @@ def _short(value: object) -> str:
 
 def _number(f: MetaField, value: object, where: str) -> float | int:
     label = f"{where}: model_config.{f.name}"
+    number: float | int
     if f.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{label} must be an integer, got {_short(value)}")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{label} must be a finite number, got {_short(value)}")
-    if value < f.lo or (f.lo_open and value == f.lo):
+        number = value
+    else:
+        try:
+            number = finite_float(value)  # a 400-digit int is a number, but not a finite float
+        except NumberRefused:
+            raise ValueError(f"{label} must be a finite number, got {_short(value)}") from None
+    if number < f.lo or (f.lo_open and number == f.lo):
         word = "positive" if f.lo == 0 and f.lo_open else f"at least {_fmt_bound(f.lo)}"
         if f.lo == 1 and f.kind == "int":
             word = "positive"
         raise ValueError(f"{label} must be {word}, got {_short(value)}")
-    if value > f.hi:
+    if number > f.hi:
         raise ValueError(f"{label}={_short(value)} is implausibly large (limit {_fmt_bound(f.hi)})")
-    return value if f.kind == "int" else float(value)
+    return number
 
 
 def _ints(f: MetaField, value: object, where: str) -> tuple[int, ...]:

@@ -41,7 +41,15 @@ from typing import Any
 
 from desktop.engine.backend import Backend, LoadOptions, Prompt
 from desktop.engine.errors import NanoscopeError
-from desktop.engine.files.bounded import FileRefused, parse_json, read_head_lines, read_text, read_yaml
+from desktop.engine.files.bounded import (
+    FileRefused,
+    named_path,
+    parse_json,
+    read_head_lines,
+    read_text,
+    read_yaml,
+)
+from desktop.engine.files.numbers import NumberRefused, parse_float
 from desktop.engine.runs.records import parse_records
 from desktop.engine.runs.sweep import EvalTask, step_sweep
 from desktop.engine.runs.timeline import Point
@@ -95,6 +103,7 @@ class CoreAnswer:
     gold: int
     losses: tuple[float, ...]  # mean loss per option (language modeling: of the continuation)
     correct: bool
+    refused: str = ""  # why the example could not be scored under this model (counted as wrong)
 
     def to_dict(self) -> dict[str, object]:
         """As JSON holds it: a loss that is not finite (an option with nothing to score) is None."""
@@ -117,9 +126,9 @@ def bundle_of(base_dir: Path | None) -> Path | None:
 
 def find_bundle(folder: Path | None, base_dir: Path | None) -> Path:
     """The eval_bundle to read: ``folder``, else the nanochat base dir's; one line when there
-    is none."""
-    bundle = folder or bundle_of(base_dir)
-    if bundle is None or not (bundle / "core.yaml").is_file():
+    is none. PathRefused for a ``folder`` no path can be."""
+    bundle = named_path(folder) if folder is not None else bundle_of(base_dir)
+    if bundle is None or not named_path(bundle / "core.yaml").is_file():
         where = bundle or Path(base_dir or "$NANOCHAT_BASE_DIR") / BUNDLE_DIR
         raise NanoscopeError(f"{where}: no eval_bundle (core.yaml); nanochat's base_eval downloads it")
     return bundle
@@ -155,13 +164,14 @@ def _task(entry: object, bundle: Path, baselines: Mapping[str, float]) -> CoreTa
         raise ValueError(f"icl_task_type must be one of {', '.join(KINDS)}")
     if not isinstance(uri, str) or not uri or Path(uri).is_absolute() or ".." in Path(uri).parts:
         raise ValueError("dataset_uri must be a path inside eval_data/")
+    data = named_path(bundle / "eval_data" / uri)  # a NUL or an over-long name: PathRefused
     if isinstance(shots, list) and shots:
         shots = shots[0]  # base_eval.py takes the first
     if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= MAX_FEWSHOT:
         raise ValueError(f"num_fewshot must be 0 to {MAX_FEWSHOT}")
     if not isinstance(delimiter, str) or len(delimiter) > 1_000:
         raise ValueError("continuation_delimiter must be a text")
-    return CoreTask(label, kind, bundle / "eval_data" / uri, shots, delimiter, baselines.get(label))
+    return CoreTask(label, kind, data, shots, delimiter, baselines.get(label))
 
 
 def _baselines(path: Path) -> tuple[dict[str, float], list[str]]:
@@ -174,10 +184,10 @@ def _baselines(path: Path) -> tuple[dict[str, float], list[str]]:
     try:
         for row in csv.DictReader(io.StringIO(text)):
             try:
-                value = float(row.get("Random baseline") or "")
-            except ValueError:
+                value = parse_float(row.get("Random baseline") or "")
+            except NumberRefused:
                 continue
-            if math.isfinite(value) and 0 <= value < 100:
+            if 0 <= value < 100:
                 baselines[str(row.get("Eval Task"))] = value
     except csv.Error as exc:
         return baselines, [f"{path}: not CSV ({exc}); some accuracies are not centered"]
@@ -275,8 +285,21 @@ def common_length(sequences: Sequence[Sequence[int]], from_end: bool = False) ->
     return shortest
 
 
+class Unscorable(ValueError):
+    """An example this model's tokenizer cannot score as nanochat scores it (the reason)."""
+
+
+# core_eval's batch_sequences_lm asserts the context's tokens are a prefix of the context with its
+# continuation, and stops the whole evaluation when they are not; here only the example is lost.
+MERGED = (
+    "its continuation merges into the context's last token in this tokenizer (nanochat's "
+    "core_eval stops on such an example); counted as wrong"
+)
+
+
 def spans(task: CoreTask, sequences: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-    """(start, end) of the scored tokens in each sequence, as core_eval's batch_sequences_*."""
+    """(start, end) of the scored tokens in each sequence, as core_eval's batch_sequences_*;
+    :class:`Unscorable` for a language-modelling example whose context and continuation merge."""
     if task.kind == "multiple_choice":
         start = common_length(sequences)
         return [(start, len(s)) for s in sequences]
@@ -285,7 +308,7 @@ def spans(task: CoreTask, sequences: Sequence[Sequence[int]]) -> list[tuple[int,
         return [(len(s) - suffix, len(s)) for s in sequences]
     without, with_continuation = sequences
     if with_continuation[: len(without)] != without or len(without) >= len(with_continuation):
-        raise ValueError("the context's tokens are not a prefix of the context with its continuation")
+        raise Unscorable(MERGED)
     return [(len(without), len(with_continuation))]
 
 
@@ -331,9 +354,13 @@ def core_task(task: CoreTask, examples: Sequence[CoreExample]) -> EvalTask:
 
     def ask(backend: Backend, point: Point, index: int) -> CoreAnswer:
         example = examples[index]
-        gold = int(example.item.get("gold", 0))
-        chosen, losses, right = score_example(backend, task, examples, index, lead_ids(backend))
-        return CoreAnswer(point.stage, point.step, task.label, example.line, chosen, gold, losses, right)
+        gold, refused = int(example.item.get("gold", 0)), ""
+        try:
+            chosen, losses, right = score_example(backend, task, examples, index, lead_ids(backend))
+        except Unscorable as exc:
+            chosen, losses, right, refused = -1, (math.inf,), False, str(exc)
+        where = (point.stage, point.step, task.label, example.line)
+        return CoreAnswer(*where, chosen, gold, losses, right, refused)
 
     return EvalTask(f"core:{task.label}", range(len(examples)), ask)
 

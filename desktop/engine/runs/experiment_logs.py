@@ -10,8 +10,9 @@ on a series of that name; ``eflops`` is an x of its own, not a series.
 
 A prose line (no ``key=value`` after the tag, as base_train's ``step 00042/…`` progress lines) is
 skipped quietly, as nanochat's own parser skips it. A record that cannot be parsed, a ``step`` that
-is not a count, or a value that is NaN or a word where a metric belongs is one line naming the
-file and line (at most ``MAX_PROBLEMS_PER_FILE`` of them, then a count); the rest is read.
+is not a count below 2^53, or a value that is NaN, infinite, too large for a float or a word where
+a metric belongs is one line naming the file and line (at most ``MAX_PROBLEMS_PER_FILE`` of them,
+then a count); the rest is read. Numbers are read by :mod:`desktop.engine.files.numbers`.
 
 ``meta.json`` (the experiment's identity: name, git commit and branch, dirty flag, dataset,
 creation date) is read into a few labelled strings.
@@ -27,6 +28,7 @@ from typing import Any
 
 from desktop.engine.files.bounded import FileRefused, read_json
 from desktop.engine.files.log_lines import LogLines
+from desktop.engine.files.numbers import NotANumber, NumberRefused, parse_count, parse_float
 
 # Which stage each of the runner's logs belongs to (runs/run.sh names them after the script).
 LOG_STAGES = {
@@ -178,12 +180,13 @@ def _record(text: str, number: int, problems: _Problems) -> dict[str, Any] | Non
         if not eq or not key:
             problems.add(number, f"{tag} record with {_short(token, 40)!r}, not key=value; skipped")
             return None
-        record[key] = _value(value)
+        record[key] = value  # text: each number is read where it is used, bounded
     if "step" not in record:
         return None  # e.g. base_train's summary: the run's totals, not a point
-    step = record["step"]
-    if not isinstance(step, int) or step < 0:
-        problems.add(number, f"{tag} record whose step {_short(str(step), 40)!r} is not a count; skipped")
+    try:
+        record["step"] = parse_count(record["step"])
+    except NumberRefused as exc:
+        problems.add(number, f"{tag} record whose step {_short(str(exc), 80)}; skipped")
         return None
     return record
 
@@ -191,34 +194,24 @@ def _record(text: str, number: int, problems: _Problems) -> dict[str, Any] | Non
 def _add(record: dict[str, Any], stage: str, number: int, found: dict, problems: _Problems) -> None:
     source = record.get("source")
     where = source if isinstance(source, str) and source in STAGE_NAMES else stage
-    for key, value in record.items():
+    for key, text in record.items():
         if key in NOT_SERIES:
             continue
-        if isinstance(value, str):
+        try:
+            value = parse_float(text)
+        except NotANumber:  # a word: a label in a summary, a problem where a metric belongs
             if record["tag"] in METRIC_RECORDS:
-                problems.add(number, f"{key} is {_short(value, 40)!r}, not a number; left out")
+                problems.add(number, f"{key} is {_short(text, 40)!r}, not a number; left out")
             continue
-        if not math.isfinite(value):
-            problems.add(number, f"{key} is {value}; left out")
+        except NumberRefused as exc:  # nan, inf, or digits past what a float holds
+            problems.add(number, f"{_short(key, 40)} {_short(str(exc), 80)}; left out")
             continue
         points = found.setdefault((key, where), {})
         if len(points) < MAX_POINTS or record["step"] in points:
-            points[record["step"]] = float(value)
+            points[record["step"]] = value
         elif len(points) == MAX_POINTS:
             problems.add(number, f"{key}: more than {MAX_POINTS:,} points; later ones left out")
             points[-1] = math.nan  # one line per series: the marker makes it MAX_POINTS + 1
-
-
-def _value(text: str) -> int | float | str:
-    """As nanochat's parser infers it: an int, else a float, else the text."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def _short(text: str, limit: int = 80) -> str:

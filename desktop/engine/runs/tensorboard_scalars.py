@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from desktop.engine.errors import CheckpointError
+from desktop.engine.files.bounded import PathRefused, named_path
 from desktop.engine.files.tensorboard_events import (
     MAX_FILE_BYTES,
     MAX_POINTS,
@@ -63,7 +64,12 @@ def kf_curves(
     curve per tag, and a line for each thing that was skipped or cut."""
     problems: list[str] = []
     files: list[Path] = []
-    for folder in event_folders(run):
+    try:
+        folders = event_folders(run)
+    except PathRefused as exc:
+        folders = []
+        problems.append(f"{exc}; no TensorBoard scalars read")
+    for folder in folders:
         found, line = event_files(folder)
         files += found
         problems += [line] if line else []
@@ -108,8 +114,9 @@ def _read(files: list[Path], scalars: Scalars, problems: list[str]) -> dict[str,
 
 
 def event_folders(run: Path) -> list[Path]:
-    """Where the run's ``SummaryWriter`` wrote, by its training TOML's settings (see above)."""
-    data = _training_toml(run)
+    """Where the run's ``SummaryWriter`` wrote, by its training TOML's settings (see above);
+    PathRefused when the TOML names a folder no path can be."""
+    toml, data = _training_toml(run)
     metrics, checkpoint = data.get("metrics"), data.get("checkpoint")
     stated = metrics.get("tensorboard_dir") if isinstance(metrics, dict) else None
     ckpt_dir = checkpoint.get("dir") if isinstance(checkpoint, dict) else None
@@ -119,16 +126,20 @@ def event_folders(run: Path) -> list[Path]:
         if ".." not in parts and run.parts[-len(parts) :] == parts:
             launch = Path(*run.parts[: -len(parts)]) if len(parts) < len(run.parts) else Path()
     if isinstance(stated, str) and stated:
-        return [launch / stated]  # an absolute tensorboard_dir stays as it is
+        try:
+            return [named_path(launch / stated)]  # an absolute tensorboard_dir stays as it is
+        except PathRefused as exc:
+            raise PathRefused(f"{toml}: metrics.tensorboard_dir", exc.reason) from None
     return list(dict.fromkeys([launch / DEFAULT_DIR, run / DEFAULT_DIR]))
 
 
-def _training_toml(run: Path) -> dict[str, Any]:
-    """The run's training TOML, or {} when it has none (or none that reads)."""
+def _training_toml(run: Path) -> tuple[Path | None, dict[str, Any]]:
+    """The run's training TOML and what it holds, or (None, {}) when it has none that reads."""
     try:
-        return read_toml(find_config(resolve_checkpoint(run)))
+        path = find_config(resolve_checkpoint(run))
+        return path, read_toml(path)
     except CheckpointError:
-        return {}
+        return None, {}
 
 
 def event_files(folder: Path) -> tuple[list[Path], str | None]:

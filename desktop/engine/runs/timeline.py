@@ -33,7 +33,6 @@ more than the bounded readers allow.
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any, TypeGuard
 from desktop.engine.discovery import PHASES
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused, read_json
+from desktop.engine.files.numbers import NotANumber, NumberRefused, finite_float
 from desktop.engine.kempnerforge.layout import is_kf_target, run_dir, run_steps
 from desktop.engine.nanochat import checkpoint as ckpt
 from desktop.engine.nanochat.experiment_layout import is_stage_folder, is_tag_folder, stage_folders
@@ -363,14 +363,13 @@ def _metrics(meta: dict[str, Any], path: Path, problems: list[str]) -> dict[str,
         found.update({k: loop[k] for k in LOOP_STATE if k in loop})
     metrics: dict[str, float] = {}
     for key, value in found.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            metrics[key] = finite_float(value)
+        except NotANumber:  # a list or a dict is not meant as a metric; a word or null in its place is
             if isinstance(value, str) or value is None:
                 problems.append(f"{path}: {key} is not a number; left out")
-            continue
-        if not math.isfinite(value):
-            problems.append(f"{path}: {key} is {value}; left out")
-            continue
-        metrics[key] = float(value)
+        except NumberRefused as exc:
+            problems.append(f"{path}: {key} {exc}; left out")
     return metrics
 
 
