@@ -22,13 +22,15 @@ from collections.abc import Hashable
 from pathlib import Path
 
 MB = 1 << 20
-# A run's numbers are a few dozen series of at most thousands of points; a million values is
-# ~100 MB of curves in memory and about a second of parsing.
-MAX_VALUES = 1_000_000
+# A run's numbers are a few dozen series of at most thousands of points. A value costs 2-5 µs to
+# parse from a log and 5-20 µs from TensorBoard (on a shared 2-core VM): half a million is seconds,
+# and ~50 MB of curves in memory.
+MAX_VALUES = 500_000
 MAX_SERIES = 1_000  # nanochat's metas and logs name ~40 (CORE's tasks); KempnerForge ~20 tags
 MAX_STEPS = 100_000  # saved steps: each is a checkpoint, so a real run has hundreds at most
-# A meta is a few KB (200 steps read in 45 ms); a 16 MB one takes ~2 s to parse.
-MAX_META_BYTES = 32 * MB
+# A meta is a few KB (200 steps read in 45 ms: thousands of steps fit); a 16 MB one, the most a
+# single meta may weigh, takes 2-4 s to parse.
+MAX_META_BYTES = 16 * MB
 
 
 class RunBudget:
@@ -56,7 +58,7 @@ class RunBudget:
     def take_values(self, count: int) -> bool:
         """``count`` values read; False (and none taken) when they do not fit."""
         if count > self.values_left:
-            self._out("values", f"more than {self.max_values:,} values read; the rest is left out")
+            self._out("values", "more than {:,} values read; the rest is left out", self.max_values)
             self.values = self.max_values  # spent: later reads stop at once
             return False
         self.values += count
@@ -67,7 +69,7 @@ class RunBudget:
         if key in self.series:
             return True
         if len(self.series) >= self.max_series:
-            self._out("series", f"more than {self.max_series:,} series; the others are left out")
+            self._out("series", "more than {:,} series; the others are left out", self.max_series)
             return False
         self.series.add(key)
         return True
@@ -76,7 +78,7 @@ class RunBudget:
         """The first of ``steps`` that fit; the rest left out (and said)."""
         kept = steps[: max(self.max_steps - self.steps, 0)]
         if len(kept) < len(steps):
-            self._out("steps", f"more than {self.max_steps:,} saved steps; the later ones are left out")
+            self._out("steps", "more than {:,} saved steps; the later ones are left out", self.max_steps)
         self.steps += len(kept)
         return kept
 
@@ -85,8 +87,8 @@ class RunBudget:
         if self.meta_bytes + size > self.max_meta_bytes:
             self._out(
                 "meta",
-                f"metas of more than {self.max_meta_bytes // MB} MB in all; the later steps are "
-                "listed without their numbers",
+                "metas of more than {} MB in all; the later steps are listed without their numbers",
+                self.max_meta_bytes // MB,
             )
             return False
         self.meta_bytes += size
@@ -96,8 +98,11 @@ class RunBudget:
         """One line for each budget that ran out, in the order they did."""
         return list(self._lines.values())
 
-    def _out(self, kind: str, what: str) -> None:
-        self._lines.setdefault(kind, f"{self.run}: {what} (the limit for one run)")
+    def _out(self, kind: str, what: str, limit: int) -> None:
+        """Say once that the budget ``kind`` ran out (formatted only then: a hostile log asks
+        for a new series a million times)."""
+        if kind not in self._lines:
+            self._lines[kind] = f"{self.run}: {what.format(limit)} (the limit for one run)"
 
 
 class Problems:

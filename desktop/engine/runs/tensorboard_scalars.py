@@ -44,12 +44,12 @@ from desktop.engine.runs.budget import RunBudget
 DEFAULT_DIR = "tb_logs"  # KempnerForge's metrics.tensorboard_dir
 MAX_FILES = 64
 MAX_LISTED = 10_000  # folder entries looked at, for a folder of millions
-# torch writes an event of ~60 bytes and 6 fields per value: a run's million values (the run
-# budget) fit in these, and a hostile file costs no more than that (a field is ~1 µs, a byte of
-# checksum ~0.1 µs).
-MAX_RUN_BYTES = 64 * MB
+# torch writes an event of ~60 bytes and 6 fields per value: the run budget's values fit in these,
+# and a hostile file costs no more than an honest one that fills them (a field is 1-2 µs, a byte
+# of checksum ~0.1 µs).
+MAX_RUN_BYTES = 32 * MB
 MAX_RUN_EVENTS = 2_000_000
-MAX_RUN_FIELDS = 8_000_000
+MAX_RUN_FIELDS = 4_000_000
 _STARTED = re.compile(r"tfevents\.(\d{1,20})")  # events.out.tfevents.<start time>.<host>.<pid>.<n>
 
 

@@ -70,6 +70,7 @@ NOT_METRICS = frozenset(
     }
 )
 MAX_PROBLEMS_PER_META = 5  # lines about one meta's values, then a count
+MAX_PROBLEM_LINES = 100  # of a run (each names its file): then a count; the budgets' lines after
 BPB_FIX = datetime(2026, 7, 3, tzinfo=timezone.utc).timestamp()  # nanochat 2ce972a
 BPB_NOTE = (
     "val_bpb: nanochat changed how token bytes are counted on 2026-07-03 (2ce972a); steps saved "
@@ -240,9 +241,9 @@ def _nanochat(folder: Path) -> Timeline:
         stages.append((offset, stage))
         previous = _stage_points(stage, directory, steps, offset, previous, points, problems, budget)
         offset += steps[-1]
-    problems += budget.lines()
     name = folder.name if len(stages) < 2 else f"{folder.name} ({' → '.join(s for _, s in stages)})"
-    return Timeline(name, tuple(points), tuple(problems), tuple(stages), notes=bpb_notes(points))
+    said = _said(folder, problems, budget)
+    return Timeline(name, tuple(points), said, tuple(stages), notes=bpb_notes(points))
 
 
 def _stage_points(
@@ -334,12 +335,21 @@ def _experiment(tag_folder: Path) -> Timeline:
             else max((one.steps[-1] for one in logged.get(stage, []) if one.steps), default=0)
         )
     about, lines = read_about(tag_folder.parent)
-    problems += lines + budget.lines()
+    problems += lines
     name = f"{tag_folder.parent.name}/{tag_folder.name}"
     if len(stages) > 1:
         name += f" ({' → '.join(s for _, s in stages)})"
     notes = bpb_notes(points) + ((about_note(about),) if about else ())
-    return Timeline(name, tuple(points), tuple(problems), tuple(stages), tuple(curves), notes, about)
+    said = _said(tag_folder, problems, budget)
+    return Timeline(name, tuple(points), said, tuple(stages), tuple(curves), notes, about)
+
+
+def _said(run: Path, problems: list[str], budget: RunBudget) -> tuple[str, ...]:
+    """The run's problem lines: the first MAX_PROBLEM_LINES (a run of 100,000 steps without metas
+    would give as many), a count of the rest, then a line for each budget that ran out."""
+    more = len(problems) - MAX_PROBLEM_LINES
+    tail = [f"{run}: {more:,} more problem lines skipped"] if more > 0 else []
+    return (*problems[:MAX_PROBLEM_LINES], *tail, *budget.lines())
 
 
 def bpb_notes(points: list[Point]) -> tuple[str, ...]:
@@ -370,10 +380,10 @@ def _kempnerforge(run: Path) -> Timeline:
         size = sum(p.stat().st_size for p in (run / f"step_{step}").glob("*.distcp") if p.is_file())
         points.append(Point("kempnerforge", step, step, run, {}, tokens, size))
     logged, lines = kf_curves(run, budget)
-    problems += lines + budget.lines()
+    problems += lines
     curves = tuple(Curve(c.name, "kempnerforge", c.xs, c.ys, c.source) for c in logged)
     stages = ((0, "kempnerforge"),) if points else ()
-    return Timeline(run.name, tuple(points), tuple(problems), stages, curves=curves)
+    return Timeline(run.name, tuple(points), _said(run, problems, budget), stages, curves=curves)
 
 
 def _metrics(
