@@ -36,17 +36,11 @@ MAX_META_BYTES = 16 * MB
 class RunBudget:
     """The costs left for reading the run ``run``; ``take_*`` spend them (False: out, and said)."""
 
-    def __init__(
-        self,
-        run: Path,
-        max_values: int = MAX_VALUES,
-        max_series: int = MAX_SERIES,
-        max_steps: int = MAX_STEPS,
-        max_meta_bytes: int = MAX_META_BYTES,
-    ) -> None:
+    def __init__(self, run: Path) -> None:
         self.run = run
-        self.max_values, self.max_series = max_values, max_series
-        self.max_steps, self.max_meta_bytes = max_steps, max_meta_bytes
+        # read here rather than bound as defaults, so that a test may lower them
+        self.max_values, self.max_series = MAX_VALUES, MAX_SERIES
+        self.max_steps, self.max_meta_bytes = MAX_STEPS, MAX_META_BYTES
         self.values = self.steps = self.meta_bytes = 0
         self.series: set[Hashable] = set()
         self._lines: dict[str, str] = {}  # one per budget that ran out
