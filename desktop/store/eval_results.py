@@ -54,8 +54,8 @@ from desktop.engine.runs.multiple_choice import Answer, Question, mc_task
 from desktop.engine.runs.report import weights_files
 from desktop.engine.runs.sweep import EvalTask, tasks_sweep
 from desktop.engine.runs.timeline import Point
-from desktop.store import guard
-from desktop.store.guard import Deadline, Untrusted
+from desktop.store.guard import Deadline, Untrusted, made_by, rows, schema_of, set_aside, strangers
+from desktop.store.guard import connect as guarded_connect
 from desktop.store.schema import immediate
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def _layout(*statements: str) -> frozenset[tuple[str, str, str, str | None]]:
         for statement in statements:
             conn.execute(statement)
 
-    return guard.made_by(build)
+    return made_by(build)
 
 
 class EvalResults:
@@ -169,7 +169,7 @@ class EvalResults:
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = guard.connect(
+        conn = guarded_connect(
             self.path, MAX_STEPS, DEADLINE_S, MAX_ANSWERS_BYTES, isolation_level=None, check_same_thread=False
         )
         self._deadline = conn.deadline
@@ -193,7 +193,7 @@ class EvalResults:
         fired = self._deadline is not None and self._deadline.fired
         reason = "a query ran past its deadline" if fired else exc
         try:
-            aside = guard.set_aside(self.path)
+            aside = set_aside(self.path)
         except OSError as err:
             logger.warning("eval results are not kept: %s: %s; not set aside (%s)", self.path, reason, err)
             return False
@@ -215,7 +215,7 @@ class EvalResults:
             if self._conn is None:
                 return None
             try:
-                return next(guard.rows(self._conn, sql, args, 1), None)  # looked up by key: one row
+                return next(rows(self._conn, sql, args, 1), None)  # looked up by key: one row
             except (Untrusted, sqlite3.Error) as exc:
                 self._failed(exc, "read")
                 return None
@@ -239,7 +239,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise _Newer(f"written by a newer Nanoscope (layout {version}, this one knows {SCHEMA_VERSION})")
-    found = guard.schema_of(conn)
+    found = schema_of(conn)
     if version == SCHEMA_VERSION and found == _layout(RESULTS, FILE_HASHES):
         return
     if version == 0 and found in (frozenset(), _layout(FIRST_RESULTS, FILE_HASHES)):
@@ -248,7 +248,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute(FILE_HASHES)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         return
-    odd = guard.strangers(found, _layout(RESULTS, FILE_HASHES) | _layout(FIRST_RESULTS, FILE_HASHES))
+    odd = strangers(found, _layout(RESULTS, FILE_HASHES) | _layout(FIRST_RESULTS, FILE_HASHES))
     raise Untrusted(f"holds {', '.join(odd[:3])}" if odd else f"layout {version} with tables changed")
 
 

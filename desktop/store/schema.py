@@ -25,7 +25,8 @@ from typing import Any
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileMissing, FileRefused, open_regular
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
-from desktop.store import guard
+from desktop.store.guard import GuardedConnection, Schema, Untrusted, made_by, schema_of
+from desktop.store.guard import connect as guarded_connect
 
 
 class HistoryError(NanoscopeError):
@@ -165,9 +166,9 @@ DEADLINE_S = 60.0
 MAX_VALUE_BYTES = 256 << 20
 
 
-def connect(path: Path | str, **options: Any) -> guard.GuardedConnection:
+def connect(path: Path | str, **options: Any) -> GuardedConnection:
     """A connection to a history file whose every statement runs under the limits above."""
-    return guard.connect(path, MAX_STEPS, DEADLINE_S, MAX_VALUE_BYTES, **options)
+    return guarded_connect(path, MAX_STEPS, DEADLINE_S, MAX_VALUE_BYTES, **options)
 
 
 def _core_tables(conn: sqlite3.Connection) -> None:
@@ -175,11 +176,11 @@ def _core_tables(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
-def strangers(found: guard.Schema) -> list[str]:
+def strangers(found: Schema) -> list[str]:
     """The objects of a history's schema that Nanoscope does not make (a view, a trigger, an index),
     compared by their statements; the FTS5 index's own tables are whatever this SQLite's FTS5 made
     them, and SQLite's statistics tables are its own."""
-    ours = {(kind, name, sql) for kind, name, _, sql in guard.made_by(_core_tables)}
+    ours = {(kind, name, sql) for kind, name, _, sql in made_by(_core_tables)}
     ours |= {("trigger", name, f"CREATE TRIGGER {name} {body}") for name, body in _SEARCH_TRIGGERS.items()}
     ours |= {("table", n, sql.replace(" IF NOT EXISTS", "", 1)) for n, sql in _SEARCH_TABLES.items()}
     shadows = (*(f"{name}_" for name in _SEARCH_TABLES), "sqlite_stat")
@@ -222,10 +223,10 @@ def refuse_foreign(path: Path) -> None:
         conn = connect(uri, uri=True)
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            found = guard.schema_of(conn)
+            found = schema_of(conn)
         finally:
             conn.close()
-    except (sqlite3.Error, guard.Untrusted) as e:
+    except (sqlite3.Error, Untrusted) as e:
         raise HistoryError(f"{path}: cannot read the history database ({e})") from None
     tables = {name for kind, name, _, _ in found if kind == "table"}
     odd = strangers(found)
