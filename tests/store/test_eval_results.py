@@ -72,7 +72,7 @@ def test_two_steps_with_the_same_weights_each_keep_their_own_answers(tmp_path):
     asked = sweep()
     labels = [(r.stage, r.step) for r, _ in asked]
     n = len(PROBLEMS)
-    assert labels == [(first.stage, first.step)] * n + [(second.stage, second.step)] * n  # not step 1 twice
+    assert labels == [(first.stage, first.step)] * n + [(second.stage, second.step)] * n  # each its own
     assert not any(kept for _, kept in asked)
     again = sweep()
     assert [r for r, _ in again] == [r for r, _ in asked] and all(kept for _, kept in again)
