@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -292,10 +293,18 @@ def _stage_points(
 def _read_meta(path: Path, budget: RunBudget) -> dict[str, Any]:
     """The meta at ``path`` ({} past the run's meta budget); CheckpointError when unreadable."""
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        size = _size(path)
+    except FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
     return ckpt.read_meta(path) if budget.take_meta(size) else {}
+
+
+def _size(path: Path) -> int:
+    """What a file weighs before it is read (what the run's meta budget counts)."""
+    try:
+        return path.stat().st_size
+    except OSError as exc:
+        raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
 
 
 def _experiment(tag_folder: Path) -> Timeline:
@@ -366,9 +375,10 @@ def _kempnerforge(run: Path) -> Timeline:
         path = run / f"step_{step}" / "metadata.json"
         tokens = None
         try:
-            data = read_json(path, "config")
+            # its bytes are the run's meta bytes: a step's metadata.json may weigh 64 MB
+            data = read_json(path, "config") if budget.take_meta(_size(path)) else {}
         except FileRefused as exc:
-            if path.exists():
+            if os.path.lexists(path):  # none at all: a step still being written, no tokens
                 problems.append(str(exc))
             data = {}
         if isinstance(data, dict):
