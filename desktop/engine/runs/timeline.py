@@ -293,13 +293,13 @@ def _stage_points(
 def _read_meta(path: Path, budget: RunBudget) -> dict[str, Any]:
     """The meta at ``path`` ({} past the run's meta budget); CheckpointError when unreadable."""
     try:
-        size = _size(path)
+        size = _bytes_of(path)
     except FileRefused as exc:
         raise CheckpointError(str(exc)) from None
     return ckpt.read_meta(path) if budget.take_meta(size) else {}
 
 
-def _size(path: Path) -> int:
+def _bytes_of(path: Path) -> int:
     """What a file weighs before it is read (what the run's meta budget counts)."""
     try:
         return path.stat().st_size
@@ -376,7 +376,7 @@ def _kempnerforge(run: Path) -> Timeline:
         tokens = None
         try:
             # its bytes are the run's meta bytes: a step's metadata.json may weigh 64 MB
-            data = read_json(path, "config") if budget.take_meta(_size(path)) else {}
+            data = read_json(path, "config") if budget.take_meta(_bytes_of(path)) else {}
         except FileRefused as exc:
             if os.path.lexists(path):  # none at all: a step still being written, no tokens
                 problems.append(str(exc))
