@@ -235,7 +235,7 @@ def refuse_foreign(path: Path) -> None:
             f"{path}: holds {', '.join(odd[:3])}{' …' if len(odd) > 3 else ''}, which Nanoscope does not "
             "make; Nanoscope leaves it alone (move it or choose another home)"
         )
-    if (version == 0 and not tables) or (version >= 1 and tables >= OUR_TABLES):
+    if (version == 0 and not found) or (version >= 1 and tables >= OUR_TABLES):
         return
     listed = ", ".join(sorted(tables)[:5]) or "none"
     raise HistoryError(

@@ -218,3 +218,15 @@ def test_messages_whose_parents_loop_end_the_branch_walk(tmp_path):
             conn.execute("UPDATE messages SET parent_id = ? WHERE id = ?", (second, first))
         store.select_branch(second)
         assert store.pending_count == 0 and store.last_error is None
+
+
+def test_a_history_whose_tables_are_views_is_another_programs(tmp_path):
+    db = tmp_path / "h.db"
+    before = write_db(
+        db,
+        f"CREATE VIEW conversations AS {ENDLESS} SELECT n AS id FROM r",
+        f"CREATE VIEW messages AS {ENDLESS} SELECT n AS id FROM r",
+    )
+    with pytest.raises(HistoryError, match="another program") as err:
+        HistoryStore(db)
+    assert "tables: none" in str(err.value) and db.read_bytes() == before
