@@ -105,7 +105,7 @@ def history_db_path() -> Path:
 
 
 def eval_results_path() -> Path:
-    """Eval answers kept by the weights' content hash (store/eval_results.py): a cache, not history."""
+    """Eval answers kept by step and weights' content hash (store/eval_results.py): a cache, not history."""
     return cache_dir() / "eval_results.sqlite3"
 
 

@@ -1,15 +1,21 @@
 """Eval results kept by what was evaluated, so asking a step again costs nothing.
 
-A result is keyed by the sha256 of the step's weights (so a copied or renamed checkpoint is still
-known, and one rewritten in place is not mistaken for the old one), the task, the sha256 of its
-data file and the settings that change answers; it holds every example's answer, as the sweep
-gave it. Hashing reads every byte of the weights, so a file's hash is itself kept by (path, size,
-modification time) and computed once.
+A result is keyed by the step it answers (its folder and step number), the sha256 of its weights
+(so a step rewritten in place is not mistaken for the old one), the task, the sha256 of its data
+file and the settings that change answers; it holds every example's answer, as the sweep gave
+it. The step is part of the key because a result is labelled with its step: two steps with the
+same weights (a run saved twice without training between) each keep their own answers. Hashing
+reads every byte of the weights, so a file's hash is itself kept by (path, size, modification
+time) and computed once.
 
-It is a cache: a damaged, locked or unwritable file gives one log line and the sweep simply
-runs (nothing here raises into a sweep). So does a row whose answers are not what a sweep gives
-(a field of another type, an index out of range: :mod:`desktop.store.result_rows`); its step is
-asked again.
+It is a cache: a locked or unwritable file gives one log line and the sweep simply runs (nothing
+here raises into a sweep). So does a row whose answers are not what a sweep gives (a field of
+another type, an index out of range: :mod:`desktop.store.result_rows`); its step is asked again.
+A file that is not what this module makes (a view, a trigger or a table it did not create; a
+query past its deadline or a row past its budget, see :mod:`desktop.store.guard`; a damaged
+database) is renamed aside with one log line and a fresh store is made. ``PRAGMA user_version``
+is the layout: 0 is the first one, keyed by the weights' hash alone, whose results are dropped
+(they name no step) and whose file hashes are kept.
 
 The engine's sweep (``engine/runs/sweep.py`` ``tasks_sweep``) asks a Keeper for a step's kept
 answers before it opens the step; :class:`StoreKeeper` is that Keeper over this store, given a
@@ -23,14 +29,16 @@ answers before it opens the step; :class:`StoreKeeper` is that Keeper over this 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, suppress
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,18 +57,44 @@ from desktop.engine.runs.multiple_choice import Answer, Question, mc_task
 from desktop.engine.runs.report import weights_files
 from desktop.engine.runs.sweep import EvalTask, tasks_sweep
 from desktop.engine.runs.timeline import Point
+from desktop.store.guard import Deadline, Untrusted, made_by, rows, schema_of, set_aside, strangers
+from desktop.store.guard import connect as guarded_connect
 from desktop.store.result_rows import checked_result
+from desktop.store.schema import immediate
 
 logger = logging.getLogger(__name__)
-SCHEMA = """
+SCHEMA_VERSION = 1  # PRAGMA user_version of the layout below
+RESULTS = """
+CREATE TABLE IF NOT EXISTS results (
+    path TEXT NOT NULL, step INTEGER NOT NULL, weights TEXT NOT NULL, task TEXT NOT NULL,
+    data TEXT NOT NULL, settings TEXT NOT NULL, answers TEXT NOT NULL, saved REAL NOT NULL,
+    PRIMARY KEY (path, step, weights, task, data, settings))"""
+# Both statements of layout 0 as they were written, to tell its file from a stranger's.
+FIRST_RESULTS = """
 CREATE TABLE IF NOT EXISTS results (
     weights TEXT NOT NULL, task TEXT NOT NULL, data TEXT NOT NULL, settings TEXT NOT NULL,
     answers TEXT NOT NULL, saved REAL NOT NULL,
-    PRIMARY KEY (weights, task, data, settings));
+    PRIMARY KEY (weights, task, data, settings))"""
+FILE_HASHES = """
 CREATE TABLE IF NOT EXISTS file_hashes (
-    path TEXT PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL);
-"""
+    path TEXT PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL)"""
+Key = tuple[str, int, str, str, str, str]  # (folder, step, weights, task, data, settings)
 MAX_ANSWERS_BYTES = 64 << 20  # one stored result read back at most
+# A statement looks up or writes one row by its key: about a hundred instructions. A million is
+# far past any honest one and a fraction of a second; the clock is for a slow disk.
+MAX_STEPS = 1_000_000
+DEADLINE_S = 10.0
+
+
+@functools.cache
+def _layout(*statements: str) -> frozenset[tuple[str, str, str, str | None]]:
+    """The schema ``statements`` make (see :func:`desktop.store.guard.made_by`)."""
+
+    def build(conn: sqlite3.Connection) -> None:
+        for statement in statements:
+            conn.execute(statement)
+
+    return made_by(build)
 
 
 class EvalResults:
@@ -69,15 +103,8 @@ class EvalResults:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 5000")
-            conn.executescript(SCHEMA)
-            self._conn = conn
-        except sqlite3.Error as exc:
-            logger.warning("eval results are not kept: %s: %s", self.path, exc)
+        self._deadline: Deadline | None = None  # the last connection's, kept past its close
+        self._conn = self._open()
 
     def close(self) -> None:
         with self._lock:
@@ -105,9 +132,11 @@ class EvalResults:
             self._write("INSERT OR REPLACE INTO file_hashes VALUES (?, ?, ?, ?)", (key, *shape, digest))
         return digest
 
-    def get(self, key: tuple[str, str, str, str]) -> list[dict[str, Any]] | None:
+    def get(self, key: Key) -> list[dict[str, Any]] | None:
         row = self._query(
-            "SELECT answers FROM results WHERE weights=? AND task=? AND data=? AND settings=?", key
+            "SELECT answers FROM results WHERE path=? AND step=? AND weights=? AND task=? AND data=? "
+            "AND settings=?",
+            key,
         )
         if row is None:
             return None
@@ -120,21 +149,82 @@ class EvalResults:
             return None
         return answers
 
-    def put(self, key: tuple[str, str, str, str], answers: list[dict[str, Any]]) -> None:
-        self._write(
-            "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?)",
-            (*key, json.dumps(answers), time.time()),
+    def put(self, key: Key, answers: list[dict[str, Any]]) -> None:
+        text = json.dumps(answers)
+        if len(text) > MAX_ANSWERS_BYTES:  # past the row budget, a write would fail as a hostile read does
+            logger.info("eval results not kept: %s answers of %d bytes", key[3], len(text))
+            return
+        row = (*key, text, time.time())
+        self._write("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+    # ----- the file: opened, checked, migrated; set aside when it cannot be trusted -------------
+
+    def _open(self) -> sqlite3.Connection | None:
+        """The store's connection, the file checked and brought to SCHEMA_VERSION; a file that
+        cannot be trusted is set aside and a fresh one made; None: nothing is kept."""
+        try:
+            return self._connect()
+        except (_Newer, Untrusted, sqlite3.Error) as exc:
+            if not self._untrusted(exc) or not self._set_aside(exc):
+                logger.warning("eval results are not kept: %s: %s", self.path, exc)
+                return None
+        try:
+            return self._connect()  # the fresh file
+        except (_Newer, Untrusted, sqlite3.Error) as exc:
+            logger.warning("eval results are not kept: %s: %s", self.path, exc)
+            return None
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = guarded_connect(
+            self.path, MAX_STEPS, DEADLINE_S, MAX_ANSWERS_BYTES, isolation_level=None, check_same_thread=False
         )
+        self._deadline = conn.deadline
+        try:
+            conn.execute("PRAGMA busy_timeout = 5000")
+            with immediate(conn):  # the lock first: two processes opening an old store migrate it once
+                _migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _untrusted(self, exc: Exception) -> bool:
+        """Whether ``exc`` says the file is not to be trusted (rather than locked or unwritable):
+        a stranger's schema, a query past its deadline, a value past its budget, a damaged file."""
+        fired = self._deadline is not None and self._deadline.fired
+        return isinstance(exc, Untrusted) or fired or type(exc) in (sqlite3.DatabaseError, sqlite3.DataError)
+
+    def _set_aside(self, exc: Exception) -> bool:
+        """The file renamed aside with one log line; False when it could not be."""
+        fired = self._deadline is not None and self._deadline.fired
+        reason = "a query ran past its deadline" if fired else exc
+        try:
+            aside = set_aside(self.path)
+        except OSError as err:
+            logger.warning("eval results are not kept: %s: %s; not set aside (%s)", self.path, reason, err)
+            return False
+        logger.warning("eval results: %s cannot be trusted (%s); set aside as %s, a new store is made",
+                       self.path, reason, aside.name)  # fmt: skip
+        return True
+
+    def _failed(self, exc: Exception, what: str) -> None:
+        """A call that failed: an untrusted store is set aside and made again (under the lock)."""
+        if not self._untrusted(exc):
+            logger.warning("eval results not %s: %s: %s", what, self.path, exc)
+            return
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._open() if self._set_aside(exc) else None
 
     def _query(self, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         with self._lock:
             if self._conn is None:
                 return None
             try:
-                with closing(self._conn.execute(sql, args)) as cur:
-                    return cur.fetchone()
-            except sqlite3.Error as exc:
-                logger.warning("eval results not read: %s: %s", self.path, exc)
+                return next(rows(self._conn, sql, args, 1), None)  # looked up by key: one row
+            except (Untrusted, sqlite3.Error) as exc:
+                self._failed(exc, "read")
                 return None
 
     def _write(self, sql: str, args: tuple[Any, ...]) -> None:
@@ -144,7 +234,29 @@ class EvalResults:
             try:
                 self._conn.execute(sql, args)
             except sqlite3.Error as exc:
-                logger.warning("eval results not kept: %s: %s", self.path, exc)
+                self._failed(exc, "kept")
+
+
+class _Newer(Exception):
+    """A store written by a newer app: left as it is, and not used."""
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring the file to SCHEMA_VERSION, or say why it is not a store this app made."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise _Newer(f"written by a newer Nanoscope (layout {version}, this one knows {SCHEMA_VERSION})")
+    found = schema_of(conn)
+    if version == SCHEMA_VERSION and found == _layout(RESULTS, FILE_HASHES):
+        return
+    if version == 0 and found in (frozenset(), _layout(FIRST_RESULTS, FILE_HASHES)):
+        conn.execute("DROP TABLE IF EXISTS results")  # keyed by weights alone: no step to name
+        conn.execute(RESULTS)
+        conn.execute(FILE_HASHES)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return
+    odd = strangers(found, _layout(RESULTS, FILE_HASHES) | _layout(FIRST_RESULTS, FILE_HASHES))
+    raise Untrusted(f"holds {', '.join(odd[:3])}" if odd else f"layout {version} with tables changed")
 
 
 @dataclass(frozen=True)
@@ -160,9 +272,9 @@ class TaskKey:
 
 class StoreKeeper:
     """The engine's :class:`~desktop.engine.runs.sweep.Keeper` over an :class:`EvalResults`
-    (None: nothing is kept): a step's answers to a task by the sha256 of its weights, computed
-    once per step (and once per file, ever). ``read_back`` names the (stage, step, task) served
-    from the store."""
+    (None: nothing is kept): a step's answers to a task by the step (its folder and number) and
+    the sha256 of its weights, computed once per step (and once per file, ever). ``read_back``
+    names the (stage, step, task) served from the store."""
 
     def __init__(
         self, store: EvalResults | None, keys: Mapping[str, TaskKey], cancel: threading.Event | None = None
@@ -184,9 +296,12 @@ class StoreKeeper:
             self._weights[at] = digest
         return self._weights[at]
 
-    def _key(self, point: Point, task: str) -> tuple[str, str, str, str] | None:
+    def _key(self, point: Point, task: str) -> Key | None:
         key, weights = self.keys.get(task), self.weights(point)
-        return (weights, task, key.data, key.settings) if key is not None and weights else None
+        if key is None or not weights:
+            return None
+        # abspath, not resolve(): the same folder named from elsewhere, and no file system call
+        return (os.path.abspath(point.path), point.step, weights, task, key.data, key.settings)
 
     def kept(self, point: Point, task: str) -> list[Any] | None:
         key = self._key(point, task)
@@ -201,6 +316,8 @@ class StoreKeeper:
                 task, point.stage, point.step, str(exc)[:200],
             )  # fmt: skip
             return None
+        if any((r.stage, r.step) != (point.stage, point.step) for r in results):
+            return None  # answers labelled with another step are never shown as this one's
         self.read_back.add((point.stage, point.step, task))
         return results
 

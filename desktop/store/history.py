@@ -32,7 +32,14 @@ from desktop.config import paths
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
 from desktop.engine.messages import Message, Role
 from desktop.store.message_rows import dumps, message_columns, restore_message
-from desktop.store.schema import HistoryError, ensure_search_index, immediate, migrate, refuse_foreign
+from desktop.store.schema import (
+    HistoryError,
+    connect,
+    ensure_search_index,
+    immediate,
+    migrate,
+    refuse_foreign,
+)
 from desktop.store.search import SearchHit, search_conversations
 
 KINDS = ("chat", "compare")
@@ -76,7 +83,7 @@ class HistoryStore:
         self.last_error: str | None = None
         refuse_foreign(self.path)  # before connecting: opening for writing changes the file
         try:
-            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._conn = connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
             raise HistoryError(f"{self.path}: cannot open the history database ({e})") from e
         try:
@@ -281,7 +288,8 @@ class HistoryStore:
             if row is None:
                 raise ValueError(f"no message {msg_id}")
             conn.execute(
-                "WITH RECURSIVE up(id) AS (SELECT ? UNION ALL "
+                # UNION, not UNION ALL: parents that loop (a hand edit) end the walk, not repeat it
+                "WITH RECURSIVE up(id) AS (SELECT ? UNION "
                 "SELECT m.parent_id FROM messages m JOIN up ON m.id = up.id WHERE m.parent_id IS NOT NULL) "
                 "UPDATE messages SET rank = ? WHERE id IN (SELECT id FROM up)",
                 (mid, self._next_rank(conn, row[0])),

@@ -25,6 +25,8 @@ from typing import Any
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileMissing, FileRefused, open_regular
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
+from desktop.store.guard import GuardedConnection, Schema, Untrusted, made_by, schema_of
+from desktop.store.guard import connect as guarded_connect
 
 
 class HistoryError(NanoscopeError):
@@ -75,10 +77,9 @@ def _one_token_encoding(conn: sqlite3.Connection) -> None:
 
 Migration = tuple[str, ...] | Callable[[sqlite3.Connection], None]
 
-MIGRATIONS: list[Migration] = [
-    (
-        # message_count is kept here, not counted, so the conversation list costs no scan of messages.
-        """
+_TABLES = (
+    # message_count is kept here, not counted, so the conversation list costs no scan of messages.
+    """
         CREATE TABLE conversations (
             id INTEGER PRIMARY KEY,
             title TEXT NOT NULL,
@@ -90,14 +91,14 @@ MIGRATIONS: list[Migration] = [
             message_count INTEGER NOT NULL DEFAULT 0
         )
         """,
-        # The sidebar lists live conversations newest first: a partial index serves it without a sort.
-        "CREATE INDEX conversations_live ON conversations (updated DESC, id DESC) WHERE deleted_at IS NULL",
-        "CREATE INDEX conversations_deleted ON conversations (deleted_at) WHERE deleted_at IS NOT NULL",
-        # parent_id links a reply to what it answers; an edit or a regeneration is a new sibling.
-        # rank orders siblings for the active branch: a new message, or one the user selects, gets
-        # the conversation's highest rank + 1, so "most recent or explicitly selected" is one rule.
-        # text is the searchable plain text of parts (the FTS index reads it as external content).
-        """
+    # The sidebar lists live conversations newest first: a partial index serves it without a sort.
+    "CREATE INDEX conversations_live ON conversations (updated DESC, id DESC) WHERE deleted_at IS NULL",
+    "CREATE INDEX conversations_deleted ON conversations (deleted_at) WHERE deleted_at IS NOT NULL",
+    # parent_id links a reply to what it answers; an edit or a regeneration is a new sibling.
+    # rank orders siblings for the active branch: a new message, or one the user selects, gets
+    # the conversation's highest rank + 1, so "most recent or explicitly selected" is one rule.
+    # text is the searchable plain text of parts (the FTS index reads it as external content).
+    """
         CREATE TABLE messages (
             id INTEGER PRIMARY KEY,
             conversation_id INTEGER NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
@@ -111,22 +112,21 @@ MIGRATIONS: list[Migration] = [
             text TEXT NOT NULL DEFAULT ''
         )
         """,
-        "CREATE INDEX messages_by_conversation ON messages (conversation_id, parent_id)",
-        # Needed by the parent_id foreign key: without it every cascaded delete scans the table.
-        "CREATE INDEX messages_by_parent ON messages (parent_id)",
-    ),
-    _one_token_encoding,
-]
+    "CREATE INDEX messages_by_conversation ON messages (conversation_id, parent_id)",
+    # Needed by the parent_id foreign key: without it every cascaded delete scans the table.
+    "CREATE INDEX messages_by_parent ON messages (parent_id)",
+)
+MIGRATIONS: list[Migration] = [_TABLES, _one_token_encoding]
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
-_SEARCH_TABLES = (
+_SEARCH_TABLES = {
     # External content: the index reads messages.text and conversations.title, storing no second copy.
-    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5 ("
+    "messages_fts": "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5 ("
     "text, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2')",
-    "CREATE VIRTUAL TABLE IF NOT EXISTS titles_fts USING fts5 ("
+    "titles_fts": "CREATE VIRTUAL TABLE IF NOT EXISTS titles_fts USING fts5 ("
     "title, content='conversations', content_rowid='id', tokenize='unicode61 remove_diacritics 2')",
-)
+}
 
 _SEARCH_TRIGGERS = {
     "messages_fts_ai": "AFTER INSERT ON messages BEGIN "
@@ -158,6 +158,39 @@ def fts5_available(conn: sqlite3.Connection) -> bool:
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 OUR_TABLES = frozenset({"conversations", "messages"})
+# Every statement runs under a deadline (store/guard.py). The history's honest statements scan at
+# most the whole history (a search without FTS5, a migration, rebuilding the index): two billion
+# instructions is far past that, and the clock is for a slow disk. One row holds one message.
+MAX_STEPS = 2_000_000_000
+DEADLINE_S = 60.0
+MAX_VALUE_BYTES = 256 << 20
+
+
+def connect(path: Path | str, **options: Any) -> GuardedConnection:
+    """A connection to a history file whose every statement runs under the limits above."""
+    return guarded_connect(path, MAX_STEPS, DEADLINE_S, MAX_VALUE_BYTES, **options)
+
+
+def _core_tables(conn: sqlite3.Connection) -> None:
+    for statement in _TABLES:
+        conn.execute(statement)
+
+
+def strangers(found: Schema) -> list[str]:
+    """The objects of a history's schema that Nanoscope does not make (a view, a trigger, an index),
+    compared by their statements; the FTS5 index's own tables are whatever this SQLite's FTS5 made
+    them, and SQLite's statistics tables are its own."""
+    ours = {(kind, name, sql) for kind, name, _, sql in made_by(_core_tables)}
+    ours |= {("trigger", name, f"CREATE TRIGGER {name} {body}") for name, body in _SEARCH_TRIGGERS.items()}
+    ours |= {("table", n, sql.replace(" IF NOT EXISTS", "", 1)) for n, sql in _SEARCH_TABLES.items()}
+    shadows = (*(f"{name}_" for name in _SEARCH_TABLES), "sqlite_stat")
+    return sorted(
+        f"{kind} {name}"
+        for kind, name, _, sql in found
+        if (kind, name, sql) not in ours
+        and not (kind == "table" and name.startswith(shadows))
+        and not (kind == "index" and name.startswith("sqlite_autoindex_"))
+    )
 
 
 def refuse_foreign(path: Path) -> None:
@@ -165,8 +198,10 @@ def refuse_foreign(path: Path) -> None:
 
     Opening a database normally already changes it (the journal mode, a migration's tables), so
     the file is first read as bytes and then through a read-only, immutable connection. Accepted:
-    no file, an empty one, or a database with Nanoscope's tables and schema version; anything else
-    (another program's SQLite file, something that is not SQLite) is left untouched.
+    no file, an empty one, or a database with Nanoscope's tables and schema version, and nothing in
+    its schema that Nanoscope does not make (:func:`strangers`: a view where a table belongs, a
+    trigger that would run inside every write); anything else (another program's SQLite file,
+    something that is not SQLite) is left untouched.
     """
     try:
         with open_regular(path) as f:
@@ -185,15 +220,22 @@ def refuse_foreign(path: Path) -> None:
         )
     uri = "file:" + urllib.parse.quote(os.fsencode(Path(path).resolve())) + "?mode=ro&immutable=1"
     try:
-        conn = sqlite3.connect(uri, uri=True)
+        conn = connect(uri, uri=True)
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            found = schema_of(conn)
         finally:
             conn.close()
-    except sqlite3.Error as e:
+    except (sqlite3.Error, Untrusted) as e:
         raise HistoryError(f"{path}: cannot read the history database ({e})") from None
-    if (version == 0 and not tables) or (version >= 1 and tables >= OUR_TABLES):
+    tables = {name for kind, name, _, _ in found if kind == "table"}
+    odd = strangers(found)
+    if tables >= OUR_TABLES and odd:
+        raise HistoryError(
+            f"{path}: holds {', '.join(odd[:3])}{' …' if len(odd) > 3 else ''}, which Nanoscope does not "
+            "make; Nanoscope leaves it alone (move it or choose another home)"
+        )
+    if (version == 0 and not found) or (version >= 1 and tables >= OUR_TABLES):
         return
     listed = ", ".join(sorted(tables)[:5]) or "none"
     raise HistoryError(
@@ -239,7 +281,7 @@ def ensure_search_index(conn: sqlite3.Connection) -> bool:
             return False
         if present == set(_SEARCH_TRIGGERS):
             return True
-        for statement in _SEARCH_TABLES:
+        for statement in _SEARCH_TABLES.values():
             conn.execute(statement)
         conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')")
         conn.execute("INSERT INTO titles_fts (titles_fts) VALUES ('rebuild')")

@@ -1,6 +1,6 @@
-"""Eval results are kept by the weights' content: asking a step again reads its answers back
-(the same ones), a copied checkpoint is known by its bytes, a changed one is asked again, and a
-damaged store never stops a sweep."""
+"""Eval results are kept by the step and its weights' content: asking a step again reads its
+answers back (the same ones); another step with the same weights, a copy elsewhere or a changed
+file is asked again; a damaged store never stops a sweep."""
 
 from __future__ import annotations
 
@@ -39,17 +39,43 @@ def test_a_step_asked_again_is_read_back_with_the_same_answers(tmp_path):
     assert [r for r, _ in run(None)] == [r for r, _ in first]  # and it is what the model says
 
 
-def test_a_copy_is_known_by_its_bytes_and_a_changed_file_is_asked_again(tmp_path):
-    store = EvalResults(tmp_path / "results.sqlite3")
-    run(store)
+def copy_demo(tmp_path: Path) -> Path:
+    """The demo run and its tokenizer copied under ``tmp_path`` (a nanochat base dir)."""
     copy = tmp_path / "chatsft_checkpoints" / "copy"
     shutil.copytree(DEMO, copy)
     shutil.copytree(DEMO.parent.parent / "tokenizer", tmp_path / "tokenizer")
+    return copy
+
+
+def test_a_copy_or_a_changed_file_is_asked_again(tmp_path):
+    store = EvalResults(tmp_path / "results.sqlite3")
+    run(store)
+    copy = copy_demo(tmp_path)
+    assert not any(kept for _, kept in run(store, copy))  # another folder: another step
     assert all(kept for _, kept in run(store, copy))
     last = timeline_of(copy).points[-1]
     weights = copy / f"model_{last.step:06d}.pt"
     shutil.copyfile(DEMO / f"model_{timeline_of(DEMO).points[0].step:06d}.pt", weights)  # other weights
     assert not any(kept for _, kept in run(store, copy))
+
+
+def test_two_steps_with_the_same_weights_each_keep_their_own_answers(tmp_path):
+    copy = copy_demo(tmp_path)
+    first, second = timeline_of(copy).points[:2]
+    shutil.copyfile(copy / f"model_{first.step:06d}.pt", copy / f"model_{second.step:06d}.pt")
+    store = EvalResults(tmp_path / "results.sqlite3")
+
+    def sweep() -> list[tuple[object, bool]]:
+        options, cancel = LoadOptions(device="cpu"), threading.Event()
+        return list(kept_answers(store, [first, second], PROBLEMS, options, cancel))
+
+    asked = sweep()
+    labels = [(r.stage, r.step) for r, _ in asked]
+    n = len(PROBLEMS)
+    assert labels == [(first.stage, first.step)] * n + [(second.stage, second.step)] * n  # each its own
+    assert not any(kept for _, kept in asked)
+    again = sweep()
+    assert [r for r, _ in again] == [r for r, _ in asked] and all(kept for _, kept in again)
 
 
 @pytest.mark.parametrize("content", [b"not a database at all" * 100, b""])

@@ -1,7 +1,8 @@
 """What a checkpoint's weights are, by content: the sha256 of its files, read in chunks.
 
-A report card names each step by it, and eval results are kept under it, so a step that was
-copied or renamed is still known and a step rewritten in place is not mistaken for the old one.
+A report card names each step by it, so a step that was copied or renamed is still known, and
+eval results are kept under it with the step, so a step rewritten in place is not mistaken for
+the old one.
 Reading is bounded in memory (one chunk at a time) and stops between chunks when asked.
 """
 

@@ -5,6 +5,10 @@ Callers descend only into fields whose message type they know, so how deep a rea
 their schema, never by the data; any other field is skipped by its wire type without a copy. Groups
 (wire types 3 and 4, deprecated since proto2) are refused: skipping one takes a nesting count
 that the data would control.
+
+What decoding costs is the fields walked (a microsecond each in CPython), at every level, not the
+bytes: a 16 MB message of two-byte fields is eight million of them. A reader passes a :class:`Walk`
+to every :func:`fields` of its messages, and :class:`WalkSpent` ends the read when it is used up.
 """
 
 from __future__ import annotations
@@ -18,6 +22,17 @@ _U64 = (1 << 64) - 1
 
 class WireError(ValueError):
     """Bytes that are not a well-formed message; ``str()`` says what is wrong."""
+
+
+class WalkSpent(Exception):
+    """A :class:`Walk` used up: not a malformed message, a read to end."""
+
+
+class Walk:
+    """How many more fields a reader may decode, shared by all the messages it walks."""
+
+    def __init__(self, fields: int) -> None:
+        self.left = fields
 
 
 def varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -39,10 +54,15 @@ def signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+def fields(buf: bytes, pos: int, end: int, walk: Walk | None = None) -> Iterator[tuple[int, int, int, int]]:
     """``(number, wire type, a, b)`` for each field of the message in ``buf[pos:end]``: for a
-    varint, ``a`` is its value; for the others, ``buf[a:b]`` holds its bytes."""
+    varint, ``a`` is its value; for the others, ``buf[a:b]`` holds its bytes. Each field is one
+    of ``walk`` (:class:`WalkSpent` when none is left)."""
     while pos < end:
+        if walk is not None:
+            if walk.left <= 0:
+                raise WalkSpent
+            walk.left -= 1
         key = buf[pos]  # one byte for fields 1 to 15: read inline, the hot path of every message
         if key < 0x80:
             pos += 1

@@ -21,8 +21,10 @@ when it holds exactly one float or double and its value names no other plugin.
 
 Bounds, each with one line when it bites: a frame may state at most :data:`MAX_RECORD_BYTES`, and
 no length is used before it is checked against what the file still holds; a file is read up to the
-byte and event budgets its caller passes; a run keeps :data:`MAX_TAGS` tags and, per tag, at most
-:data:`MAX_POINTS` points, sampled evenly from all it logged (the newest always kept). A file cut
+budgets its caller passes, of bytes, events, values (every Summary.Value decoded, scalar or not:
+one event may hold a million) and protobuf fields decoded (what the time goes to, see
+:mod:`.protowire`); a run keeps :data:`MAX_TAGS` tags and, per tag, at most :data:`MAX_POINTS`
+points, sampled evenly from all it logged (the newest always kept). A file cut
 short keeps what came before the cut; a checksum that does not match ends that file; an event that
 does not decode is skipped. Lines read ``"<file>: byte <offset>: <what>"``.
 """
@@ -41,12 +43,14 @@ from typing import BinaryIO
 
 from desktop.engine.files.bounded import FileRefused, open_regular
 from desktop.engine.files.crc32c import masked_crc32c
-from desktop.engine.files.protowire import I32, I64, LEN, VARINT, WireError, fields, signed64
+from desktop.engine.files.protowire import I32, I64, LEN, VARINT, Walk, WalkSpent, WireError, fields, signed64
 
 MB = 1 << 20
 MAX_RECORD_BYTES = 16 * MB  # one event; a scalar's is under 100 bytes, an image summary a few MB
 MAX_FILE_BYTES = 64 * MB  # of one file, when the caller states no budget
 MAX_EVENTS = 2_000_000  # of one file, likewise (a million tiny frames take a few seconds)
+MAX_VALUES = 500_000  # likewise; torch writes one per event, of ~6 fields
+MAX_FIELDS = 3_000_000  # likewise: 1-3 µs each, so seconds, whatever the events hold
 MAX_TAGS = 256  # KempnerForge logs 14 per step, plus eval and MoE numbers
 MAX_POINTS = 20_000  # per tag: a plot 2,000 pixels wide shows no more
 MAX_TAG_BYTES = 1024
@@ -144,8 +148,13 @@ class FileRead:
 
     bytes_read: int = 0
     events: int = 0
-    values: int = 0
+    values: int = 0  # Summary.Values decoded, scalars or not
+    fields: int = 0  # protobuf fields decoded, at every level
     problems: list[str] = field(default_factory=list)
+
+
+class _Stop(Exception):
+    """A budget used up inside an event: the file's read ends there (``str()``: which)."""
 
 
 class _Tally:
@@ -167,11 +176,16 @@ class _Tally:
 
 
 def read_event_file(
-    path: Path, scalars: Scalars, max_bytes: int = MAX_FILE_BYTES, max_events: int = MAX_EVENTS
+    path: Path,
+    scalars: Scalars,
+    max_bytes: int = MAX_FILE_BYTES,
+    max_events: int = MAX_EVENTS,
+    max_values: int = MAX_VALUES,
+    max_fields: int = MAX_FIELDS,
 ) -> FileRead:
-    """Add the scalars of the event file ``path`` to ``scalars``, reading at most ``max_bytes``
-    and ``max_events``; never raises for what the file holds."""
-    reader = _Reader(path, scalars, max_bytes, max_events)
+    """Add the scalars of the event file ``path`` to ``scalars``, reading at most ``max_bytes``,
+    ``max_events``, ``max_values`` and ``max_fields``; never raises for what the file holds."""
+    reader = _Reader(path, scalars, max_bytes, max_events, max_values, Walk(max_fields))
     try:
         with open_regular(path) as f:
             stop = reader.frames(f, os.fstat(f.fileno()).st_size)
@@ -180,6 +194,7 @@ def read_event_file(
         return reader.read
     except OSError as exc:
         stop = f"byte {reader.read.bytes_read}: cannot read ({exc.strerror or exc}); kept what came before"
+    reader.read.fields = max_fields - reader.walk.left
     reader.read.problems.extend(reader.tally.lines(path))
     if stop:
         reader.read.problems.append(f"{path}: {stop}")
@@ -187,9 +202,12 @@ def read_event_file(
 
 
 class _Reader:
-    def __init__(self, path: Path, scalars: Scalars, max_bytes: int, max_events: int) -> None:
+    def __init__(
+        self, path: Path, scalars: Scalars, max_bytes: int, max_events: int, max_values: int, walk: Walk
+    ) -> None:
         self.path, self.scalars = path, scalars
-        self.max_bytes, self.max_events = max_bytes, max_events
+        self.max_bytes, self.max_events, self.max_values = max_bytes, max_events, max_values
+        self.walk, self.max_fields = walk, walk.left
         self.read = FileRead()
         self.tally = _Tally()
 
@@ -228,7 +246,10 @@ class _Reader:
             data = body[:length]
             if masked_crc32c(data) != _CRC.unpack_from(body, length)[0]:
                 return f"byte {pos}: an event fails its checksum (damaged); the rest of the file is not read"
-            self._take(data, pos)
+            try:
+                self._take(data, pos)
+            except _Stop as stop:
+                return f"byte {pos}: {stop}; the rest is left out"
             pos += frame
             read.bytes_read = pos
             read.events += 1
@@ -241,9 +262,12 @@ class _Reader:
         )
 
     def _take(self, data: bytes, offset: int) -> None:
-        """The scalars of the event at ``offset``, added; what is wrong with it, tallied."""
+        """The scalars of the event at ``offset``, added; what is wrong with it, tallied;
+        :class:`_Stop` when a budget runs out inside it."""
         try:
-            wall, step, values = _event(data)
+            wall, step, values = self._event(data)
+        except WalkSpent:
+            raise _Stop(f"stopped after {self.max_fields:,} fields decoded (the limit)") from None
         except WireError as exc:
             self.tally.note("event", offset, f"not a valid event ({exc}); skipped")
             return
@@ -255,7 +279,27 @@ class _Reader:
                 self.tally.note("finite", offset, f"{tag} at step {step} is {value}; left out")
                 continue
             self.scalars.add(tag, step, wall, value)
-            self.read.values += 1
+
+    def _event(self, data: bytes) -> tuple[float, int, list[tuple[bytes, float]]]:
+        """An Event's wall time, step and the scalars of its summary; each Summary.Value decoded
+        is one of the file's values (:class:`_Stop` past them)."""
+        wall, step = 0.0, 0
+        values: list[tuple[bytes, float]] = []
+        for number, wire, a, b in fields(data, 0, len(data), self.walk):
+            if number == 1 and wire == I64:
+                wall = _DOUBLE.unpack_from(data, a)[0]
+            elif number == 2 and wire == VARINT:
+                step = signed64(a)
+            elif number == 5 and wire == LEN:
+                for n, w, start, end in fields(data, a, b, self.walk):
+                    if n != 1 or w != LEN:
+                        continue
+                    if self.read.values >= self.max_values:
+                        raise _Stop(f"stopped after {self.read.values:,} values (the limit)")
+                    self.read.values += 1
+                    if (found := _value(data, start, end, self.walk)) is not None:
+                        values.append(found)
+        return wall, step, values
 
 
 @functools.lru_cache(maxsize=1024)
@@ -275,27 +319,11 @@ def _tag(raw: bytes, offset: int, tally: _Tally) -> str | None:
         return raw.decode("utf-8", "replace")
 
 
-def _event(data: bytes) -> tuple[float, int, list[tuple[bytes, float]]]:
-    """An Event's wall time, step and the scalars of its summary."""
-    wall, step = 0.0, 0
-    values: list[tuple[bytes, float]] = []
-    for number, wire, a, b in fields(data, 0, len(data)):
-        if number == 1 and wire == I64:
-            wall = _DOUBLE.unpack_from(data, a)[0]
-        elif number == 2 and wire == VARINT:
-            step = signed64(a)
-        elif number == 5 and wire == LEN:
-            for n, w, start, end in fields(data, a, b):
-                if n == 1 and w == LEN and (found := _value(data, start, end)) is not None:
-                    values.append(found)
-    return wall, step, values
-
-
-def _value(data: bytes, pos: int, end: int) -> tuple[bytes, float] | None:
+def _value(data: bytes, pos: int, end: int, walk: Walk) -> tuple[bytes, float] | None:
     """A Summary.Value's tag and scalar, if it holds one."""
     tag = simple = tensor = None
     plugin = b""
-    for number, wire, a, b in fields(data, pos, end):
+    for number, wire, a, b in fields(data, pos, end, walk):
         if number == 1 and wire == LEN:
             tag = data[a:b]
         elif number == 2 and wire == I32:
@@ -303,37 +331,37 @@ def _value(data: bytes, pos: int, end: int) -> tuple[bytes, float] | None:
         elif number == 8 and wire == LEN:
             tensor = (a, b)
         elif number == 9 and wire == LEN:
-            plugin = _plugin_name(data, a, b)
+            plugin = _plugin_name(data, a, b, walk)
     if tag is None:
         return None
     if simple is not None:
         return tag, simple
     if tensor is not None and plugin in (b"", b"scalars"):
-        value = _tensor_scalar(data, *tensor)
+        value = _tensor_scalar(data, *tensor, walk)
         if value is not None:
             return tag, value
     return None
 
 
-def _plugin_name(data: bytes, pos: int, end: int) -> bytes:
-    for number, wire, a, b in fields(data, pos, end):  # SummaryMetadata
+def _plugin_name(data: bytes, pos: int, end: int, walk: Walk) -> bytes:
+    for number, wire, a, b in fields(data, pos, end, walk):  # SummaryMetadata
         if number == 1 and wire == LEN:  # plugin_data
-            for n, w, start, stop in fields(data, a, b):
+            for n, w, start, stop in fields(data, a, b, walk):
                 if n == 1 and w == LEN:
                     return data[start:stop]
     return b""
 
 
-def _tensor_scalar(data: bytes, pos: int, end: int) -> float | None:
+def _tensor_scalar(data: bytes, pos: int, end: int, walk: Walk) -> float | None:
     """The one float or double a TensorProto holds, else None."""
     dtype, single = 0, True
     content: tuple[int, int] | None = None
     listed: list[tuple[int, int]] = []  # (offset, width) of each float_val / double_val
-    for number, wire, a, b in fields(data, pos, end):
+    for number, wire, a, b in fields(data, pos, end, walk):
         if number == 1 and wire == VARINT:
             dtype = a
         elif number == 2 and wire == LEN:
-            single = _one_element(data, a, b)
+            single = _one_element(data, a, b, walk)
         elif number == 4 and wire == LEN:
             content = (a, b)
         elif number in (5, 6) and len(listed) < 2:
@@ -352,13 +380,13 @@ def _tensor_scalar(data: bytes, pos: int, end: int) -> float | None:
     return None
 
 
-def _one_element(data: bytes, pos: int, end: int) -> bool:
+def _one_element(data: bytes, pos: int, end: int, walk: Walk) -> bool:
     """Whether a TensorShapeProto describes exactly one element (a scalar: no dims, or all 1)."""
-    for number, wire, a, b in fields(data, pos, end):
+    for number, wire, a, b in fields(data, pos, end, walk):
         if number == 3 and wire == VARINT and a:  # unknown_rank
             return False
         if number == 2 and wire == LEN:  # dim
-            for n, w, size, _ in fields(data, a, b):
+            for n, w, size, _ in fields(data, a, b, walk):
                 if n == 1 and w == VARINT and size != 1:
                     return False
     return True

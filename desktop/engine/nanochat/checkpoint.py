@@ -14,6 +14,7 @@ that training truncates or rewrites in place would kill the process with SIGBUS 
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import re
 import zipfile
@@ -47,9 +48,15 @@ def model_file(directory: Path, step: int) -> Path:
 
 
 def meta_file(directory: Path, step: int) -> Path:
-    for name in (f"meta_{step:06d}.json", f"meta_{step}.json"):
-        if (directory / name).is_file():
-            return directory / name
+    """The step's meta; one that is there but not a regular file (a named pipe, a link that leads
+    nowhere) is still returned, so that reading it says what it is rather than "no meta"."""
+    names = [directory / f"meta_{step:06d}.json", directory / f"meta_{step}.json"]
+    for path in names:
+        if path.is_file():
+            return path
+    for path in names:
+        if os.path.lexists(path):
+            return path
     raise CheckpointError(f"{directory}: no meta_{step:06d}.json next to the model file")
 
 

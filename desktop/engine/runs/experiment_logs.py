@@ -14,6 +14,10 @@ is not a count below 2^53, or a value that is NaN, infinite, too large for a flo
 a metric belongs is one line naming the file and line (at most ``MAX_PROBLEMS_PER_FILE`` of them,
 then a count); the rest is read. Numbers are read by :mod:`desktop.engine.files.numbers`.
 
+A run's logs are read under its :class:`~.budget.RunBudget`: every ``key=value`` of a record costs
+a value, a new (name, stage) costs a series, and when values run out the rest of the run's logs is
+left out (one line). A record's words are split in linear time (:func:`.log_lines.shell_words`).
+
 ``meta.json`` (the experiment's identity: name, git commit and branch, dirty flag, dataset,
 creation date) is read into a few labelled strings.
 """
@@ -21,14 +25,14 @@ creation date) is read into a few labelled strings.
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from desktop.engine.files.bounded import FileRefused, read_json
-from desktop.engine.files.log_lines import LogLines
+from desktop.engine.files.log_lines import LogLines, shell_words
 from desktop.engine.files.numbers import NotANumber, NumberRefused, parse_count, parse_float
+from desktop.engine.runs.budget import Problems, RunBudget
 
 # Which stage each of the runner's logs belongs to (runs/run.sh names them after the script).
 LOG_STAGES = {
@@ -76,17 +80,19 @@ def stage_logs(tag_folder: Path) -> list[tuple[str, Path]]:
     return sorted(logs, key=lambda sl: STAGE_NAMES.index(sl[0]))
 
 
-def read_series(log: Path, stage: str) -> tuple[list[Series], list[str]]:
+def read_series(log: Path, stage: str, budget: RunBudget) -> tuple[list[Series], list[str]]:
     """Every series the records of ``log`` state (x: the step within their stage), and the
-    problem lines."""
-    problems = _Problems(log)
+    problem lines; what it reads is spent from the run's ``budget``."""
+    problems = Problems(log, MAX_PROBLEMS_PER_FILE)
     found: dict[tuple[str, str], dict[int, float]] = {}
     lines = LogLines(log)
     try:
         for number, text in lines:
-            record = _record(text, number, problems)
+            if not budget.values_left:
+                break  # said once for the run, by the budget
+            record = _record(text, number, problems, budget)
             if record is not None:
-                _add(record, stage, number, found, problems)
+                _add(record, stage, number, found, problems, budget)
     except FileRefused as exc:
         return [], [str(exc)]
     notes = problems.lines()
@@ -144,41 +150,24 @@ def about_note(about: tuple[tuple[str, str], ...]) -> str:
     return " · ".join(parts)
 
 
-class _Problems:
-    """Problem lines of one file: the first few in full, then how many more."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.shown: list[str] = []
-        self.more = 0
-
-    def add(self, number: int, reason: str) -> None:
-        if len(self.shown) < MAX_PROBLEMS_PER_FILE:
-            self.shown.append(f"{self.path}:{number}: {reason}")
-        else:
-            self.more += 1
-
-    def lines(self) -> list[str]:
-        tail = [f"{self.path}: {self.more} more problem lines skipped"] if self.more else []
-        return self.shown + tail
-
-
-def _record(text: str, number: int, problems: _Problems) -> dict[str, Any] | None:
-    """A record line with a step as a dict (the tag under ``tag``); None for prose, other records
-    and malformed lines (those said)."""
+def _record(text: str, number: int, problems: Problems, budget: RunBudget) -> dict[str, Any] | None:
+    """A record line with a step as a dict (the tag under ``tag``); None for prose, other records,
+    malformed lines (those said) and a record past the run's budget of values."""
     tag, _, rest = text.strip().partition(" ")
     if tag not in STEP_RECORDS or "=" not in rest:
         return None  # prose (base_train's "step 00042/…" lines), or a record without steps
     try:
-        tokens = shlex.split(rest) if ('"' in rest or "'" in rest or "\\" in rest) else rest.split()
+        tokens = shell_words(rest)
     except ValueError:
-        problems.add(number, f"{tag} record with unbalanced quotes; skipped")
+        problems.add(f"{tag} record with unbalanced quotes; skipped", number)
+        return None
+    if not budget.take_values(len(tokens)):
         return None
     record: dict[str, Any] = {"tag": tag}
     for token in tokens:
         key, eq, value = token.partition("=")
         if not eq or not key:
-            problems.add(number, f"{tag} record with {_short(token, 40)!r}, not key=value; skipped")
+            problems.add(f"{tag} record with {_short(token, 40)!r}, not key=value; skipped", number)
             return None
         record[key] = value  # text: each number is read where it is used, bounded
     if "step" not in record:
@@ -186,12 +175,14 @@ def _record(text: str, number: int, problems: _Problems) -> dict[str, Any] | Non
     try:
         record["step"] = parse_count(record["step"])
     except NumberRefused as exc:
-        problems.add(number, f"{tag} record whose step {_short(str(exc), 80)}; skipped")
+        problems.add(f"{tag} record whose step {_short(str(exc), 80)}; skipped", number)
         return None
     return record
 
 
-def _add(record: dict[str, Any], stage: str, number: int, found: dict, problems: _Problems) -> None:
+def _add(
+    record: dict[str, Any], stage: str, number: int, found: dict, problems: Problems, budget: RunBudget
+) -> None:
     source = record.get("source")
     where = source if isinstance(source, str) and source in STAGE_NAMES else stage
     for key, text in record.items():
@@ -201,16 +192,18 @@ def _add(record: dict[str, Any], stage: str, number: int, found: dict, problems:
             value = parse_float(text)
         except NotANumber:  # a word: a label in a summary, a problem where a metric belongs
             if record["tag"] in METRIC_RECORDS:
-                problems.add(number, f"{key} is {_short(text, 40)!r}, not a number; left out")
+                problems.add(f"{key} is {_short(text, 40)!r}, not a number; left out", number)
             continue
         except NumberRefused as exc:  # nan, inf, or digits past what a float holds
-            problems.add(number, f"{_short(key, 40)} {_short(str(exc), 80)}; left out")
+            problems.add(f"{_short(key, 40)} {_short(str(exc), 80)}; left out", number)
+            continue
+        if not budget.take_series((key, where)):
             continue
         points = found.setdefault((key, where), {})
         if len(points) < MAX_POINTS or record["step"] in points:
             points[record["step"]] = value
         elif len(points) == MAX_POINTS:
-            problems.add(number, f"{key}: more than {MAX_POINTS:,} points; later ones left out")
+            problems.add(f"{key}: more than {MAX_POINTS:,} points; later ones left out", number)
             points[-1] = math.nan  # one line per series: the marker makes it MAX_POINTS + 1
 
 

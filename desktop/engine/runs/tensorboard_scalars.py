@@ -12,8 +12,11 @@ time in their names) and a step logged again replaces the earlier one, as Tensor
 KempnerForge's default folder is shared by every run launched from the same place; their files
 cannot be told apart and are read as this run's.
 
-Bounded: :data:`MAX_FILES` files (the newest), :data:`MAX_RUN_BYTES` and :data:`MAX_RUN_EVENTS`
-across them, and what :mod:`desktop.engine.files.tensorboard_events` bounds per file and tag.
+Bounded: :data:`MAX_FILES` files (the newest); across them :data:`MAX_RUN_BYTES`,
+:data:`MAX_RUN_EVENTS` and :data:`MAX_RUN_FIELDS`, and the values and series left in the run's
+:class:`~.budget.RunBudget` (a value is every Summary.Value decoded: one event may hold a million,
+so counting events bounded nothing); and what :mod:`desktop.engine.files.tensorboard_events`
+bounds per file and tag.
 """
 
 from __future__ import annotations
@@ -37,12 +40,17 @@ from desktop.engine.files.tensorboard_events import (
 )
 from desktop.engine.kempnerforge.config import find_config, read_toml
 from desktop.engine.kempnerforge.layout import resolve_checkpoint
+from desktop.engine.runs.budget import RunBudget
 
 DEFAULT_DIR = "tb_logs"  # KempnerForge's metrics.tensorboard_dir
 MAX_FILES = 64
 MAX_LISTED = 10_000  # folder entries looked at, for a folder of millions
-MAX_RUN_BYTES = 128 * MB
+# torch writes an event of ~60 bytes and 6 fields per value: the run budget's values fit in these,
+# and a hostile file costs no more than an honest one that fills them (a field is 1-2 µs, a byte
+# of checksum ~0.1 µs).
+MAX_RUN_BYTES = 32 * MB
 MAX_RUN_EVENTS = 2_000_000
+MAX_RUN_FIELDS = 3_000_000  # six a value: the run budget's 500,000
 _STARTED = re.compile(r"tfevents\.(\d{1,20})")  # events.out.tfevents.<start time>.<host>.<pid>.<n>
 
 
@@ -58,10 +66,13 @@ class LoggedCurve:
 
 
 def kf_curves(
-    run: Path, max_points: int = MAX_POINTS, max_tags: int = MAX_TAGS
+    run: Path, budget: RunBudget | None = None, max_points: int = MAX_POINTS, max_tags: int = MAX_TAGS
 ) -> tuple[list[LoggedCurve], list[str]]:
     """The TensorBoard scalars of the KempnerForge run ``run`` (its ``checkpoint.dir``), one
-    curve per tag, and a line for each thing that was skipped or cut."""
+    curve per tag, and a line for each thing that was skipped or cut; what is read is spent from
+    the run's ``budget`` (the timeline's, shared with the rest of the run; else one of its own)."""
+    own = budget is None
+    budget = RunBudget(run) if budget is None else budget
     problems: list[str] = []
     files: list[Path] = []
     try:
@@ -74,7 +85,7 @@ def kf_curves(
         files += found
         problems += [line] if line else []
     scalars = Scalars(max_tags=max_tags, max_points=max_points)
-    sources = _read(files, scalars, problems)
+    sources = _read(files, scalars, problems, budget)
     if scalars.values_left_out:
         problems.append(
             f"{files[0].parent}: more than {max_tags} tags; "
@@ -82,6 +93,8 @@ def kf_curves(
         )
     curves = []
     for tag, series in scalars.series.items():
+        if not budget.take_series((tag, "kempnerforge")):
+            continue
         steps, _, values = series.points()
         paths = sources.get(tag, [])
         source = str(paths[0]) if len(paths) == 1 else str(files[0].parent)
@@ -90,22 +103,24 @@ def kf_curves(
                 f"{source}: {tag}: {series.logged:,} values, drawn as {len(steps):,} evenly spaced"
             )
         curves.append(LoggedCurve(tag, tuple(map(float, steps)), tuple(values), source))
-    return curves, problems
+    return curves, problems + (budget.lines() if own else [])
 
 
-def _read(files: list[Path], scalars: Scalars, problems: list[str]) -> dict[str, list[Path]]:
+def _read(files: list[Path], scalars: Scalars, problems: list[str], run: RunBudget) -> dict[str, list[Path]]:
     """Read ``files`` in order into ``scalars`` within the run's budgets; which files logged
     each tag."""
     sources: dict[str, list[Path]] = {}
-    budget, events = MAX_RUN_BYTES, MAX_RUN_EVENTS
+    budget, events, walked = MAX_RUN_BYTES, MAX_RUN_EVENTS, MAX_RUN_FIELDS
     for path in files:
-        if budget <= 0 or events <= 0:
+        if min(budget, events, walked, run.values_left) <= 0:
             problems.append(f"{path}: not read (a run's event files are read up to the limit)")
             continue
         before = {tag: s.logged for tag, s in scalars.series.items()}
-        read = read_event_file(path, scalars, min(budget, MAX_FILE_BYTES), events)
+        read = read_event_file(path, scalars, min(budget, MAX_FILE_BYTES), events, run.values_left, walked)
         budget -= read.bytes_read
         events -= read.events
+        walked -= read.fields
+        run.take_values(read.values)  # within what was left: the file's own line says where it stopped
         problems += read.problems
         for tag, series in scalars.series.items():
             if series.logged != before.get(tag, 0):

@@ -26,25 +26,31 @@ after it read about 0.05% higher. A run with bpb numbers saved on both sides of 
 note (by the metas' modification times, the only date a meta has).
 
 A value that is not a finite number (NaN, a string, a list) is left out with one line naming the
-file and the key; an unreadable meta leaves its step out with one line. Nothing here allocates
-more than the bounded readers allow.
+file and the key (a few per meta, then a count); a model file whose meta is missing or unreadable
+(not a file, a named pipe, not JSON) leaves its step out with one line naming it, and the rest of
+the run is listed. A run is read under one :class:`~.budget.RunBudget` shared by its stages and
+files: saved steps, series, values (a meta's metrics and settings, a log's fields, TensorBoard
+values) and meta bytes are counted for the whole run, and what is past them is left out with one
+line each.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from desktop.engine.discovery import PHASES
-from desktop.engine.errors import NanoscopeError
+from desktop.engine.errors import CheckpointError, NanoscopeError
 from desktop.engine.files.bounded import FileRefused, read_json
 from desktop.engine.files.numbers import NotANumber, NumberRefused, finite_float
 from desktop.engine.kempnerforge.layout import is_kf_target, run_dir, run_steps
 from desktop.engine.nanochat import checkpoint as ckpt
 from desktop.engine.nanochat.experiment_layout import is_stage_folder, is_tag_folder, stage_folders
+from desktop.engine.runs.budget import Problems, RunBudget
 from desktop.engine.runs.experiment_logs import Series, about_note, read_about, read_series, stage_logs
 from desktop.engine.runs.tensorboard_scalars import kf_curves
 
@@ -64,7 +70,8 @@ NOT_METRICS = frozenset(
         "max_seq_len",
     }
 )
-MAX_POINTS = 100_000  # a run with more saved steps than this is cut, with a line saying so
+MAX_PROBLEMS_PER_META = 5  # lines about one meta's values, then a count
+MAX_PROBLEM_LINES = 100  # of a run (each names its file): then a count; the budgets' lines after
 BPB_FIX = datetime(2026, 7, 3, tzinfo=timezone.utc).timestamp()  # nanochat 2ce972a
 BPB_NOTE = (
     "val_bpb: nanochat changed how token bytes are counted on 2026-07-03 (2ce972a); steps saved "
@@ -227,15 +234,17 @@ def _nanochat(folder: Path) -> Timeline:
     stages: list[tuple[int, str]] = []
     offset = 0
     previous: dict[str, Any] | None = None
+    budget = RunBudget(folder)
     for stage, directory in _stage_folders(folder):
-        steps = ckpt.model_steps(directory)[:MAX_POINTS]
+        steps = budget.take_steps(ckpt.model_steps(directory))
         if not steps:
             continue
         stages.append((offset, stage))
-        previous = _stage_points(stage, directory, steps, offset, previous, points, problems)
+        previous = _stage_points(stage, directory, steps, offset, previous, points, problems, budget)
         offset += steps[-1]
     name = folder.name if len(stages) < 2 else f"{folder.name} ({' → '.join(s for _, s in stages)})"
-    return Timeline(name, tuple(points), tuple(problems), tuple(stages), notes=bpb_notes(points))
+    said = _said(folder, problems, budget)
+    return Timeline(name, tuple(points), said, tuple(stages), notes=bpb_notes(points))
 
 
 def _stage_points(
@@ -246,22 +255,25 @@ def _stage_points(
     previous: dict[str, Any] | None,
     points: list[Point],
     problems: list[str],
+    budget: RunBudget,
 ) -> dict[str, Any] | None:
     """The saved steps of one stage appended to ``points`` (x from ``offset``); returns the last
-    step's config, which the next stage's first step is compared with."""
+    step's config, which the next stage's first step is compared with. A step whose meta is
+    missing or unreadable is left out with one line; past the run's meta budget a step is listed
+    without its numbers."""
     for step in steps:
-        meta_path = ckpt.meta_file(directory, step)
         try:
-            meta = ckpt.read_meta(meta_path)
+            meta_path = ckpt.meta_file(directory, step)
+            meta = _read_meta(meta_path, budget)
         except NanoscopeError as exc:
             problems.append(str(exc))
             continue
-        metrics = _metrics(meta, meta_path, problems)
+        metrics = _metrics(meta, meta_path, stage, problems, budget)
         batch = meta.get("total_batch_size")
         tokens = step * batch if _is_count(batch) else None
-        config = _config(meta)
-        changes = _changes(previous, config)
-        previous = config
+        config = _config(meta, budget)
+        changes = _changes(previous, config) if config is not None else {}
+        previous = config if config is not None else previous
         points.append(
             Point(
                 stage,
@@ -278,6 +290,23 @@ def _stage_points(
     return previous
 
 
+def _read_meta(path: Path, budget: RunBudget) -> dict[str, Any]:
+    """The meta at ``path`` ({} past the run's meta budget); CheckpointError when unreadable."""
+    try:
+        size = _bytes_of(path)
+    except FileRefused as exc:
+        raise CheckpointError(str(exc)) from None
+    return ckpt.read_meta(path) if budget.take_meta(size) else {}
+
+
+def _bytes_of(path: Path) -> int:
+    """What a file weighs before it is read (what the run's meta budget counts)."""
+    try:
+        return path.stat().st_size
+    except OSError as exc:
+        raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
+
+
 def _experiment(tag_folder: Path) -> Timeline:
     """An experiment's tag: its stages' saved steps chained as in the phase layout, its stage
     logs' records as curves on the same x-axis, its meta.json as ``about``."""
@@ -286,8 +315,9 @@ def _experiment(tag_folder: Path) -> Timeline:
     stages: list[tuple[int, str]] = []
     curves: list[Curve] = []
     logged: dict[str, list[Series]] = {}
+    budget = RunBudget(tag_folder)
     for stage, log in stage_logs(tag_folder):
-        series, lines = read_series(log, stage)
+        series, lines = read_series(log, stage, budget)
         problems += lines
         for one in series:
             logged.setdefault(one.stage, []).append(one)
@@ -298,9 +328,9 @@ def _experiment(tag_folder: Path) -> Timeline:
         if stage not in saved and stage not in logged:
             continue
         stages.append((offset, stage))
-        steps = ckpt.model_steps(saved[stage])[:MAX_POINTS] if stage in saved else []
+        steps = budget.take_steps(ckpt.model_steps(saved[stage])) if stage in saved else []
         previous = (
-            _stage_points(stage, saved[stage], steps, offset, previous, points, problems)
+            _stage_points(stage, saved[stage], steps, offset, previous, points, problems, budget)
             if steps
             else previous
         )
@@ -319,7 +349,16 @@ def _experiment(tag_folder: Path) -> Timeline:
     if len(stages) > 1:
         name += f" ({' → '.join(s for _, s in stages)})"
     notes = bpb_notes(points) + ((about_note(about),) if about else ())
-    return Timeline(name, tuple(points), tuple(problems), tuple(stages), tuple(curves), notes, about)
+    said = _said(tag_folder, problems, budget)
+    return Timeline(name, tuple(points), said, tuple(stages), tuple(curves), notes, about)
+
+
+def _said(run: Path, problems: list[str], budget: RunBudget) -> tuple[str, ...]:
+    """The run's problem lines: the first MAX_PROBLEM_LINES (a run of 100,000 steps without metas
+    would give as many), a count of the rest, then a line for each budget that ran out."""
+    more = len(problems) - MAX_PROBLEM_LINES
+    tail = [f"{run}: {more:,} more problem lines skipped"] if more > 0 else []
+    return (*problems[:MAX_PROBLEM_LINES], *tail, *budget.lines())
 
 
 def bpb_notes(points: list[Point]) -> tuple[str, ...]:
@@ -331,13 +370,15 @@ def bpb_notes(points: list[Point]) -> tuple[str, ...]:
 def _kempnerforge(run: Path) -> Timeline:
     points: list[Point] = []
     problems: list[str] = []
-    for step in run_steps(run)[:MAX_POINTS]:
+    budget = RunBudget(run)
+    for step in budget.take_steps(run_steps(run)):
         path = run / f"step_{step}" / "metadata.json"
         tokens = None
         try:
-            data = read_json(path, "config")
+            # its bytes are the run's meta bytes: a step's metadata.json may weigh 64 MB
+            data = read_json(path, "config") if budget.take_meta(_bytes_of(path)) else {}
         except FileRefused as exc:
-            if path.exists():
+            if os.path.lexists(path):  # none at all: a step still being written, no tokens
                 problems.append(str(exc))
             data = {}
         if isinstance(data, dict):
@@ -348,39 +389,52 @@ def _kempnerforge(run: Path) -> Timeline:
                 problems.append(f"{path}: tokens_seen is not a count; left out")
         size = sum(p.stat().st_size for p in (run / f"step_{step}").glob("*.distcp") if p.is_file())
         points.append(Point("kempnerforge", step, step, run, {}, tokens, size))
-    logged, lines = kf_curves(run)
+    logged, lines = kf_curves(run, budget)
     problems += lines
     curves = tuple(Curve(c.name, "kempnerforge", c.xs, c.ys, c.source) for c in logged)
     stages = ((0, "kempnerforge"),) if points else ()
-    return Timeline(run.name, tuple(points), tuple(problems), stages, curves=curves)
+    return Timeline(run.name, tuple(points), _said(run, problems, budget), stages, curves=curves)
 
 
-def _metrics(meta: dict[str, Any], path: Path, problems: list[str]) -> dict[str, float]:
-    """The meta's numbers worth a curve; anything else in their place is one line."""
+def _metrics(
+    meta: dict[str, Any], path: Path, stage: str, problems: list[str], budget: RunBudget
+) -> dict[str, float]:
+    """The meta's numbers worth a curve, each a value and its name a series of the run's budget;
+    anything else in their place is one line (a few per meta, then a count)."""
     found: dict[str, Any] = {k: v for k, v in meta.items() if k not in NOT_METRICS}
     loop = meta.get("loop_state")
     if isinstance(loop, dict):
         found.update({k: loop[k] for k in LOOP_STATE if k in loop})
+    said = Problems(path, MAX_PROBLEMS_PER_META)
     metrics: dict[str, float] = {}
     for key, value in found.items():
         try:
-            metrics[key] = finite_float(value)
+            number = finite_float(value)
         except NotANumber:  # a list or a dict is not meant as a metric; a word or null in its place is
             if isinstance(value, str) or value is None:
-                problems.append(f"{path}: {key} is not a number; left out")
+                said.add(f"{key} is not a number; left out")
+            continue
         except NumberRefused as exc:
-            problems.append(f"{path}: {key} {exc}; left out")
+            said.add(f"{key} {exc}; left out")
+            continue
+        if not budget.take_series((key, stage)):
+            continue
+        if not budget.take_values(1):
+            break
+        metrics[key] = number
+    problems += said.lines()
     return metrics
 
 
-def _config(meta: dict[str, Any]) -> dict[str, Any]:
-    """The settings a step was trained with, flattened (model_config and user_config)."""
-    config: dict[str, Any] = {}
-    for section in ("model_config", "user_config"):
-        values = meta.get(section)
-        if isinstance(values, dict):
-            config.update({f"{section}.{k}": v for k, v in values.items() if _is_scalar(v)})
-    return config
+def _config(meta: dict[str, Any], budget: RunBudget) -> dict[str, Any] | None:
+    """The settings a step was trained with, flattened (model_config and user_config); each one
+    read is a value of the run's budget (a hostile meta may hold a million). None: not read (no
+    meta, or no values left), so nothing is said to have changed."""
+    sections = {name: meta.get(name) for name in ("model_config", "user_config")}
+    read = {name: values for name, values in sections.items() if isinstance(values, dict)}
+    if not meta or not budget.take_values(sum(len(values) for values in read.values())):
+        return None
+    return {f"{name}.{k}": v for name, values in read.items() for k, v in values.items() if _is_scalar(v)}
 
 
 def _changes(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

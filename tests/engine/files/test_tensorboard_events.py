@@ -332,3 +332,33 @@ def test_tags_past_the_cap_are_counted_not_kept():
     for i in range(10):
         scalars.add(f"t{i}", 1, 0.0, 1.0)
     assert list(scalars.series) == ["t0", "t1", "t2"] and scalars.values_left_out == 7
+
+
+# --- what a read costs: values and fields, not events ------------------------------------------
+
+
+def test_values_are_counted_inside_an_event_and_the_read_stops_at_their_budget(tmp_path):
+    many = tf.frame(tf.event(5, [tf.scalar_value(f"t{i % 7}", float(i)) for i in range(5_000)]))
+    path = write(tmp_path, tf.event_file([(1, "loss", 1.0)]) + many * 3)
+    scalars = Scalars()
+    read = read_event_file(path, scalars, max_values=7_000)
+    assert read.values == 7_000 and read.events == 3  # version, loss, 5,000 values; the next is cut
+    assert len(read.problems) == 1 and "stopped after 7,000 values (the limit)" in read.problems[0]
+    assert sum(s.logged for s in scalars.series.values()) == 5_001  # the event cut is not half kept
+
+
+def test_fields_decoded_are_counted_at_every_level_and_bounded(tmp_path):
+    junk = tf.frame((tf.key(3, 0) + b"\x01") * 50_000)  # 50,000 fields no reader asks for
+    path = write(tmp_path, tf.event_file([(1, "loss", 1.0)]) + junk * 4)
+    read = read_event_file(path, Scalars(), max_fields=120_000)
+    assert read.fields <= 120_000 and read.events == 4  # version, loss, two junk; the third is cut
+    assert len(read.problems) == 1 and "stopped after 120,000 fields decoded (the limit)" in read.problems[0]
+    wide = tf.frame(tf.event(2, [tf.tensor_value("w", (1.0,), shape=(1,) * 60_000)]))
+    read = read_event_file(write(tmp_path, wide, "events.out.tfevents.2.x"), Scalars(), max_fields=10_000)
+    assert read.fields == 10_000 and "fields decoded" in read.problems[0]  # a shape's dims count too
+
+
+def test_the_golden_file_reads_whole_within_the_default_budgets():
+    read = read_event_file(EVENTS, Scalars())
+    assert read.problems == [] and read.values == sum(len(p) for p in LOGGED["scalars"].values())
+    assert read.fields < 8 * read.values  # torch's events: about six fields a value
