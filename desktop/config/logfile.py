@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from desktop import __version__
 from desktop.config import paths
+from desktop.engine.text_lines import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +59,11 @@ class _FileHandler(RotatingFileHandler):
 
 
 class _ConsoleFormatter(logging.Formatter):
-    """``nanoscope: warning: ...``, the form the CLI's own messages take."""
+    """``nanoscope: warning: ...``, the form the CLI's own messages take: one clean line (the
+    cleaner of every printed line), the traceback left to the log file."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"nanoscope: {record.levelname.lower()}: {super().format(record)}"
+        return one_line(f"nanoscope: {record.levelname.lower()}: {record.getMessage()}")
 
 
 class _ConsoleHandler(logging.StreamHandler):

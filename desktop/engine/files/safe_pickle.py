@@ -28,6 +28,7 @@ from desktop.engine.errors import TokenizerError
 from desktop.engine.files.pickle_policy import TOKENIZER_POLICY
 from desktop.engine.files.pickle_scan import PickleRefused, scan_tokenizer_pickle
 from desktop.engine.files.tokenizer_checks import pattern_problem, rust_errors
+from desktop.engine.text_lines import error_text
 
 # A real 2**17-token pickle is a few MB; anything far bigger is not a tokenizer.
 MAX_PICKLE_BYTES = TOKENIZER_POLICY.max_bytes
@@ -68,10 +69,6 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise TokenizerError(
             f"{self._path}: refused to unpickle {module}.{name} (only tiktoken.core.Encoding is allowed)"
         )
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _validate_state(path: Path, state: object) -> dict[str, Any]:
@@ -119,7 +116,7 @@ def load_tiktoken_pickle(path: Path) -> tiktoken.Encoding:
     except FileNotFoundError:
         raise TokenizerError(f"{path}: tokenizer file not found") from None
     except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read tokenizer file ({_one_line(exc)})") from exc
+        raise TokenizerError(f"{path}: cannot read tokenizer file ({error_text(exc)})") from exc
     if size > MAX_PICKLE_BYTES:
         raise TokenizerError(f"{path}: {size} bytes is too large for a tokenizer pickle")
     try:
@@ -130,9 +127,9 @@ def load_tiktoken_pickle(path: Path) -> tiktoken.Encoding:
     except PickleRefused as exc:
         raise TokenizerError(_refusal(path, exc)) from None
     except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read tokenizer file ({_one_line(exc)})") from None
+        raise TokenizerError(f"{path}: cannot read tokenizer file ({error_text(exc)})") from None
     except Exception as exc:  # corrupt data raises many kinds (UnpicklingError, EOFError, ValueError...)
-        raise TokenizerError(f"{path}: not a valid tokenizer pickle ({_one_line(exc)})") from exc
+        raise TokenizerError(f"{path}: not a valid tokenizer pickle ({error_text(exc)})") from exc
     if not isinstance(obj, _EncodingStub):
         raise TokenizerError(f"{path}: pickle holds a {type(obj).__name__}, not a tiktoken Encoding")
     state = _validate_state(path, obj.state)
@@ -143,7 +140,9 @@ def load_tiktoken_pickle(path: Path) -> tiktoken.Encoding:
         try:
             enc = tiktoken.Encoding(**state)
         except Exception as exc:  # e.g. a split pattern the regex engine rejects
-            raise TokenizerError(f"{path}: tiktoken rejected the stored encoding ({_one_line(exc)})") from exc
+            raise TokenizerError(
+                f"{path}: tiktoken rejected the stored encoding ({error_text(exc)})"
+            ) from exc
     with rust_errors(path, "encoding a test text"):
         enc.encode_ordinary(PROBE_TEXT)
     return enc

@@ -31,6 +31,7 @@ from typing import Any
 from desktop.engine.errors import TokenizerError
 from desktop.engine.files.bounded import FileMissing, FileRefused, read_text
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
+from desktop.engine.text_lines import error_text
 
 MAX_VOCAB = 1 << 22
 MAX_LENGTH = 1 << 20  # padding / truncation lengths beyond this are not a real setting
@@ -120,10 +121,6 @@ def clean_text(text: str) -> str:
     return text
 
 
-def _one_line(exc: BaseException) -> str:
-    return (" ".join(str(exc).split()) or type(exc).__name__)[:200]
-
-
 @contextmanager
 def rust_errors(path: Path, doing: str) -> Iterator[None]:
     """Run a tokenizer-library call; a panic or library error becomes one :class:`TokenizerError`.
@@ -137,13 +134,13 @@ def rust_errors(path: Path, doing: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise TokenizerLibraryError(
-            f"{path}: the tokenizer failed while {doing} ({_one_line(exc)})"
+            f"{path}: the tokenizer failed while {doing} ({error_text(exc)})"
         ) from None
     except BaseException as exc:
         if type(exc).__name__ != "PanicException":
             raise
         raise TokenizerLibraryError(
-            f"{path}: the tokenizer crashed while {doing} ({_one_line(exc)})"
+            f"{path}: the tokenizer crashed while {doing} ({error_text(exc)})"
         ) from None
 
 
