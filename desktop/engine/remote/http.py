@@ -205,16 +205,17 @@ def context_of(item: dict[str, Any]) -> int:
     return 0
 
 
-def list_models(url: str, api_key: str | None = None, timeout: float = LIST_TIMEOUT_S) -> list[ServedModel]:
+def list_models(url: str, api_key: str | None = None, timeout: float | None = None) -> list[ServedModel]:
     """``GET /v1/models`` (blocking: call it off the GUI thread); RemoteError with one line.
 
-    ``timeout`` seconds in all, from connecting to the body's last byte: httpx's timeouts are
-    per operation, so a server trickling its headers or body a byte at a time would reset them
-    for ever. The request runs on a private event loop (:class:`~.steps.StepRunner`) that gives
-    it up at that deadline. Asked uncompressed and read raw, at most :data:`MAX_MODELS_BYTES`: a
-    compressed body could inflate to gigabytes.
+    ``timeout`` (default :data:`LIST_TIMEOUT_S`) seconds in all, from connecting to the body's
+    last byte: httpx's timeouts are per operation, so a server trickling its headers or body a
+    byte at a time would reset them for ever. The request runs on a private event loop
+    (:class:`~.steps.StepRunner`) that gives it up at that deadline. Asked uncompressed and read
+    raw, at most :data:`MAX_MODELS_BYTES`: a compressed body could inflate to gigabytes.
     """
     endpoint = api_root(url) + "/models"
+    timeout = LIST_TIMEOUT_S if timeout is None else timeout
     runner = StepRunner()
     try:
         status, body = runner.run(_fetch_models(endpoint, api_key, timeout), timeout)
