@@ -355,12 +355,17 @@ def test_an_error_and_a_logged_warning_from_hostile_text_are_one_clean_line_each
     _assert_clean_output(out, err)
     import logging
 
-    from desktop.config.logfile import cli_logging
+    from desktop.config.logfile import cli_logging, log_file
 
     with cli_logging():
         logging.getLogger("desktop.test").warning("a name: %s", NASTY, exc_info=ValueError(NASTY))
     err = capsys.readouterr().err
     assert err.splitlines() == ["nanoscope: warning: a name: x\\x1b[2J\\x0a\\u202eevil"]
+    # The log file too: the record is one line, and a traceback's lines are cleaned each.
+    logged = log_file().read_text(encoding="utf-8")
+    assert "\x1b" not in logged and "\u202e" not in logged
+    records = [line for line in logged.splitlines() if "a name: " in line]
+    assert len(records) == 1 and records[0].endswith("desktop.test: a name: x\\x1b[2J\\x0a\\u202eevil")
 
 
 # ---------------------------------------------------------------------------------------------------
