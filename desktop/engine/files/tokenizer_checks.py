@@ -111,9 +111,10 @@ def encode_in_chunks(
     return ids
 
 
-def clean_text(text: str) -> str:
+def utf8_encodable(text: str) -> str:
     """``text`` with lone surrogates (which no UTF-8 encoder accepts) replaced by U+FFFD, the way
-    tiktoken itself repairs them; anything else is returned unchanged."""
+    tiktoken itself repairs them; anything else is returned unchanged. For what a tokenizer
+    encodes (line breaks and all); what is shown goes through ``text_lines.one_line`` instead."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -28,10 +28,10 @@ from tokenizers import Tokenizer as HFTokenizer
 from desktop.engine.errors import TokenizerError
 from desktop.engine.files.tokenizer_checks import (
     checked_tokenizer_json,
-    clean_text,
     encode_in_chunks,
     rust_errors,
     rust_tokenizer_digest,
+    utf8_encodable,
 )
 from desktop.engine.nanochat.special_tokens import CHAT_TOKENS
 from desktop.engine.text_lines import error_text
@@ -273,7 +273,7 @@ class CppTokenizer:
 
     def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
         with rust_errors(self.path, "encoding"):
-            return encode_in_chunks(self._encode, clean_text(text), cancel, self.path)
+            return encode_in_chunks(self._encode, utf8_encodable(text), cancel, self.path)
 
     def _encode(self, text: str) -> list[int]:
         if self._control_pattern is None:
