@@ -271,7 +271,8 @@ def test_the_layering_rule_catches_a_violation(tmp_path):
 
 # What the widgets may know of the engine: the protocol and its value types, the checkpoint
 # list, a run's timeline (values the Run tab draws), the served-model protocol's types (the
-# Servers dialog), and what the user does in the foreground (typing holds background compiles).
+# Servers dialog), what the user does in the foreground (typing holds background compiles), and
+# the one cleaner every line shown goes through.
 UI_MAY_IMPORT = frozenset(
     f"desktop.engine.{m}"
     for m in (
@@ -283,6 +284,7 @@ UI_MAY_IMPORT = frozenset(
         "runs.timeline",
         "remote.http",
         "foreground",
+        "text_lines",
     )
 )
 
@@ -329,3 +331,16 @@ def test_the_widget_rule_catches_a_violation():
         ]
     finally:
         bad.unlink()
+
+
+def test_every_print_prints_a_line_the_one_cleaner_made():
+    """``print(...)`` anywhere in desktop/ prints ``one_line(...)`` (the CLI's ``say`` is that
+    print), so no name from a file reaches a terminal uncleaned (hardening round four, class 3)."""
+    offenders = []
+    for path in sorted(DESKTOP.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                first = node.args[0] if node.args else None
+                if not (isinstance(first, ast.Call) and getattr(first.func, "id", "") == "one_line"):
+                    offenders.append(f"{module_name(path)}:{node.lineno}")
+    assert offenders == []

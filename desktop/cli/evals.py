@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from desktop.cli.say import say, warn
 from desktop.config import paths
 from desktop.engine.errors import NanoscopeError
+from desktop.engine.text_lines import one_line
 
 if TYPE_CHECKING:
     from desktop.engine.runs.sweep import SweepProgress
@@ -101,14 +103,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         step = (r.result.stage, r.result.step, r.task)
         if r.kept and step not in said:
             said.add(step)
-            print(f"nanoscope: {step[0]} step {step[1]}: {r.task}: kept results (same weights, same task)",
-                  file=sys.stderr)  # fmt: skip
+            say(f"nanoscope: {step[0]} step {step[1]}: {r.task}: kept results (same weights, same task)",
+                file=sys.stderr)  # fmt: skip
         if args.json:
-            print(json.dumps({**r.result.to_dict(), "task": r.task}), flush=True)
+            say(json.dumps({**r.result.to_dict(), "task": r.task}), flush=True)
         elif r.task == "samples":
             _show_sample(r.result, results["samples"])
     if shown is not None:
-        print(file=sys.stderr)
+        say(file=sys.stderr)
     if not args.json:
         for p in planned:
             _show_summary(p, results[p.task.name])
@@ -223,7 +225,7 @@ def _plan_core(labels: list[str], args: argparse.Namespace, base: Path | None) -
         try:
             examples, problems = core_bundle.read_examples(task, args.lite)
         except FileRefused as exc:
-            print(f"nanoscope: warning: {exc}; skipped", file=sys.stderr)
+            warn(f"{exc}; skipped")
             continue
         _warn(problems)
         prompts = {e.line: e.prompt() for e in examples}
@@ -249,20 +251,22 @@ def _read(args: argparse.Namespace, read: Any, needs: str) -> Any:
 
 def _warn(problems: list[str]) -> None:
     for problem in problems:
-        print(f"nanoscope: warning: {problem}", file=sys.stderr)
+        warn(problem)
 
 
 def _show_progress(p: SweepProgress) -> None:
     """One line on a terminal's stderr, rewritten in place: items asked and the time left."""
     left = f", about {p.seconds_left:.0f} s left" if p.seconds_left is not None else ""
-    line = f"\r{p.done}/{p.total} asked, {p.stage} step {p.step}{left}   "
-    print(line, end="", file=sys.stderr, flush=True)
+    line = one_line(f"{p.done}/{p.total} asked, {p.stage} step {p.step}{left}")
+    # Not say(): a carriage return and no newline, so the next update overwrites this one.
+    sys.stderr.write(f"\r{line}   ")
+    sys.stderr.flush()
 
 
 def _show_sample(sample: Any, shown: list[Any]) -> None:
     if len(shown) == 1 or (shown[-2].stage, shown[-2].step) != (sample.stage, sample.step):
-        print(f"{sample.stage} step {sample.step}:", flush=True)
-    print(f"  {sample.prompt}{sample.text!r}", flush=True)
+        say(f"{sample.stage} step {sample.step}:", flush=True)
+    say(f"  {sample.prompt}{sample.text!r}", flush=True)
 
 
 def _show_summary(planned: Planned, results: list[Any]) -> None:
@@ -271,12 +275,12 @@ def _show_summary(planned: Planned, results: list[Any]) -> None:
     name = planned.task.name
     if name == "samples" or not results:
         return
-    print(f"{planned.title}:")
+    say(f"{planned.title}:")
     if name == "bpb":
         for r in results:
             short = " (the text's start only)" if r.cut else ""
-            print(f"  {r.stage} step {r.step}: {r.bits_per_byte:.4f} bits per byte over {r.tokens:,} tokens, "
-                  f"{r.bytes:,} bytes{short}")  # fmt: skip
+            say(f"  {r.stage} step {r.step}: {r.bits_per_byte:.4f} bits per byte over {r.tokens:,} tokens, "
+                f"{r.bytes:,} bytes{short}")  # fmt: skip
         return
     for (stage, step), share in accuracy(results).items():
         mine = [r for r in results if (r.stage, r.step) == (stage, step)]
@@ -284,7 +288,7 @@ def _show_summary(planned: Planned, results: list[Any]) -> None:
         if name == "answers":
             calls, marked = sum(r.calculator_calls for r in mine), sum(r.marked for r in mine)
             line += f", {calls} calculator calls, {marked} answers after ####"
-        print(line, flush=True)
+        say(line, flush=True)
 
 
 def _show_core(planned: list[Planned], results: dict[str, list[Any]]) -> None:
@@ -294,7 +298,7 @@ def _show_core(planned: list[Planned], results: dict[str, list[Any]]) -> None:
     core = [p for p in planned if p.core is not None]
     answers = [a for p in core for a in results[p.task.name]]
     for (stage, step), metric in core_scores(answers, [p.core for p in core]).items():
-        print(f"CORE over {len(core)} tasks, {stage} step {step}: {metric:.4f}")
+        say(f"CORE over {len(core)} tasks, {stage} step {step}: {metric:.4f}")
 
 
 def _show_flips(planned: Planned, results: list[Any], as_json: bool) -> None:
@@ -311,10 +315,9 @@ def _show_flips(planned: Planned, results: list[Any], as_json: bool) -> None:
         lost = [{"line": f.line, "prompt": f.prompt} for f in flips if f.lost]
         gained = [{"line": f.line, "prompt": f.prompt} for f in flips if not f.lost]
         shown = {"from": list(first), "to": list(last), "lost": lost, "gained": gained}
-        print(json.dumps({"task": planned.task.name, **shown}))
+        say(json.dumps({"task": planned.task.name, **shown}))
         return
-    print(f"{planned.title}: from step {first[1]} to {last[1]}: {sum(f.lost for f in flips)} lost, "
-          f"{sum(not f.lost for f in flips)} gained")  # fmt: skip
+    say(f"{planned.title}: from step {first[1]} to {last[1]}: {sum(f.lost for f in flips)} lost, "
+        f"{sum(not f.lost for f in flips)} gained")  # fmt: skip
     for f in flips:
-        prompt = " ".join(f.prompt.split())
-        print(f"  {'lost' if f.lost else 'gained'} line {f.line}: {prompt[:100]}")
+        say(f"  {'lost' if f.lost else 'gained'} line {f.line}: {one_line(f.prompt, fold=True, limit=100)}")

@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from desktop.cli.say import say
 from desktop.config import paths
 from desktop.engine.backend import LoadOptions
 
@@ -38,5 +39,5 @@ def cmd_export(args: argparse.Namespace) -> int:
         step=args.step if args.step is not None else step, tokenizer=args.tokenizer, base_dir=base
     )
     report = export_to_hf(directory, args.hf, options)
-    print(json.dumps(report.to_dict()) if args.json else report.summary())
+    say(json.dumps(report.to_dict()) if args.json else report.summary())
     return 0

@@ -20,6 +20,7 @@ from desktop import __version__
 from desktop.cli.evals import add_eval_parser, cmd_eval
 from desktop.cli.export import add_export_parser, cmd_export
 from desktop.cli.remote import add_server_args, list_served, open_served
+from desktop.cli.say import error, say, warn
 from desktop.cli.timeline import add_timeline_parser, cmd_timeline
 from desktop.config import paths
 from desktop.config.logfile import SHOWN, cli_logging
@@ -30,6 +31,7 @@ from desktop.engine.kempnerforge.config import ConfigMemory
 from desktop.engine.kernels.device import DEVICES, PRECISIONS
 from desktop.engine.messages import TokenEvent
 from desktop.engine.params import CHAT_DEFAULTS, KNOB, MAX_TOKENS_MAX, SamplingParams
+from desktop.engine.text_lines import error_text
 
 logger = logging.getLogger(__name__)
 
@@ -144,28 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def printable(text: str) -> str:
-    """``text`` safe to print: control and format characters (bidi overrides such as U+202E, which
-    can make a name read as another) are shown as escapes, and bytes of a file name that were not
-    UTF-8 (kept by Python as lone surrogates) as ``\\xNN``."""
-    if text.isprintable():
-        return text
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if ch.isprintable():
-            out.append(ch)
-        elif 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif code < 0x100:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return "".join(out)
-
-
 def _summary_line(entry: Any) -> str:
     """One checkpoint's line; a checkpoint that cannot be read says why instead of its figures."""
     from desktop.engine.discovery import summarize
@@ -177,7 +157,7 @@ def _summary_line(entry: Any) -> str:
         logger.error("summary of %s failed", entry.path, exc_info=True, extra=SHOWN)
         desc = f"{entry.path}: cannot be read ({type(exc).__name__}: {exc})"
     steps = ", ".join(map(str, entry.steps[-5:]))
-    return printable(f"{entry.source:5} {entry.tag:12} steps [{steps}]  {desc}  ({entry.path})")
+    return f"{entry.source:5} {entry.tag:12} steps [{steps}]  {desc}  ({entry.path})"
 
 
 def _summary_dict(entry: Any) -> dict[str, Any]:
@@ -204,13 +184,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise NanoscopeError(f"{base}: cannot list checkpoints ({exc.strerror or exc})") from None
     if args.json:
         out = [_summary_dict(e) for e in entries]
-        print(json.dumps({"base_dir": str(base), "checkpoints": out}, default=str))
+        say(json.dumps({"base_dir": str(base), "checkpoints": out}, default=str))
         return 0
     if not entries:
-        print(printable(f"no checkpoints under {base} (set NANOCHAT_BASE_DIR to look elsewhere)"))
+        say(f"no checkpoints under {base} (set NANOCHAT_BASE_DIR to look elsewhere)")
         return 0
     for e in entries:
-        print(_summary_line(e))
+        say(_summary_line(e))
     return 0
 
 
@@ -286,18 +266,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise NanoscopeError(f"--draft: {info.capabilities.why_not('draft')}")
     prompt = _prompt(args, backend)
     if info.context_length and prompt.tokens + args.max_tokens > info.context_length:
-        print(
-            f"nanoscope: warning: context of {prompt.tokens + args.max_tokens} tokens exceeds the model's "
+        warn(
+            f"context of {prompt.tokens + args.max_tokens} tokens exceeds the model's "
             f"sequence_len {info.context_length}; "
             + (
                 "the reply stops there"
                 if info.family == "kempnerforge"
                 else "quality degrades and even L layers become windowed"
-            ),
-            file=sys.stderr,
+            )
         )
     for w in info.warnings:
-        print(f"nanoscope: warning: {w}", file=sys.stderr)
+        warn(w)
     stats = GenerationStats()
     produced: list[int] = []
     options = StreamOptions(draft=draft, draft_k=args.draft_k)
@@ -311,17 +290,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
             record = {"id": ev.id, "text": ev.text, "forced": ev.forced}
             if ev.draft:
                 record["draft"] = ev.draft
-            print(json.dumps(record), flush=True)
+            say(json.dumps(record), flush=True)
         else:
             sys.stdout.write(ev.text if ev.special is None else _special_text(ev))
             sys.stdout.flush()
     if stats.stopped == "context":
-        print(
-            f"nanoscope: warning: the reply stopped at the model's context of {info.context_length} tokens",
-            file=sys.stderr,
-        )
+        warn(f"the reply stopped at the model's context of {info.context_length} tokens")
     if args.json:
-        print(
+        say(
             json.dumps(
                 {
                     "done": True,
@@ -339,7 +315,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print()
+        say()
     return 0
 
 
@@ -419,14 +395,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         kernel_cache=paths.kernel_timings_file(),
         retime=args.retime,
     )
-    result = run_bench(request, warn=lambda text: print(f"nanoscope: warning: {text}", file=sys.stderr))
+    result = run_bench(request, warn=warn)
     if not args.json:
         for k, v in result.items():
-            if isinstance(v, list):  # the kernels: one line each
-                print(f"{k:22} " + f"\n{'':22} ".join(map(str, v)))
-            else:
-                print(f"{k:22} {v}")
-    print(json.dumps(result))
+            values = v if isinstance(v, list) else [v]  # the kernels: one line each
+            for i, value in enumerate(values or [""]):
+                say(f"{k if i == 0 else '':22} {value}")
+    say(json.dumps(result))
     return 0
 
 
@@ -442,13 +417,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     if args.home is not None:
         if args.home.exists() and not args.home.is_dir():
-            print(printable(f"nanoscope: error: --home {args.home} is a file, not a folder"), file=sys.stderr)
+            error(f"--home {args.home} is a file, not a folder")
             return EXIT_ERROR
         paths.set_home(args.home)
     # --home or NANOSCOPE_HOME alike, before logging, threads or Qt start.
     problem = paths.unusable_home()
     if problem is not None:
-        print(printable(f"nanoscope: error: {problem}"), file=sys.stderr)
+        error(problem)
         return EXIT_ERROR
     handlers = {
         "list": cmd_list,
@@ -467,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             return handlers[args.command](args)
         except NanoscopeError as exc:
             logger.error("%s", exc, extra=SHOWN)
-            print(printable(f"nanoscope: error: {exc}"), file=sys.stderr)
+            error(exc)
             return EXIT_ERROR
         except KeyboardInterrupt:
             return 130
@@ -479,21 +454,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise  # SystemExit and the like; a Rust panic is an error like any other here
             if isinstance(exc, (MemoryError, RuntimeError)) and is_out_of_memory(exc):
                 logger.error("out of memory: %s", exc, extra=SHOWN)
-                print(
-                    "nanoscope: error: out of memory; "
-                    "try --dtype bfloat16, another --device or a smaller checkpoint",
-                    file=sys.stderr,
-                )
+                error("out of memory; try --dtype bfloat16, another --device or a smaller checkpoint")
                 return EXIT_ERROR
             # Not an error we know how to explain: one line here, the traceback in the log file.
             logger.critical("Uncaught exception", exc_info=True, extra=SHOWN)
-            text = " ".join(str(exc).split())[:200]
-            print(
-                printable(
-                    f"nanoscope: error: unexpected {type(exc).__name__}: {text} (details in the log file)"
-                ),
-                file=sys.stderr,
-            )
+            error(f"unexpected {error_text(exc, named=True)} (details in the log file)")
             return EXIT_ERROR
 
 

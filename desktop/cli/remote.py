@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 
+from desktop.cli.say import say
 from desktop.engine.backend import Backend, LoadOptions
 from desktop.engine.errors import NanoscopeError
 
@@ -67,11 +68,11 @@ def list_served(args: argparse.Namespace) -> int:
 
     served = list_models(args.server, _key(args))
     if args.json:
-        print(json.dumps({"server": api_root(args.server), "models": [m.to_dict() for m in served]}))
+        say(json.dumps({"server": api_root(args.server), "models": [m.to_dict() for m in served]}))
         return 0
     if not served:
-        print(f"{api_root(args.server)} lists no models (a server pinned to one model may still serve it)")
+        say(f"{api_root(args.server)} lists no models (a server pinned to one model may still serve it)")
     for m in served:
         ctx = f"  context {m.context_length}" if m.context_length else ""
-        print(f"{m.name}{ctx}")
+        say(f"{m.name}{ctx}")
     return 0

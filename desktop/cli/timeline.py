@@ -9,15 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from typing import TYPE_CHECKING, TypeVar
 
+from desktop.cli.say import say, warn
 from desktop.config import paths
-
-if TYPE_CHECKING:
-    pass
-
-T = TypeVar("T")
 
 
 def add_timeline_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,12 +29,12 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     directory, _step = resolve_spec(args.run, paths.nanochat_base_dir())
     timeline = timeline_of(directory)
     for problem in timeline.problems:
-        print(f"nanoscope: warning: {problem}", file=sys.stderr)
+        warn(problem)
     if args.json:
-        print(json.dumps(timeline.to_dict()))
+        say(json.dumps(timeline.to_dict()))
         return 0
     metrics = timeline.metric_names()
-    print(f"{timeline.name}: {len(timeline.points)} saved steps")
+    say(f"{timeline.name}: {len(timeline.points)} saved steps")
     header = ["stage", "step", "tokens", *metrics, "MB"]
     rows = [
         [
@@ -54,5 +48,5 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+        say("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
     return 0

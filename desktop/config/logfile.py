@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from desktop import __version__
 from desktop.config import paths
+from desktop.engine.text_lines import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +58,29 @@ class _FileHandler(RotatingFileHandler):
         logger.warning("Logging to the console only: cannot write %s (%s)", self.baseFilename, error)
 
 
-class _ConsoleFormatter(logging.Formatter):
-    """``nanoscope: warning: ...``, the form the CLI's own messages take."""
+class _FileFormatter(logging.Formatter):
+    """:data:`FILE_FORMAT`, each record one line through the cleaner of every printed line (a name
+    with a newline cannot forge a record, nor ``ESC[2J`` clear the terminal of whoever tails
+    the file); a traceback keeps its lines, each cleaned the same way."""
+
+    def __init__(self) -> None:
+        super().__init__(FILE_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"nanoscope: {record.levelname.lower()}: {super().format(record)}"
+        # The record's line, then its traceback's (which another handler may have formatted and
+        # cached on the record first, uncleaned).
+        return "\n".join(map(one_line, super().format(record).split("\n")))
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """``nanoscope: warning: ...``, the form the CLI's own messages take: one clean line (the
+    cleaner of every printed line), the traceback left to the log file."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return one_line(f"nanoscope: {record.levelname.lower()}: {record.getMessage()}")
 
 
 class _ConsoleHandler(logging.StreamHandler):
@@ -123,7 +142,7 @@ def setup_logging(level: int = logging.INFO) -> Path | None:
     _remove_handlers(_FileHandler)
     # delay: the file is opened by the first record, so a CLI run without news writes nothing.
     handler = _FileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUP_COUNT, encoding="utf-8", delay=True)
-    handler.setFormatter(logging.Formatter(FILE_FORMAT))
+    handler.setFormatter(_FileFormatter())
     root.addHandler(handler)
     return path
 

@@ -38,6 +38,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from desktop.engine.errors import TokenizerError
 from desktop.engine.files import bounded
 from desktop.engine.messages import TEXT, Message
+from desktop.engine.text_lines import error_text
 
 # The named special tokens transformers passes to every template (its special_tokens_map).
 SPECIAL_TOKEN_KEYS = (
@@ -328,10 +329,10 @@ class ChatTemplate:
             raise TokenizerError(f"{self.origin}: the chat template was stopped: {exc}") from None
         except SecurityError as exc:
             raise TokenizerError(
-                f"{self.origin}: the chat template tried to reach Python internals ({_line(exc)})"
+                f"{self.origin}: the chat template tried to reach Python internals ({error_text(exc)})"
             ) from None
         except jinja2.exceptions.TemplateError as exc:
-            raise TokenizerError(f"{self.origin}: the chat template failed: {_line(exc)}") from None
+            raise TokenizerError(f"{self.origin}: the chat template failed: {error_text(exc)}") from None
         except (
             TypeError,
             ValueError,
@@ -342,7 +343,7 @@ class ChatTemplate:
             OverflowError,
         ) as exc:
             raise TokenizerError(
-                f"{self.origin}: the chat template failed ({type(exc).__name__}: {_line(exc)})"
+                f"{self.origin}: the chat template failed ({error_text(exc, named=True)})"
             ) from None
         except (RecursionError, MemoryError):
             raise TokenizerError(f"{self.origin}: the chat template recursed too deeply") from None
@@ -359,11 +360,6 @@ class ChatTemplate:
                 raise _OverBudget(f"it wrote more than {MAX_OUTPUT_CHARS:,} characters")
             out.append(chunk)
         return "".join(out)
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 def template_source(tokenizer_config: dict[str, Any], directory: Path) -> tuple[str, Path] | None:

@@ -3,7 +3,9 @@
 Each test sets ``server.script``: a function of (path, request body) returning a ``Reply`` —
 the status, headers and a list of body pieces. A piece is bytes to send, ``Pause(event)`` to wait
 (bounded) before going on, ``Every(seconds, piece, event)`` to repeat a piece until the event
-(bounded), or ``DROP`` to cut the connection mid-body. Every request is recorded
+(bounded), or ``DROP`` to cut the connection mid-body. ``Reply.trickle`` sends the status line
+and headers one byte at a time (a server that never lets a per-read timeout run out). Every
+request is recorded
 in ``server.requests`` so a test can see what the client sent (a key, a refused field).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,6 +45,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "text/event-stream"
     before: Pause | None = None  # wait before the status line (a server slow to answer at all)
+    trickle: float = 0.0  # seconds between the bytes of the status line and headers (0: at once)
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
@@ -103,8 +107,11 @@ class FaultServer:
                 for k, v in reply.headers.items():
                     self.send_header(k, v)
                 self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
                 try:
+                    if reply.trickle:
+                        self._trickle_headers(reply.trickle)
+                    else:
+                        self.end_headers()
                     for piece in reply.pieces:
                         if piece is DROP:
                             self.connection.shutdown(socket.SHUT_RDWR)
@@ -127,6 +134,18 @@ class FaultServer:
                 except OSError:
                     outer.disconnected.set()
                     self.close_connection = True
+
+            def _trickle_headers(self, seconds: float) -> None:
+                """The buffered status line and headers, one byte every ``seconds`` (bounded)."""
+                head = b"".join(self._headers_buffer) + b"\r\n"  # type: ignore[attr-defined]
+                self._headers_buffer = []  # type: ignore[attr-defined]
+                began = time.monotonic()
+                for i in range(len(head)):
+                    if time.monotonic() - began > PAUSE_LIMIT_S:
+                        raise OSError("trickled for too long")
+                    self.wfile.write(head[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(seconds)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

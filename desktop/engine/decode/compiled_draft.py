@@ -56,6 +56,7 @@ import torch
 
 from desktop.engine.decode.protocols import DecodingModel
 from desktop.engine.foreground import HELD, lower_this_threads_priority, wait_while_held
+from desktop.engine.text_lines import error_text
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ class CompiledTwin:
         except CompileStopped:
             logger.info("the compile of %s was stopped", self._what)
         except Exception as exc:  # anything the compiler raises leaves the model eager
-            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self.error = error_text(exc, named=True)
             logger.warning("%s was not compiled: %s", self._what, self.error)
         finally:
             # Stopped mid-compile, between two warm-up passes, or before its turn came (another

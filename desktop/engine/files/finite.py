@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from desktop.engine.errors import CheckpointError
+from desktop.engine.text_lines import error_text
 
 
 def _all_finite(t: Any) -> bool:
@@ -38,9 +39,7 @@ def check_finite(sd: dict[str, Any], path: Path) -> None:
             else:
                 ok = not t.is_floating_point() or _all_finite(t)
         except (RuntimeError, TypeError, NotImplementedError) as exc:
-            raise CheckpointError(
-                f"{path}: cannot check the values of {key!r} ({_first_line(exc)})"
-            ) from None
+            raise CheckpointError(f"{path}: cannot check the values of {key!r} ({error_text(exc)})") from None
         if not ok:
             bad.append(key)
     if bad:
@@ -48,8 +47,3 @@ def check_finite(sd: dict[str, Any], path: Path) -> None:
             f"{path}: non-finite values (NaN/Inf) in {', '.join(bad[:5])}"
             + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]

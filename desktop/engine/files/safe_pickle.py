@@ -1,10 +1,10 @@
 """Load nanochat's ``tokenizer.pkl`` without running arbitrary pickle code.
 
 nanochat saves its tokenizer as ``pickle.dump(tiktoken.Encoding)``. A plain ``pickle.load`` of a
-file someone sent you can execute anything, so this module unpickles with a restricted
-:class:`pickle.Unpickler` that knows exactly one global, ``tiktoken.core.Encoding``, mapped to a
-harmless stub that only records the state dict ``Encoding.__getstate__`` wrote. Once the state is
-validated, the real encoding is built with ``tiktoken.Encoding(**state)``.
+file someone sent you can execute anything, so this module unpickles with the restricted
+unpickler (:mod:`.restricted_unpickler`) given exactly one global, ``tiktoken.core.Encoding``,
+mapped to a harmless stub that only records the state dict ``Encoding.__getstate__`` wrote. Once
+the state is validated, the real encoding is built with ``tiktoken.Encoding(**state)``.
 
 Protocol 2 pickles spell bytes as ``_codecs.encode(text, "latin1")``; that one call is replaced by
 a local function that can do nothing but turn latin-1 text back into bytes.
@@ -17,7 +17,6 @@ encoding encodes a probe text, so a pattern that makes tiktoken panic fails here
 
 from __future__ import annotations
 
-import io
 import pickle
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,9 @@ import tiktoken
 from desktop.engine.errors import TokenizerError
 from desktop.engine.files.pickle_policy import TOKENIZER_POLICY
 from desktop.engine.files.pickle_scan import PickleRefused, scan_tokenizer_pickle
+from desktop.engine.files.restricted_unpickler import GlobalRefused, RestrictedUnpickler
 from desktop.engine.files.tokenizer_checks import pattern_problem, rust_errors
+from desktop.engine.text_lines import error_text
 
 # A real 2**17-token pickle is a few MB; anything far bigger is not a tokenizer.
 MAX_PICKLE_BYTES = TOKENIZER_POLICY.max_bytes
@@ -55,23 +56,8 @@ def _latin1_bytes(text: object, encoding: object = "latin1", errors: object = "s
     return text.encode("latin-1")
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file: Any, path: Path) -> None:
-        super().__init__(file)
-        self._path = path
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("tiktoken.core", "Encoding"):
-            return _EncodingStub
-        if (module, name) == ("_codecs", "encode"):
-            return _latin1_bytes
-        raise TokenizerError(
-            f"{self._path}: refused to unpickle {module}.{name} (only tiktoken.core.Encoding is allowed)"
-        )
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+# The only globals a tokenizer pickle may name.
+_GLOBALS = {("tiktoken.core", "Encoding"): _EncodingStub, ("_codecs", "encode"): _latin1_bytes}
 
 
 def _validate_state(path: Path, state: object) -> dict[str, Any]:
@@ -119,20 +105,22 @@ def load_tiktoken_pickle(path: Path) -> tiktoken.Encoding:
     except FileNotFoundError:
         raise TokenizerError(f"{path}: tokenizer file not found") from None
     except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read tokenizer file ({_one_line(exc)})") from exc
+        raise TokenizerError(f"{path}: cannot read tokenizer file ({error_text(exc)})") from exc
     if size > MAX_PICKLE_BYTES:
         raise TokenizerError(f"{path}: {size} bytes is too large for a tokenizer pickle")
     try:
         data = scan_tokenizer_pickle(path)
-        obj = _RestrictedUnpickler(io.BytesIO(data), path).load()
-    except TokenizerError:
-        raise
+        obj = RestrictedUnpickler(data, _GLOBALS).load()
+    except GlobalRefused as exc:
+        raise TokenizerError(
+            f"{path}: refused to unpickle {exc.module}.{exc.name} (only tiktoken.core.Encoding is allowed)"
+        ) from None
     except PickleRefused as exc:
         raise TokenizerError(_refusal(path, exc)) from None
     except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read tokenizer file ({_one_line(exc)})") from None
+        raise TokenizerError(f"{path}: cannot read tokenizer file ({error_text(exc)})") from None
     except Exception as exc:  # corrupt data raises many kinds (UnpicklingError, EOFError, ValueError...)
-        raise TokenizerError(f"{path}: not a valid tokenizer pickle ({_one_line(exc)})") from exc
+        raise TokenizerError(f"{path}: not a valid tokenizer pickle ({error_text(exc)})") from exc
     if not isinstance(obj, _EncodingStub):
         raise TokenizerError(f"{path}: pickle holds a {type(obj).__name__}, not a tiktoken Encoding")
     state = _validate_state(path, obj.state)
@@ -143,7 +131,9 @@ def load_tiktoken_pickle(path: Path) -> tiktoken.Encoding:
         try:
             enc = tiktoken.Encoding(**state)
         except Exception as exc:  # e.g. a split pattern the regex engine rejects
-            raise TokenizerError(f"{path}: tiktoken rejected the stored encoding ({_one_line(exc)})") from exc
+            raise TokenizerError(
+                f"{path}: tiktoken rejected the stored encoding ({error_text(exc)})"
+            ) from exc
     with rust_errors(path, "encoding a test text"):
         enc.encode_ordinary(PROBE_TEXT)
     return enc

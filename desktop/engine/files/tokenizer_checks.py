@@ -31,6 +31,7 @@ from typing import Any
 from desktop.engine.errors import TokenizerError
 from desktop.engine.files.bounded import FileMissing, FileRefused, read_text
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
+from desktop.engine.text_lines import error_text
 
 MAX_VOCAB = 1 << 22
 MAX_LENGTH = 1 << 20  # padding / truncation lengths beyond this are not a real setting
@@ -110,18 +111,15 @@ def encode_in_chunks(
     return ids
 
 
-def clean_text(text: str) -> str:
+def utf8_encodable(text: str) -> str:
     """``text`` with lone surrogates (which no UTF-8 encoder accepts) replaced by U+FFFD, the way
-    tiktoken itself repairs them; anything else is returned unchanged."""
+    tiktoken itself repairs them; anything else is returned unchanged. For what a tokenizer
+    encodes (line breaks and all); what is shown goes through ``text_lines.one_line`` instead."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
-
-
-def _one_line(exc: BaseException) -> str:
-    return (" ".join(str(exc).split()) or type(exc).__name__)[:200]
 
 
 @contextmanager
@@ -137,13 +135,13 @@ def rust_errors(path: Path, doing: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise TokenizerLibraryError(
-            f"{path}: the tokenizer failed while {doing} ({_one_line(exc)})"
+            f"{path}: the tokenizer failed while {doing} ({error_text(exc)})"
         ) from None
     except BaseException as exc:
         if type(exc).__name__ != "PanicException":
             raise
         raise TokenizerLibraryError(
-            f"{path}: the tokenizer crashed while {doing} ({_one_line(exc)})"
+            f"{path}: the tokenizer crashed while {doing} ({error_text(exc)})"
         ) from None
 
 

@@ -32,6 +32,8 @@ from desktop.engine.files.pickle_scan import (
     scan_at,
     scan_torch_pickle,
 )
+from desktop.engine.files.restricted_unpickler import loads_plain
+from desktop.engine.text_lines import error_text
 
 # The legacy stream's small pickles: plain values only (its magic number is a long, its type
 # sizes a dict, its storage keys a list of strings, one per tensor).
@@ -128,12 +130,15 @@ def _scan_legacy(f: BinaryIO, size: int) -> TorchScan:
 def _plain_pickle(data: bytes, start: int, what: str) -> tuple[object, int]:
     """The value of a small plain pickle at ``data[start:]`` and the position after it.
 
-    Scanned first (no globals, bounded), so the standard unpickler only ever builds plain values.
+    Scanned first (no globals, bounded), then built by the restricted unpickler, which refuses
+    every global too: the scan alone does not stand between the file and code execution.
     """
     try:
         end = scan_at(data, start, _PLAIN)
+        return loads_plain(data[start:end]), end
     except PickleRefused as exc:
         raise PickleRefused(
             exc.kind, f"its {what} is not a plain pickle ({exc.reason or exc.name})"
         ) from None
-    return pickle.loads(data[start:end]), end
+    except (pickle.UnpicklingError, ValueError, EOFError) as exc:  # what the scan let through
+        raise PickleRefused("corrupt", f"its {what} is not a plain pickle ({error_text(exc)})") from None

@@ -27,10 +27,10 @@ from tokenizers import Tokenizer as RustTokenizer
 from desktop.engine.chat_template import SPECIAL_TOKEN_KEYS, ChatTemplate, template_source, token_text
 from desktop.engine.files.tokenizer_checks import (
     checked_tokenizer_json,
-    clean_text,
     id_space,
     rust_errors,
     rust_tokenizer_digest,
+    utf8_encodable,
 )
 from desktop.engine.hf.files import TOKENIZER_NAME
 
@@ -92,15 +92,15 @@ class HFTokenizer:
     def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
         # One call to the library: there is no point between chunks where ``cancel`` is looked at.
         with rust_errors(self.path, "encoding"):
-            return list(self._plain.encode(clean_text(text), add_special_tokens=False).ids)
+            return list(self._plain.encode(utf8_encodable(text), add_special_tokens=False).ids)
 
     def encode_rendered(self, text: str) -> list[int]:
         with rust_errors(self.path, "encoding"):
-            return list(self._tok.encode(clean_text(text), add_special_tokens=False).ids)
+            return list(self._tok.encode(utf8_encodable(text), add_special_tokens=False).ids)
 
     def encode_completion(self, text: str) -> list[int]:
         with rust_errors(self.path, "encoding"):
-            return list(self._tok.encode(clean_text(text), add_special_tokens=True).ids)
+            return list(self._tok.encode(utf8_encodable(text), add_special_tokens=True).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         with rust_errors(self.path, "decoding"):

@@ -20,6 +20,7 @@ from desktop.engine.files.finite import check_finite
 from desktop.engine.hf.config import HFConfig
 from desktop.engine.hf.files import FLOAT_DTYPES, TensorInfo, read_tensor_index
 from desktop.engine.kernels.memory import available_ram, human
+from desktop.engine.text_lines import error_text
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,6 @@ def load_weights(
     except (SafetensorError, OSError, RuntimeError, MemoryError) as exc:
         if is_out_of_memory(exc):
             raise OutOfMemoryError(f"{directory}: out of memory while reading the weights") from None
-        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{directory}: cannot read the weights ({text})") from None
+        raise CheckpointError(f"{directory}: cannot read the weights ({error_text(exc)})") from None
     check_finite(weights, directory)
     return weights

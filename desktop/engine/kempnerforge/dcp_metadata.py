@@ -27,6 +27,7 @@ from typing import Any
 from desktop.engine.errors import CheckpointError
 from desktop.engine.files.pickle_policy import DCP_POLICY, DTYPE_SIZES
 from desktop.engine.files.pickle_scan import PickleRefused, read_limited, scan_bytes
+from desktop.engine.text_lines import error_text
 
 METADATA_NAME = ".metadata"
 # The metadata of a 70B run with its optimizer state is a few MB; far more is not DCP metadata.
@@ -369,6 +370,5 @@ def read_dcp_metadata(directory: Path) -> DcpMetadata:
     except CheckpointError:
         raise
     except Exception as exc:  # corrupt data raises many kinds (UnpicklingError, EOFError, ...)
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        raise CheckpointError(f"{path}: not valid DCP metadata ({text[:160]})") from None
+        raise CheckpointError(f"{path}: not valid DCP metadata ({error_text(exc, 160)})") from None
     return _convert(root, path)

@@ -28,10 +28,10 @@ from desktop.engine.files import bounded
 from desktop.engine.files.tokenizer_checks import (
     EncodingCancelled,
     checked_tokenizer_json,
-    clean_text,
     id_space,
     rust_errors,
     rust_tokenizer_digest,
+    utf8_encodable,
 )
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class KFTokenizer:
         # One call, never chunks: a Metaspace or prefix-space tokenizer would encode a chunk's
         # start differently, and these ids must be transformers' own.
         with rust_errors(self.path, "encoding"):
-            return list(self._tok.encode(clean_text(text), add_special_tokens=add_special_tokens).ids)
+            return list(self._tok.encode(utf8_encodable(text), add_special_tokens=add_special_tokens).ids)
 
     def encode_rendered(self, text: str) -> list[int]:
         """A rendered chat template: its special-token names are the tokens, nothing is added

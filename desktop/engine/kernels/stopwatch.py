@@ -18,6 +18,7 @@ import psutil
 import torch
 
 from desktop.engine.kernels.gemv import Kernel
+from desktop.engine.text_lines import error_text
 
 ROUNDS = 9  # samples per candidate; the fastest is kept
 # In a decode step every matrix comes from DRAM (the rest of the model evicts it), so a matrix of
@@ -112,7 +113,7 @@ def stream_times(
             first = candidate.build(part.clone())  # a copy of its own, even for fp32
             first(x)
         except (RuntimeError, ValueError, NotImplementedError) as exc:  # not in this build
-            refused[candidate.name] = f"unavailable ({str(exc).splitlines()[0][:80]})"
+            refused[candidate.name] = f"unavailable ({error_text(exc, 80)})"
             continue
         count = min(MAX_COPIES, max(1, -(-STREAM_BYTES // max(1, first.weight_nbytes))))
         copies = [first, *(candidate.build(part.clone()) for _ in range(count - 1))]

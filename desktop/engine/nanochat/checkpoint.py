@@ -25,6 +25,7 @@ from desktop.engine.errors import CheckpointError, OutOfMemoryError, Unsupported
 from desktop.engine.files.bounded import FileRefused, open_regular, parse_json, read_bytes
 from desktop.engine.files.pickle_scan import PickleRefused, TensorInfo, noun
 from desktop.engine.files.torch_files import scan_torch_file
+from desktop.engine.text_lines import error_text
 
 MODEL_RE = re.compile(r"model_(\d+)\.pt")
 META_RE = re.compile(r"meta_(\d+)\.json")
@@ -195,7 +196,7 @@ def load_state_dict(
                 f"{path}: out of memory while reading the file; close other programs "
                 "or use a smaller checkpoint"
             ) from None
-        raise CheckpointError(f"{path}: file is truncated or corrupt ({_first_line(exc)})") from None
+        raise CheckpointError(f"{path}: file is truncated or corrupt ({error_text(exc)})") from None
     if not isinstance(sd, dict):
         raise CheckpointError(f"{path}: expected a dict of tensors, found {type(sd).__name__}")
     out = {}
@@ -248,8 +249,3 @@ def _weights_only_refusal(exc: pickle.UnpicklingError) -> str:
             f"({found.group(1)})"
         )
     return "not a PyTorch checkpoint, or the file is truncated or corrupt"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]

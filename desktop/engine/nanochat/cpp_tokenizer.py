@@ -28,12 +28,13 @@ from tokenizers import Tokenizer as HFTokenizer
 from desktop.engine.errors import TokenizerError
 from desktop.engine.files.tokenizer_checks import (
     checked_tokenizer_json,
-    clean_text,
     encode_in_chunks,
     rust_errors,
     rust_tokenizer_digest,
+    utf8_encodable,
 )
 from desktop.engine.nanochat.special_tokens import CHAT_TOKENS
+from desktop.engine.text_lines import error_text
 
 # Angle-bracket names of control tokens (<BOS>, <RESERVED_19>, nanochat-style <|bos|>). Operators
 # such as <=> are added tokens too but are ordinary text.
@@ -244,8 +245,7 @@ class CppTokenizer:
             try:
                 self._hf = HFTokenizer.from_str(text)
             except Exception as exc:  # tokenizers raises plain Exception for bad JSON or models
-                detail = " ".join(str(exc).split())[:200]
-                raise TokenizerError(f"{self.path}: not a valid tokenizer.json ({detail})") from None
+                raise TokenizerError(f"{self.path}: not a valid tokenizer.json ({error_text(exc)})") from None
             vocab = self._hf.get_vocab(with_added_tokens=True)
             added = self._hf.get_added_tokens_decoder()
         with rust_errors(self.path, "encoding a test text"):  # fail at load, not mid-chat
@@ -273,7 +273,7 @@ class CppTokenizer:
 
     def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
         with rust_errors(self.path, "encoding"):
-            return encode_in_chunks(self._encode, clean_text(text), cancel, self.path)
+            return encode_in_chunks(self._encode, utf8_encodable(text), cancel, self.path)
 
     def _encode(self, text: str) -> list[int]:
         if self._control_pattern is None:

@@ -26,7 +26,7 @@ import tiktoken
 from desktop.engine.decode.protocols import Tokenizer
 from desktop.engine.errors import TokenizerError
 from desktop.engine.files.safe_pickle import load_tiktoken_pickle
-from desktop.engine.files.tokenizer_checks import clean_text, encode_in_chunks, rust_errors
+from desktop.engine.files.tokenizer_checks import encode_in_chunks, rust_errors, utf8_encodable
 from desktop.engine.nanochat.cpp_tokenizer import CppTokenizer
 from desktop.engine.nanochat.special_tokens import ASSISTANT_END, BOS, CHAT_TOKENS
 
@@ -57,7 +57,7 @@ class TiktokenTokenizer:
     def encode(self, text: str, cancel: threading.Event | None = None) -> list[int]:
         # encode_ordinary never turns "<|bos|>" typed by a user into the special token.
         with rust_errors(self.path, "encoding"):
-            return encode_in_chunks(self._enc.encode_ordinary, clean_text(text), cancel, self.path)
+            return encode_in_chunks(self._enc.encode_ordinary, utf8_encodable(text), cancel, self.path)
 
     def decode(self, ids: Sequence[int]) -> str:
         with rust_errors(self.path, "decoding"):

@@ -45,7 +45,8 @@ from desktop.engine.remote.http import (
     where,
 )
 from desktop.engine.remote.servers import ServerEndpoint, directory, parse_target, refusals
-from desktop.engine.remote.sse import Cancelled, EventStream, StepRunner
+from desktop.engine.remote.sse import EventStream
+from desktop.engine.remote.steps import Cancelled, StepRunner
 
 logger = logging.getLogger(__name__)
 

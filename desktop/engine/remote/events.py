@@ -15,17 +15,26 @@ A server whose detokenizer holds back an unfinished character itself (``transfor
 short of the tokenizer's own decode of the same ids. Where the server gives each token's bytes
 (the chat ``logprobs`` entries' ``bytes``), the end of the reply is decoded from them, as the
 tokenizer decodes (each invalid sequence one U+FFFD).
+
+A field that does not hold what its name says (token ids as text or ``Infinity``, a
+log-probability that is text, not finite, or an integer too large for a float, a token count past
+any real one) is ignored, as if the server had not sent it: the reply's text still reads.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from desktop.engine.messages import TEXT, Alternative, TokenEvent
-from desktop.engine.remote.http import RemoteError, one_line
+from desktop.engine.remote.http import MESSAGE_CHARS, RemoteError
+from desktop.engine.text_lines import one_line
 
 REPLACEMENT = "\ufffd"
+# Above any vocabulary, and any prompt or reply length, a server really has.
+MAX_COUNT = 2**31 - 1
 STOP_LABEL = "<|end|>"  # the end-of-turn token of a server that reports it by finish_reason only
 
 
@@ -70,8 +79,7 @@ class ChunkReader:
     chat: bool
     top: int = 0
     finish_reason: str | None = None
-    usage: dict[str, Any] = field(default_factory=dict)
-    prompt_ids: list[int] | None = None
+    usage: dict[str, int] = field(default_factory=dict)  # its token counts
     tokens: int = 0  # token events emitted
     saw_ids: bool = False
     saw_logprobs: bool = False
@@ -86,19 +94,16 @@ class ChunkReader:
         if "error" in payload and not payload.get("choices"):
             err = payload["error"]
             message = err.get("message") if isinstance(err, dict) else err
-            raise RemoteError(f"the server failed mid-reply: {one_line(str(message))}")
+            said = one_line(message, fold=True, limit=MESSAGE_CHARS)
+            raise RemoteError(f"the server failed mid-reply: {said}")
         if isinstance(payload.get("usage"), dict):
-            self.usage = payload["usage"]
-        if isinstance(payload.get("prompt_token_ids"), list):
-            self.prompt_ids = [int(i) for i in payload["prompt_token_ids"]]
+            self.usage = {k: v for k, v in payload["usage"].items() if _count(v)}
         choices = payload.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return []
         choice = choices[0]
         if choice.get("finish_reason"):
             self.finish_reason = str(choice["finish_reason"])
-        if isinstance(choice.get("prompt_token_ids"), list):
-            self.prompt_ids = [int(i) for i in choice["prompt_token_ids"]]
         if self.chat:
             delta = choice.get("delta") or choice.get("message") or {}
             raw = delta.get("content") if isinstance(delta, dict) else None
@@ -151,7 +156,7 @@ class ChunkReader:
 
     def _tokens(self, choice: dict[str, Any]) -> list[_Token]:
         ids = choice.get("token_ids")
-        ids = [int(i) for i in ids] if isinstance(ids, list) else []
+        ids = ids if isinstance(ids, list) and all(map(_count, ids)) else []
         lps = _logprob_entries(choice.get("logprobs"), self.chat)
         if ids:
             self.saw_ids = True
@@ -193,10 +198,37 @@ class ChunkReader:
 Entry = tuple[str, float, tuple[Alternative, ...] | None, bytes | None]
 
 
+def _count(value: Any) -> bool:
+    """A token id or count: a JSON integer in [0, MAX_COUNT] (not text, a float or a bool)."""
+    return type(value) is int and 0 <= value <= MAX_COUNT
+
+
+def _logprob(value: Any) -> float | None:
+    """A finite JSON number as a float; None for anything else (text, a bool, NaN, Infinity, an
+    integer too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _token_bytes(value: Any) -> bytes | None:
     if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
         return bytes(value)
     return None
+
+
+def _alternatives(pairs: Iterable[tuple[Any, Any]]) -> tuple[Alternative, ...]:
+    """(token, log-probability) pairs as alternatives; a pair without a usable one is left out."""
+    out: list[Alternative] = []
+    for token, value in pairs:
+        logprob = _logprob(value)
+        if logprob is not None:
+            out.append((-1, "" if token is None else str(token), logprob))
+    return tuple(out)
 
 
 def _logprob_entries(lp: Any, chat: bool) -> list[Entry]:
@@ -209,29 +241,22 @@ def _logprob_entries(lp: Any, chat: bool) -> list[Entry]:
     content = lp.get("content")
     if isinstance(content, list):
         for entry in content:
-            if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), (int, float)):
+            chosen = _logprob(entry.get("logprob")) if isinstance(entry, dict) else None
+            if chosen is None:
                 continue
             alts = entry.get("top_logprobs")
-            top = None
-            if isinstance(alts, list):
-                top = tuple(
-                    (-1, str(a.get("token", "")), float(a["logprob"]))
-                    for a in alts
-                    if isinstance(a, dict) and isinstance(a.get("logprob"), (int, float))
-                )
+            alts = [a for a in alts if isinstance(a, dict)] if isinstance(alts, list) else None
+            top = None if alts is None else _alternatives((a.get("token"), a.get("logprob")) for a in alts)
             raw = _token_bytes(entry.get("bytes"))
-            out.append((str(entry.get("token", "")), float(entry["logprob"]), top, raw))
+            out.append((str(entry.get("token", "")), chosen, top, raw))
         return out
     tokens, chosen, tops = lp.get("tokens"), lp.get("token_logprobs"), lp.get("top_logprobs")
     if isinstance(tokens, list) and isinstance(chosen, list):
         for i, (piece, value) in enumerate(zip(tokens, chosen, strict=False)):
-            if not isinstance(value, (int, float)):
+            logprob = _logprob(value)
+            if logprob is None:
                 continue
             alt = tops[i] if isinstance(tops, list) and i < len(tops) and isinstance(tops[i], dict) else None
-            top = (
-                tuple(sorted(((-1, str(k), float(v)) for k, v in alt.items()), key=lambda a: -a[2]))
-                if alt
-                else None
-            )
-            out.append((str(piece), float(value), top, None))
+            top = tuple(sorted(_alternatives(alt.items()), key=lambda a: -a[2])) if alt else None
+            out.append((str(piece), logprob, top, None))
     return out

@@ -11,7 +11,6 @@ import json
 import logging
 import re
 import ssl
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +18,13 @@ import httpx
 
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.safe_json import JsonRefused, loads_bounded
+from desktop.engine.remote.steps import StepRunner, TimedOut
+from desktop.engine.text_lines import one_line
 
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
-LIST_TIMEOUT_S = 15.0  # for the whole of GET /v1/models, not per read
+LIST_TIMEOUT_S = 15.0  # for the whole of GET /v1/models, not per read (docs/SERVING.md)
 MAX_MODELS_BYTES = 8 << 20  # vLLM's answer for one model is ~1 KB
 MAX_MODELS = 10_000
 MESSAGE_CHARS = 240
@@ -76,14 +77,6 @@ def headers(api_key: str | None) -> dict[str, str]:
     return h
 
 
-def one_line(text: str, api_key: str | None = None) -> str:
-    """Whitespace folded, the key masked, cut to a readable length."""
-    text = " ".join(str(text).split())
-    if api_key:
-        text = text.replace(api_key, "***")
-    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 1] + "…"
-
-
 def server_message(body: bytes | str) -> str:
     """The server's own explanation from an error body: OpenAI's ``error.message``, FastAPI's
     ``detail``, or the text itself."""
@@ -116,7 +109,7 @@ def status_error(
     status: int, body: bytes | str, url: str, model: str = "", api_key: str | None = None
 ) -> RemoteError:
     """The one line for an HTTP error answer."""
-    detail = one_line(server_message(body), api_key)
+    detail = one_line(server_message(body), fold=True, limit=MESSAGE_CHARS, secret=api_key)
     host = where(url)
     said = f": {detail}" if detail else ""
     if status in (401, 403):
@@ -148,7 +141,7 @@ def transport_error(exc: BaseException, url: str) -> RemoteError:
     if isinstance(exc, httpx.ConnectTimeout):
         return RemoteError(f"could not connect to {host} within {CONNECT_TIMEOUT_S:g} s")
     if isinstance(exc, ssl.SSLError) or "ssl" in low or "certificate" in low or "tls" in low:
-        return RemoteError(f"TLS with {host} failed: {one_line(text)}")
+        return RemoteError(f"TLS with {host} failed: {one_line(text, fold=True, limit=MESSAGE_CHARS)}")
     if any(
         m in low
         for m in ("name or service not known", "nodename nor servname", "getaddrinfo", "name resolution")
@@ -160,7 +153,8 @@ def transport_error(exc: BaseException, url: str) -> RemoteError:
         return RemoteError(f"{host} closed the connection mid-reply (the server may have stopped)")
     if isinstance(exc, httpx.TimeoutException):
         return RemoteError(f"{host} did not answer in time")
-    return RemoteError(f"cannot reach {host}: {one_line(text) or type(exc).__name__}")
+    said = one_line(text, fold=True, limit=MESSAGE_CHARS) or type(exc).__name__
+    return RemoteError(f"cannot reach {host}: {said}")
 
 
 def _chain_text(exc: BaseException) -> str:
@@ -211,35 +205,29 @@ def context_of(item: dict[str, Any]) -> int:
     return 0
 
 
-def list_models(url: str, api_key: str | None = None, timeout: float = LIST_TIMEOUT_S) -> list[ServedModel]:
+def list_models(url: str, api_key: str | None = None, timeout: float | None = None) -> list[ServedModel]:
     """``GET /v1/models`` (blocking: call it off the GUI thread); RemoteError with one line.
 
-    Asked uncompressed and read raw, at most :data:`MAX_MODELS_BYTES` within ``timeout`` seconds
-    in all: a compressed body could inflate to gigabytes, and a server trickling bytes would
-    otherwise reset a per-read timeout for ever.
+    ``timeout`` (default :data:`LIST_TIMEOUT_S`) seconds in all, from connecting to the body's
+    last byte: httpx's timeouts are per operation, so a server trickling its headers or body a
+    byte at a time would reset them for ever. The request runs on a private event loop
+    (:class:`~.steps.StepRunner`) that gives it up at that deadline. Asked uncompressed and read
+    raw, at most :data:`MAX_MODELS_BYTES`: a compressed body could inflate to gigabytes.
     """
     endpoint = api_root(url) + "/models"
-    deadline = time.monotonic() + timeout
+    timeout = LIST_TIMEOUT_S if timeout is None else timeout
+    runner = StepRunner()
     try:
-        with (
-            httpx.Client(
-                timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S), trust_env=False
-            ) as client,
-            client.stream(
-                "GET", endpoint, headers={**headers(api_key), "Accept-Encoding": "identity"}
-            ) as response,
-        ):
-            encoding = response.headers.get("content-encoding", "identity").strip().lower()
-            if encoding not in ("", "identity"):
-                raise RemoteError(
-                    f"{where(endpoint)} sent its model list compressed ({encoding[:20]}), unasked"
-                )
-            body = _read_capped(response, MAX_MODELS_BYTES, deadline, endpoint)
+        status, body = runner.run(_fetch_models(endpoint, api_key, timeout), timeout)
+    except TimedOut:
+        raise RemoteError(f"{where(endpoint)} did not answer /v1/models within {timeout:g} s") from None
     except httpx.HTTPError as exc:
         logger.info("listing models of %s failed: %s", where(endpoint), type(exc).__name__)
         raise transport_error(exc, endpoint) from None
-    if response.status_code != 200:
-        raise status_error(response.status_code, body, endpoint, api_key=api_key)
+    finally:
+        runner.close()
+    if status != 200:
+        raise status_error(status, body, endpoint, api_key=api_key)
     try:
         doc = loads_bounded(body.decode("utf-8", "replace"))
     except JsonRefused:
@@ -247,18 +235,24 @@ def list_models(url: str, api_key: str | None = None, timeout: float = LIST_TIME
     return parse_models(doc)
 
 
-def _read_capped(response: httpx.Response, cap: int, deadline: float, url: str) -> bytes:
-    """The raw body, refused past ``cap`` bytes or past ``deadline``."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_raw():
-        size += len(chunk)
-        if size > cap:
-            raise RemoteError(f"{where(url)} sent more than {cap >> 20} MB for its model list")
-        if time.monotonic() > deadline:
-            raise RemoteError(f"{where(url)} did not finish answering in time")
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def _fetch_models(endpoint: str, api_key: str | None, timeout: float) -> tuple[int, bytes]:
+    """The status and raw body of ``GET endpoint``, the body refused past MAX_MODELS_BYTES."""
+    limits = httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S)
+    asked = {**headers(api_key), "Accept-Encoding": "identity"}
+    async with (
+        httpx.AsyncClient(timeout=limits, trust_env=False) as client,
+        client.stream("GET", endpoint, headers=asked) as response,
+    ):
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise RemoteError(f"{where(endpoint)} sent its model list compressed ({encoding[:20]}), unasked")
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            body += chunk
+            if len(body) > MAX_MODELS_BYTES:
+                mb = MAX_MODELS_BYTES >> 20
+                raise RemoteError(f"{where(endpoint)} sent more than {mb} MB for its model list")
+        return response.status_code, bytes(body)
 
 
 # A field name as a server quotes it in an error: 'top_k', "top_k", `top_k` or bare.

@@ -3,9 +3,10 @@ thread, with Stop and timeouts that a silent server cannot outlast (Qt-free).
 
 The backend's ``stream`` is a plain generator on the model's worker thread. A blocking socket
 read cannot be interrupted by Stop, so the HTTP work runs on a private asyncio loop owned by
-that thread, one awaitable at a time: while it waits, the Stop event and the deadline are
-checked every ``POLL_S``. Stop then closes the response (the server sees the client leave and
-ends the generation) within a fraction of a second, whatever the server is doing.
+that thread, one awaitable at a time (:class:`~.steps.StepRunner`): while it waits, the Stop
+event and the deadline are checked every ``POLL_S``. Stop then closes the response (the server
+sees the client leave and ends the generation) within a fraction of a second, whatever the
+server is doing.
 
 Nothing a server sends is held without a bound (the hardening issue's network class):
 
@@ -20,20 +21,20 @@ Nothing a server sends is held without a bound (the hardening issue's network cl
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Generator
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Generator
+from typing import Any
 
 import httpx
 
-from desktop.engine.remote.http import RemoteError, one_line, status_error, transport_error, where
+from desktop.engine.files.safe_json import text_depth
+from desktop.engine.remote.http import RemoteError, status_error, transport_error, where
+from desktop.engine.remote.steps import StepRunner, TimedOut
+from desktop.engine.text_lines import one_line
 
-T = TypeVar("T")
-POLL_S = 0.05  # how often a wait looks at Stop and its deadline
 CLOSE_TIMEOUT_S = 5.0
 ERROR_BODY_TIMEOUT_S = 10.0
 MAX_ERROR_BODY_BYTES = 64 << 10  # an error answer is a line or a small JSON object
@@ -41,58 +42,10 @@ MAX_ERROR_BODY_BYTES = 64 << 10  # an error answer is a line or a small JSON obj
 MAX_LINE_BYTES = 1 << 20
 # A whole reply: 1M tokens (max_tokens' ceiling) with their log-probabilities stay far below.
 MAX_BODY_BYTES = 256 << 20
+# A chunk nests 5 levels deep; json.loads recurses once per level, past the thread's stack.
+MAX_EVENT_DEPTH = 64
 # A reply's whole time: 1M tokens at 300 tokens/s, a GPU box's pace for the models served here.
 REPLY_DEADLINE_S = 3600.0
-
-
-class Cancelled(Exception):
-    """Stop was pressed while waiting."""
-
-
-class TimedOut(Exception):
-    """A wait passed its deadline."""
-
-
-class StepRunner:
-    """A private event loop on the thread that made it; ``run`` one awaitable at a time."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.get_ident()
-
-    def run(
-        self, awaitable: Awaitable[T], timeout: float | None = None, cancel: threading.Event | None = None
-    ) -> T:
-        """The awaitable's result; Cancelled once ``cancel`` is set, TimedOut after ``timeout`` s.
-        Either way the awaitable is cancelled and finished before this returns."""
-        task = self.loop.create_task(_as_coroutine(awaitable))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
-            self.loop.run_until_complete(asyncio.wait({task}, timeout=left))
-            if task.done():
-                return task.result()
-            if cancel is not None and cancel.is_set():
-                self._abandon(task)
-                raise Cancelled
-            if deadline is not None and time.monotonic() >= deadline:
-                self._abandon(task)
-                raise TimedOut
-
-    def _abandon(self, task: asyncio.Task) -> None:
-        task.cancel()
-        self.loop.run_until_complete(asyncio.wait({task}))
-        if not task.cancelled() and task.exception() is not None:
-            task.exception()  # retrieved, so asyncio does not log it as never retrieved
-
-    def close(self) -> None:
-        if not self.loop.is_closed():
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
-
-
-async def _as_coroutine(awaitable: Awaitable[T]) -> T:
-    return await awaitable
 
 
 class EventStream:
@@ -182,20 +135,29 @@ class EventStream:
                     return
                 if not data:
                     continue  # a keep-alive or a comment-only event
-                try:
-                    payload = json.loads(data)
-                except ValueError:
-                    raise RemoteError(
-                        f"{where(self.url)} sent a malformed event (not JSON): "
-                        f"{one_line(data, self.api_key)[:80]}"
-                    ) from None
-                if not isinstance(payload, dict):
-                    raise RemoteError(f"{where(self.url)} sent a malformed event (not a JSON object)")
-                yield payload
+                yield self._payload(data)
         finally:
             with contextlib.suppress(TimedOut, httpx.HTTPError, RuntimeError):
                 self.runner.run(events.aclose(), CLOSE_TIMEOUT_S)
             self.close()
+
+    def _payload(self, data: str) -> dict[str, Any]:
+        """One event's JSON object; RemoteError with one line for anything else."""
+        malformed = f"{where(self.url)} sent a malformed event"
+        # Nesting cannot be deeper than the opening brackets are many: a chunk has a few dozen,
+        # and counting them costs a tenth of measuring the depth.
+        if data.count("[") + data.count("{") > MAX_EVENT_DEPTH and text_depth(data) > MAX_EVENT_DEPTH:
+            raise RemoteError(f"{malformed} (nested deeper than {MAX_EVENT_DEPTH} levels)")
+        try:
+            # Not loads_bounded: older vLLM writes -Infinity log-probabilities, which events.py
+            # leaves out where it reads them, with every other number it cannot use.
+            payload = json.loads(data)
+        except ValueError:  # not JSON, or an integer of more digits than Python converts
+            said = one_line(data, fold=True, limit=80, secret=self.api_key)
+            raise RemoteError(f"{malformed} (not JSON): {said}") from None
+        if not isinstance(payload, dict):
+            raise RemoteError(f"{malformed} (not a JSON object)")
+        return payload
 
     def _wait(self) -> float:
         """How long the next read may take: to the stall deadline or the reply's, the nearer."""

@@ -29,6 +29,7 @@ from desktop.engine.kempnerforge.layout import dcp_dirs_of, resolve_checkpoint
 from desktop.engine.nanochat import checkpoint as ckpt
 from desktop.engine.runs.evals import Sample
 from desktop.engine.runs.timeline import Point, Timeline
+from desktop.engine.text_lines import one_line
 
 StepKey = tuple[str, int]  # (stage, step)
 MAX_CELL = 200  # characters of one sample or config value in a table cell
@@ -118,9 +119,7 @@ def _flatten(data: Mapping[str, object], prefix: str = "", depth: int = 0) -> li
 
 def cell(value: object) -> str:
     """``value`` as one Markdown table cell: one line, pipes and HTML escaped, bounded."""
-    text = " ".join(str(value).split())
-    if len(text) > MAX_CELL:
-        text = text[: MAX_CELL - 1] + "…"
+    text = one_line(value, fold=True, limit=MAX_CELL)
     return html.escape(text, quote=False).replace("|", "\\|")
 
 

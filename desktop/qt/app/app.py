@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from desktop.config import logfile
+from desktop.engine.text_lines import one_line
 from desktop.qt.app.screen import ensure_screen
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def run_app(args: argparse.Namespace) -> int:
         from desktop.qt.app.desktop_entry import install_desktop_entry
 
         for path in install_desktop_entry():
-            print(f"wrote {path}")
+            print(one_line(f"wrote {path}"))
         return 0
     smoke = bool(getattr(args, "smoke_test", False))
     ensure_screen(smoke)

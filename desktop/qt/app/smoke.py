@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QApplication
 
 from desktop.engine.messages import PYTHON, PYTHON_OUTPUT
 from desktop.engine.params import SamplingParams
+from desktop.engine.text_lines import one_line
 
 QUESTION = "What is 12 times 7?"
 EXPECTED = "84"
@@ -26,7 +27,7 @@ def attach(window) -> None:
     demo = demo_checkpoint()
 
     def finish(ok: bool, text: str) -> None:
-        print(f"SMOKE {'OK' if ok else 'FAIL'} {text}", flush=True)
+        print(one_line(f"SMOKE {'OK' if ok else 'FAIL'} {text}"), flush=True)
         window.exit_code = 0 if ok else 1
         QApplication.quit()
 
@@ -50,7 +51,7 @@ def attach(window) -> None:
     controller.reply_finished.connect(on_finished)
     QTimer.singleShot(TIMEOUT_MS, lambda: finish(False, "timed out"))
     QTimer.singleShot(0, lambda: controller.load_checkpoint(demo, _latest_step(demo)))
-    print(f"smoke test: loading {demo}", file=sys.stderr)
+    print(one_line(f"smoke test: loading {demo}"), file=sys.stderr)
 
 
 def _latest_step(path) -> int:

@@ -9,7 +9,7 @@ everything it reports back to the GUI thread.
 ``work(run)`` runs on the job's thread. It reads ``run.cancel`` (a ``threading.Event``) between
 its items and returns early once it is set; ``run.post(fn, *args)`` calls ``fn(*args)`` on the GUI
 thread (progress, partial results), in the order posted. Its return value goes to ``done``; an
-exception is logged with its traceback and goes to ``failed`` as one line (``one_line``). Work
+exception is logged with its traceback and goes to ``failed`` as one line (``error_text``). Work
 that expects an error (a refused checkpoint) catches it and returns what to say instead. ``done``,
 ``failed`` and every posted call run on the GUI thread, and only while the job's owner exists: a
 widget is never touched from the job's thread, nor after it is gone.
@@ -42,18 +42,14 @@ from typing import Any, TypeVar
 import shiboken6
 from PySide6.QtCore import QCoreApplication, QObject, Signal, Slot
 
+from desktop.engine.text_lines import error_text
+
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
 # How long quitting waits, in all, for the runs still going (each stops at its next item).
 QUIT_WAIT_S = 30.0
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as one readable line: its type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 class Run:
@@ -200,7 +196,7 @@ class Job(QObject):
             run.ended.set()
             logger.exception("%s failed", self.name)
             if failed is not None:
-                run.post(failed, one_line(exc))
+                run.post(failed, error_text(exc, named=True))
         else:
             run.ended.set()
             if done is not None:

@@ -30,6 +30,7 @@ from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.tokenizer_checks import EncodingCancelled
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
+from desktop.engine.text_lines import error_text, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +62,10 @@ def _fatal(exc: BaseException) -> bool:
 def describe_failure(exc: BaseException) -> str:
     """One readable line for any exception a backend raises."""
     if isinstance(exc, NanoscopeError):
-        return str(exc)
-    text = str(exc)
+        return one_line(exc)
     if is_out_of_memory(exc):
         return "out of memory: try the Fast or Int8 precision, another device, or a smaller checkpoint"
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{type(exc).__name__}: {first}"[:300]
+    return error_text(exc, 300, named=True)
 
 
 class TurnLock:

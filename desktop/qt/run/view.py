@@ -135,9 +135,7 @@ class RunView(QWidget):
         self.results.hide()
         self._rows: list[str] = []  # the table's prompts and step columns, in order
         self._columns: list[str] = []
-        self.status = QLabel("Pick a run: its saved steps and the numbers their metas state.")
-        self.status.setTextFormat(Qt.TextFormat.PlainText)
-        self.status.setWordWrap(True)
+        self.status = common.StatusLine("Pick a run: its saved steps and the numbers their metas state.")
         bar = QWidget()  # groups that wrap as a whole onto a second row on a narrow window
         flow = common.FlowLayout(bar, spacing=14)
         flow.setContentsMargins(0, 0, 0, 0)

@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QHBoxLayout,
+    QLabel,
     QLayout,
     QLayoutItem,
     QSpinBox,
@@ -19,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 from superqt import QElidingLabel
 
+from desktop.engine.text_lines import one_line
 from desktop.qt.widgets.icons import icon
 from desktop.qt.widgets.theme import colors
 
@@ -56,7 +58,8 @@ class ElidedLabel(QElidingLabel):
     """A one-line label that ends in "…" when narrow instead of clipping or widening the layout.
 
     superqt elides and keeps the whole text in ``text()``; on top of that the text is plain
-    (never read as HTML), long text is also the tooltip, and the size hint is the *whole* text's
+    (never read as HTML) and cleaned to one line (:func:`~desktop.engine.text_lines.one_line`),
+    long text is also the tooltip, and the size hint is the *whole* text's
     width: superqt's is the width of the elided text shown now, so a label elided once in a
     narrow layout would never ask for its room back.
     """
@@ -67,6 +70,7 @@ class ElidedLabel(QElidingLabel):
         self.setText(text)
 
     def setText(self, text: str) -> None:
+        text = one_line(text)  # one line, whatever a file or a server named
         super().setText(text)
         self.setToolTip(text if len(text) > 40 else "")
         self.updateGeometry()
@@ -76,6 +80,20 @@ class ElidedLabel(QElidingLabel):
 
     def minimumSizeHint(self) -> QSize:
         return QSize(40, super().sizeHint().height())
+
+
+class StatusLine(QLabel):
+    """A status message: plain text, one cleaned line (it names runs, files and their problems),
+    wrapped onto more rows only by the width of the window."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setWordWrap(True)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:
+        super().setText(one_line(text))
 
 
 class ElidedCombo(QComboBox):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QToolButton, QVBoxLayout, QWidget
 
+from desktop.engine.text_lines import one_line
 from desktop.qt.widgets import common, icons, theme
 
 DETAILS_MAX_LINES = 8  # then the details scroll
@@ -78,6 +79,9 @@ class ErrorBanner(QFrame):
         self.level = level
         self.setProperty("severity", level)
         theme.repolish(self)
+        # One line each, through the cleaner of every line shown: a name from a file may hold a
+        # line break or a bidi override. The details are the technical text, shown as they are.
+        title, message = one_line(title), one_line(message)
         self.title.setText(title)
         self.message.setText(message)
         self.message.setToolTip(f"{title}\n{message}")
@@ -91,7 +95,7 @@ class ErrorBanner(QFrame):
 
     def withdraw(self, title: str) -> None:
         """Hide the notice titled ``title`` if it is the one shown (it is no longer true)."""
-        if not self.isHidden() and self.title.text() == title:
+        if not self.isHidden() and self.title.text() == one_line(title):
             self.hide()
 
     def _on_more(self, open_: bool) -> None:

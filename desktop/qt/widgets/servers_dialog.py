@@ -32,6 +32,7 @@ from desktop.config.servers import new_server_id
 from desktop.config.settings import Settings
 from desktop.engine.remote.http import RemoteError, ServedModel, api_root, list_models
 from desktop.qt.jobs.runner import Job, Run
+from desktop.qt.widgets import common
 
 DEFAULT_STALL_S = 30.0
 
@@ -119,9 +120,8 @@ class ServersDialog(QDialog):
 
         ok, cancel = QDialogButtonBox.StandardButton.Ok, QDialogButtonBox.StandardButton.Cancel
         self.button_box = QDialogButtonBox(ok | cancel)
-        self.error = QLabel()
+        self.error = common.StatusLine()
         self.error.setObjectName("Error")
-        self.error.setWordWrap(True)
         row = QHBoxLayout()
         row.addLayout(left)
         row.addWidget(self.form, 1)

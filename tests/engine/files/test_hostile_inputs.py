@@ -6,6 +6,7 @@ starts as a copy of nanochat's own golden E7 checkpoint, and so do the valid con
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -219,6 +220,152 @@ def test_bench_flags_are_checked_before_anything_loads(capsys, tmp_path, flags, 
 def test_generate_sampling_flags_are_checked_before_anything_loads(capsys, tmp_path, flags, message):
     rc, _, err = _cli(capsys, "generate", str(tmp_path / "nothing-here"), "--prompt", "x", *flags)
     assert (rc, err) == (2, f"nanoscope: error: {message}\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+# every line printed goes through one cleaner: any text in, one line of printable characters out
+
+# What hostile names hold: line breaks of every kind, ESC sequences (7-bit and the C1 CSI), bidi
+# overrides, NUL, DEL, and os.fsdecode's stand-ins for bytes that are not UTF-8.
+HOSTILE_PIECES = [
+    *("\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029", "\t"),
+    *("\x1b[2J", "\x1b]0;title\x07", "\x9b31m", "\u202e", "\u200f", "\x00", "\x7f", "\udce9"),
+]
+hostile_text = st.lists(
+    st.one_of(st.sampled_from(HOSTILE_PIECES), st.text(st.characters(blacklist_categories=()))), max_size=12
+).map("".join)
+
+
+def _clean(line: str) -> bool:
+    """One line, printable throughout: no C0 or C1 control, no ESC, no line or paragraph break."""
+    return line.isprintable() and len(line.splitlines()) <= 1 and "\x1b" not in line
+
+
+def _in_order(part: str, whole: str) -> bool:
+    rest = iter(whole)
+    return all(ch in rest for ch in part)
+
+
+@settings(max_examples=400, deadline=None)
+@given(hostile_text, st.booleans(), st.one_of(st.none(), st.integers(1, 60)))
+def test_any_text_becomes_exactly_one_clean_line(text, fold, limit):
+    from desktop.engine.text_lines import one_line
+
+    line = one_line(text, fold=fold, limit=limit)
+    assert _clean(line)
+    assert limit is None or len(line) <= limit
+    assert one_line(line) == line  # clean text passes unchanged, so cleaning twice changes nothing
+    if limit is None:
+        # Printable text is kept, in order; only what is not printable is shown otherwise.
+        kept = "".join(ch for ch in (" ".join(text.split()) if fold else text) if ch.isprintable())
+        assert _in_order(kept, line)
+        if text.isprintable():
+            assert line == (" ".join(text.split()) if fold else text)
+
+
+# Python's printable: letters, marks, numbers, punctuation, symbols and the space (other spaces,
+# such as U+00A0, are shown escaped, as Python's own repr shows them).
+@given(st.text(st.characters(whitelist_categories=("L", "M", "N", "P", "S"), whitelist_characters=" ")))
+def test_printable_text_is_left_exactly_as_it_is(text):
+    from desktop.engine.text_lines import one_line
+
+    assert one_line(text) == text
+
+
+@given(
+    st.text(st.characters(whitelist_categories=("L", "N", "P", "Zs"), blacklist_characters="\\*")),
+    st.text("abcdefghijklmnopqrstuvwxyz0123456789-", min_size=12, max_size=40),
+    st.lists(st.sampled_from(HOSTILE_PIECES), max_size=6).map("".join),
+)
+def test_a_secret_is_masked_wherever_it_stands(before, key, after):
+    from desktop.engine.text_lines import one_line
+
+    line = one_line(f"{before}{key}{after}{key}", fold=True, limit=240, secret=key)
+    assert key not in line and _clean(line)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("a\nb", "a\\x0ab"),
+        ("\x1b[2Jx", "\\x1b[2Jx"),
+        ("evil\u202egnp.exe", "evil\\u202egnp.exe"),
+        ("caf\udce9", "caf\\xe9"),
+        ("\U000e0041", "\\U000e0041"),
+    ],
+)
+def test_what_is_not_printable_is_shown_as_an_escape(text, shown):
+    from desktop.engine.text_lines import one_line
+
+    assert one_line(text) == shown
+
+
+def test_an_exception_is_one_line_with_or_without_a_message():
+    from desktop.engine.text_lines import error_text
+
+    assert error_text(ValueError("first\n\tsecond \x1b[2J")) == "first second \\x1b[2J"
+    assert error_text(KeyError()) == "KeyError"
+    assert error_text(OSError("x" * 500), 50) == "x" * 49 + "…"
+    assert error_text(RuntimeError("a\nb"), named=True) == "RuntimeError: a b"
+
+
+NASTY = "x\x1b[2J\n\u202eevil"  # a newline, a clear-screen and a bidi override in one name
+
+
+def _assert_clean_output(out: str, err: str) -> None:
+    assert "\x1b" not in out + err and "\u202e" not in out + err
+    for line in (out + err).splitlines():
+        assert _clean(line)
+
+
+def test_a_warning_built_from_hostile_names_prints_as_one_clean_line(capsys, tmp_path):
+    """``timeline`` of a golden run copied into a hostile folder, whose meta gained a hostile key
+    holding text: the one warning is one line, and the table's header (the metric names) is too."""
+    run = copy_base("E7", tmp_path / NASTY)
+    meta = next(run.glob("meta_*.json"))
+    data = json.loads(meta.read_text(encoding="utf-8"))
+    data[f"note{NASTY}"] = "text, not a number"
+    data[f"metric{NASTY}"] = 0.5
+    meta.write_text(json.dumps(data), encoding="utf-8")
+    rc, out, err = _cli(capsys, "timeline", str(run))
+    assert rc == 0
+    _assert_clean_output(out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nanoscope: warning: ")
+    assert "x\\x1b[2J\\x0a\\u202eevil" in lines[0] and "is not a number; left out" in lines[0]
+    assert "metric" in out.splitlines()[1]  # the header row, the hostile name escaped in it
+
+
+def test_an_eval_file_with_a_hostile_name_warns_in_one_clean_line(capsys, tmp_path):
+    run = copy_base("E7", tmp_path / "base")
+    data = tmp_path / f"q{NASTY}.jsonl"
+    question = {"question": "2 + 2?", "choices": ["3", "4"], "answer": 1}
+    data.write_text(json.dumps(question) + "\nnot json\n", encoding="utf-8")
+    rc, out, err = _cli(capsys, "eval", str(run), "--task", "mc", "--data", str(data), "--device", "cpu")
+    assert rc == 0
+    _assert_clean_output(out, err)
+    warnings = [line for line in err.splitlines() if line.startswith("nanoscope: warning: ")]
+    assert len(warnings) == 1 and ":2: " in warnings[0] and "q" + NASTY not in warnings[0]
+    assert "multiple choice: qx\\x1b[2J\\x0a\\u202eevil.jsonl" in out
+
+
+def test_an_error_and_a_logged_warning_from_hostile_text_are_one_clean_line_each(capsys, tmp_path):
+    rc, out, err = _cli(capsys, "timeline", str(tmp_path / NASTY))  # not there: the error names it
+    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("nanoscope: error: ")
+    _assert_clean_output(out, err)
+    import logging
+
+    from desktop.config.logfile import cli_logging, log_file
+
+    with cli_logging():
+        logging.getLogger("desktop.test").warning("a name: %s", NASTY, exc_info=ValueError(NASTY))
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["nanoscope: warning: a name: x\\x1b[2J\\x0a\\u202eevil"]
+    # The log file too: the record is one line, and a traceback's lines are cleaned each.
+    logged = log_file().read_text(encoding="utf-8")
+    assert "\x1b" not in logged and "\u202e" not in logged
+    records = [line for line in logged.splitlines() if "a name: " in line]
+    assert len(records) == 1 and records[0].endswith("desktop.test: a name: x\\x1b[2J\\x0a\\u202eevil")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -731,6 +878,29 @@ def test_the_listing_names_every_hostile_model_on_its_own_line(corpus: CorpusRun
         # The same refusal as loading gives, for the copy of the file in the listing's folder.
         original = expected.split(": ", 1)[1]
         assert original in line, line
+
+
+# ---------------------------------------------------------------------------------------------------
+# the restricted unpickler: the second guard after the scan, refusing every global it was not given
+
+
+def test_the_restricted_unpickler_refuses_every_global_even_with_no_scan_before_it(tmp_path):
+    from desktop.engine.files.restricted_unpickler import GlobalRefused, loads_plain
+
+    legacy = [0x1950A86A20F9469CFC6C, {"little_endian": True, "type_sizes": {"int": 4}}, ["0", "1"]]
+    assert loads_plain(pickle.dumps(legacy, protocol=2)) == legacy  # what torch's legacy stream holds
+    plain = ["model.weight", 1, (2.5, b"x"), {"k": None}, {3}]
+    assert loads_plain(pickle.dumps(plain, protocol=5)) == plain
+    marker = tmp_path / "ran"
+    payloads = [
+        pickle.dumps(os.getcwd),  # a bare global
+        b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.",  # a call (REDUCE)
+        pickle.dumps(collections.OrderedDict(a=1)),  # even a harmless class
+    ]
+    for payload in payloads:
+        with pytest.raises(GlobalRefused):
+            loads_plain(payload)
+    assert not marker.exists()
 
 
 # ---------------------------------------------------------------------------------------------------

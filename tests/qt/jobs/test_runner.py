@@ -46,12 +46,12 @@ def test_an_error_arrives_as_one_logged_line_and_the_job_runs_again(qtbot, caplo
     failures: list[str] = []
 
     def work(_run: Run) -> None:
-        raise ValueError("the input is bad\nand here is more detail")
+        raise ValueError("the input is bad\nand here is \x1b[2Jmore detail")
 
     with caplog.at_level(logging.ERROR, logger="desktop.qt.jobs.runner"):
         job.start(work, done=lambda _r: failures.append("done?"), failed=failures.append)
         qtbot.waitUntil(lambda: bool(failures), timeout=WAIT)
-    assert failures == ["ValueError: the input is bad"]
+    assert failures == ["ValueError: the input is bad and here is \\x1b[2Jmore detail"]  # one clean line
     (record,) = [r for r in caplog.records if r.name == "desktop.qt.jobs.runner"]
     assert "broken failed" in record.getMessage() and record.exc_info is not None
     assert record.exc_info[0] is ValueError  # the traceback is in the log, not lost
