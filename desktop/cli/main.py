@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(value, Path):
                 named_path(value)
     except PathRefused as exc:
-        print(printable(f"nanoscope: error: {exc}"), file=sys.stderr)
+        error(exc)
         return EXIT_ERROR
     if args.home is not None:
         if args.home.exists() and not args.home.is_dir():
