@@ -126,7 +126,7 @@ def _warn_unscored(result: Any, planned: Planned, said: set[tuple[str, int]]) ->
     reason = getattr(result, "refused", "")
     if reason and planned.core is not None and (planned.task.name, result.line) not in said:
         said.add((planned.task.name, result.line))
-        print(f"nanoscope: warning: {planned.core.data}:{result.line}: {reason}", file=sys.stderr)
+        warn(f"{planned.core.data}:{result.line}: {reason}")
 
 
 def _chosen_steps(directory: Path, points: list, steps: str | None) -> list:

@@ -46,6 +46,7 @@ from desktop.engine.files.numbers import (
 )
 from desktop.engine.kempnerforge.config import parse_config, read_toml
 from desktop.engine.runs import core_bundle as core
+from desktop.engine.runs.budget import RunBudget
 from desktop.engine.runs.checked_answers import bundled_problems
 from desktop.engine.runs.experiment_logs import read_series
 from desktop.engine.runs.multiple_choice import read_questions
@@ -143,7 +144,7 @@ def test_the_bounds_hold_at_their_edges():
 
 
 def _golden_series() -> dict[str, dict[int, float]]:
-    series, problems = read_series(TAG / "base_train.log", "base")
+    series, problems = read_series(TAG / "base_train.log", "base", RunBudget(TAG))
     assert problems == [] and series
     return {s.name: dict(zip(s.steps, s.values, strict=True)) for s in series}
 
@@ -189,7 +190,7 @@ def test_stage_log_records_are_read_or_refused_in_one_line_each(tmp_path_factory
     lines = [f"eval step={step} {key}={value}" for (step, _), key, (value, _) in records]
     log.write_text(golden + "".join(line + "\n" for line in lines), encoding="utf-8")
 
-    series, problems = read_series(log, "base")
+    series, problems = read_series(log, "base", RunBudget(log.parent))
 
     want: dict[str, dict[int, float]] = {}
     for (_, step), key, (_, value) in records:
