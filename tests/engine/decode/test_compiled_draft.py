@@ -178,6 +178,7 @@ def test_the_compiled_twin_gives_the_drafts_logits_and_the_caller_never_compiles
             torch.testing.assert_close(mine[:, :, :held], theirs[:, :, :held], atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # two dynamo compiles of the demo pair: about a minute on two quiet cores
 def test_twins_of_one_class_each_run_their_own_compiled_code():
     """A draft's twin and its target's are GPTs of one width (the demo's 2 and 4 layers), and
     their guards on modules are dropped, so neither may run the other's graphs: each twin's code
@@ -355,6 +356,7 @@ def test_without_a_compiler_the_draft_stays_eager(monkeypatch, tmp_path):
 # The stop interrupts the compile wherever it is, which may be an import reading a source file
 # (networkx's, once): that file is closed when it is collected, with a ResourceWarning Python
 # ignores by default, and the import runs again in the next compile.
+@pytest.mark.slow  # an inductor compile, stopped, then a whole one: 1.5 minutes on two quiet cores
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_a_draft_dropped_mid_compile_then_picked_again_is_compiled_by_inductor_and_drafts():
     """What the app does: the demo's 2-layer run, compiled in the background with inductor, drafts

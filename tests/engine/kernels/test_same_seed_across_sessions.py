@@ -17,7 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from support.golden import GOLDEN, manifest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -108,7 +107,6 @@ def _session(cache: Path, busy: bool, prefer: list[str], costs: str, then: str =
     return json.loads(run.stdout.splitlines()[-1])
 
 
-@pytest.mark.slow  # two processes each open the demo eight times and the fork twice: over a minute
 def test_the_next_session_gives_the_same_numbers_after_a_busy_first_session(tmp_path):
     cache = tmp_path / "cache" / "kernel_timings.json"
     # Busy: fp32 and F.linear came out fastest, and a cheap draft (it drafts long rounds).
