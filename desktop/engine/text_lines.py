@@ -7,10 +7,14 @@ override (U+202E) that makes one name read as another, bytes of a file name that
 :func:`one_line` turns any text into exactly one line of printable characters: every other
 character is shown as a Python-style escape (``\\x1b``, ``\\u202e``), so the name can still be
 told apart and found, and a lone surrogate (``os.fsdecode``'s stand-in for an undecodable byte) as
-the byte it stands for (``\\xe9``).
+the byte it stands for (``\\xe9``). A space of another kind (U+00A0, the U+202F macOS puts before
+"PM" in a screenshot's name) is shown as a plain space: it breaks no line and hides nothing, and
+an escape there would make an ordinary name unreadable.
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 ELLIPSIS = "…"
 MASK = "***"
@@ -37,7 +41,7 @@ def one_line(text: object, *, fold: bool = False, limit: int | None = None, secr
     if fold:
         text = " ".join(text.split())
     if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+        text = "".join(ch if ch.isprintable() else _shown(ch) for ch in text)
     if limit is not None and (cut or len(text) > limit):
         text = text[: max(0, limit - 1)] + ELLIPSIS
     return text
@@ -51,6 +55,11 @@ def error_text(exc: BaseException, limit: int | None = 200, *, named: bool = Fal
     if not text:
         return name
     return one_line(f"{name}: {text}", limit=limit) if named else text
+
+
+def _shown(ch: str) -> str:
+    """A character that is not printable: a plain space for a space separator, else escaped."""
+    return " " if unicodedata.category(ch) == "Zs" else _escape(ch)
 
 
 def _escape(ch: str) -> str:

@@ -264,12 +264,20 @@ def test_any_text_becomes_exactly_one_clean_line(text, fold, limit):
 
 
 # Python's printable: letters, marks, numbers, punctuation, symbols and the space (other spaces,
-# such as U+00A0, are shown escaped, as Python's own repr shows them).
+# such as U+00A0, are shown as a plain space: test_other_spaces_show_as_a_plain_space).
 @given(st.text(st.characters(whitelist_categories=("L", "M", "N", "P", "S"), whitelist_characters=" ")))
 def test_printable_text_is_left_exactly_as_it_is(text):
     from desktop.engine.text_lines import one_line
 
     assert one_line(text) == text
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u202f", "\u2009", "\u3000"])
+def test_other_spaces_show_as_a_plain_space(space):
+    """A folder named as macOS names screenshots ("… at 10.00.00\u202fPM") reads as it looks."""
+    from desktop.engine.text_lines import one_line
+
+    assert one_line(f"Screenshot at 10.00.00{space}PM") == "Screenshot at 10.00.00 PM"
 
 
 @given(
