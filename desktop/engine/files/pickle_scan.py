@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import pickletools
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,12 @@ _ATOM_OPS = frozenset(
 )
 _MEMO_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"})
 _CODE2OP = {op.code.encode("latin-1")[0]: op for op in pickletools.opcodes}
+# Opcodes whose argument is text lines that pickletools' readers unescape: a backslash before
+# anything Python's string escapes do not know is refused before they run, since unescaping it
+# warns (a DeprecationWarning, an error where warnings are errors) rather than failing.
+_LINE_ARG_COUNT = {"GLOBAL": 2, "INST": 2, "PERSID": 1, "STRING": 1}
+_ESCAPE = re.compile(rb"\\(.?)", re.DOTALL)  # a backslash and what it escapes, pairs left to right
+_KNOWN_ESCAPES = frozenset(b"\\'\"abfnrtv01234567x\n")
 # Opcodes decoded inline: code -> (name, bytes of the little-endian argument, and for strings
 # whether the argument is the length of "unicode" text or of "bytes" that follow).
 _FAST_ARGS: dict[int, tuple[str, int, str]] = {
@@ -236,6 +243,8 @@ class _Machine:
                         pos += 1
                     else:
                         reader.seek(pos + 1)
+                        if name in _LINE_ARG_COUNT:
+                            _refuse_unknown_escapes(reader, _LINE_ARG_COUNT[name], pos)
                         arg = opcode.arg.reader(reader)
                         pos = reader.tell()
                 if name in _ATOM_OPS:
@@ -731,3 +740,13 @@ def scan_tokenizer_pickle(path: Path) -> bytes:
 def scan_dcp_metadata(path: Path) -> None:
     """Check a torch.distributed.checkpoint ``.metadata`` pickle before anything unpickles it."""
     scan_bytes(read_limited(path, DCP_POLICY.max_bytes), DCP_POLICY)
+
+
+def _refuse_unknown_escapes(reader: io.BytesIO, lines: int, at: int) -> None:
+    """Refuse the ``lines`` text lines ahead of ``reader`` (an opcode's argument at byte ``at``)
+    if a backslash in them escapes nothing Python knows; the reader is left where it was."""
+    start = reader.tell()
+    text = b"".join(reader.readline() for _ in range(lines))
+    reader.seek(start)
+    if any(m.group(1) and m.group(1)[0] not in _KNOWN_ESCAPES for m in _ESCAPE.finditer(text)):
+        raise PickleRefused("corrupt", f"the pickle is malformed (an unknown escape at byte {at})")
