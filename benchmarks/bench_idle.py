@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -29,18 +28,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from perf_report import write_section  # noqa: E402
 
+from desktop.engine.kernels.tuning import cpu_name  # noqa: E402
+
 TARGET_SHARE = 0.02
 logger = logging.getLogger("bench_idle")
-
-
-def cpu_name() -> str:
-    name = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return name
 
 
 def cpu_seconds(process: psutil.Process) -> float:

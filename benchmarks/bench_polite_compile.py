@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # A cold compile, as a user's first: inductor reads its cache folder at the process's first compile.
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="nanoscope-inductor-")
 
-from bench_idle import cpu_name  # noqa: E402
 from perf_report import write_section  # noqa: E402
 
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions  # noqa: E402
 from desktop.engine.decode.compiled_draft import why_not_compiled  # noqa: E402
+from desktop.engine.kernels.tuning import cpu_name  # noqa: E402
 from desktop.engine.messages import Message  # noqa: E402
 from desktop.engine.params import SamplingParams  # noqa: E402
 from desktop.engine.registry import open_backend  # noqa: E402

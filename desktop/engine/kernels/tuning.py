@@ -118,7 +118,7 @@ def _candidates(kind: str) -> list[Candidate]:
     raise ValueError(f"no candidates for {kind!r}")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU's model as the OS names it (with family and model numbers on Linux, where a VM may
     show only "AMD EPYC" for several generations)."""
     if sys.platform == "darwin":
@@ -149,7 +149,7 @@ def _cpu_name() -> str:
 def machine_id() -> str:
     """What the timings depend on besides the thread count: the CPU, the vector unit torch
     dispatches to, and torch's version (its kernels change between releases)."""
-    return f"{_cpu_name()} · {torch.backends.cpu.get_cpu_capability()} · torch {torch.__version__}"
+    return f"{cpu_name()} · {torch.backends.cpu.get_cpu_capability()} · torch {torch.__version__}"
 
 
 def relative_error(kernel: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor) -> float:
