@@ -24,7 +24,7 @@ from make_checkpoint import write_e7  # noqa: E402
 from perf_report import write_section  # noqa: E402
 
 from desktop.engine.backend import LoadOptions  # noqa: E402
-from desktop.engine.kernels.tuning import machine_id  # noqa: E402
+from desktop.engine.kernels.machine import machine_id  # noqa: E402
 from desktop.engine.runs.bits_per_byte import bpb_sweep  # noqa: E402
 from desktop.engine.runs.checked_answers import answer_sweep, bundled_problems  # noqa: E402
 from desktop.engine.runs.evals import SAMPLE_PROMPTS, sample_sweep  # noqa: E402

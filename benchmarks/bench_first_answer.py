@@ -24,7 +24,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from perf_report import write_section  # noqa: E402
 
-from desktop.engine.kernels.tuning import TUNING_BUDGET_S, machine_id  # noqa: E402
+from desktop.engine.kernels.machine import machine_id  # noqa: E402
+from desktop.engine.kernels.tuning import TUNING_BUDGET_S  # noqa: E402
 
 DEMO = REPO / "resources" / "demo" / "chatsft_checkpoints" / "demo"
 SPIN = "while True: pass"

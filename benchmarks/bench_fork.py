@@ -24,7 +24,7 @@ from make_checkpoint import write_e7  # noqa: E402
 from perf_report import write_section  # noqa: E402
 
 from desktop.engine.backend import GenerationStats, LoadOptions, ReplyStart, StreamOptions  # noqa: E402
-from desktop.engine.kernels.tuning import machine_id  # noqa: E402
+from desktop.engine.kernels.machine import machine_id  # noqa: E402
 from desktop.engine.messages import Message  # noqa: E402
 from desktop.engine.nanochat.backend import NanochatBackend  # noqa: E402
 from desktop.engine.nanochat.loader import load_model  # noqa: E402

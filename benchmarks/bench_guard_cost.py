@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from perf_report import write_section  # noqa: E402
 
-from desktop.engine.kernels.tuning import cpu_name  # noqa: E402
+from desktop.engine.kernels.machine import cpu_name  # noqa: E402
 
 GOLDEN = REPO / "tests" / "golden"
 EXPERIMENT = GOLDEN / "nanochat-experiment" / "pr800" / "experiments" / "golden" / "d2"

@@ -39,7 +39,7 @@ from desktop.engine.chat_template import ChatTemplate  # noqa: E402
 from desktop.engine.export.hf_export import CHAT_TEMPLATE  # noqa: E402
 from desktop.engine.files.bounded import parse_json, read_toml, tomllib  # noqa: E402
 from desktop.engine.files.tokenizer_checks import checked_tokenizer_json  # noqa: E402
-from desktop.engine.kernels.tuning import machine_id  # noqa: E402
+from desktop.engine.kernels.machine import machine_id  # noqa: E402
 from desktop.engine.registry import open_backend  # noqa: E402
 from desktop.engine.remote.sse import event_data  # noqa: E402
 

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from perf_report import write_section  # noqa: E402
 
-from desktop.engine.kernels.tuning import cpu_name  # noqa: E402
+from desktop.engine.kernels.machine import cpu_name  # noqa: E402
 
 TARGET_SHARE = 0.02
 logger = logging.getLogger("bench_idle")

@@ -42,7 +42,7 @@ from perf_report import write_section  # noqa: E402
 
 from desktop.engine.backend import GenerationStats, LoadOptions, StreamOptions  # noqa: E402
 from desktop.engine.decode.compiled_draft import why_not_compiled  # noqa: E402
-from desktop.engine.kernels.tuning import cpu_name  # noqa: E402
+from desktop.engine.kernels.machine import cpu_name  # noqa: E402
 from desktop.engine.messages import Message  # noqa: E402
 from desktop.engine.params import SamplingParams  # noqa: E402
 from desktop.engine.registry import open_backend  # noqa: E402

@@ -44,8 +44,8 @@ from desktop.engine.decode.generation import stream_reply  # noqa: E402
 from desktop.engine.decode.kvcache import KVCache  # noqa: E402
 from desktop.engine.decode.speculative import Draft, ready_draft, stream_speculative  # noqa: E402
 from desktop.engine.decode.verifier import Verifier  # noqa: E402
+from desktop.engine.kernels.machine import machine_id  # noqa: E402
 from desktop.engine.kernels.memory import release_freed_memory  # noqa: E402
-from desktop.engine.kernels.tuning import machine_id  # noqa: E402
 from desktop.engine.messages import Message  # noqa: E402
 from desktop.engine.nanochat.drafts import make_draft  # noqa: E402
 from desktop.engine.nanochat.loader import LoadedModel, load_model  # noqa: E402

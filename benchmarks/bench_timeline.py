@@ -27,7 +27,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from perf_report import write_section  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from desktop.engine.kernels.tuning import machine_id  # noqa: E402
+from desktop.engine.kernels.machine import machine_id  # noqa: E402
 from desktop.engine.runs.timeline import timeline_of  # noqa: E402
 from desktop.qt.run.view import RunView  # noqa: E402
 

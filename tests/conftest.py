@@ -22,6 +22,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault(
     "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
 )
+# Likewise the native kernels (kernels/native.py): built once per machine, not in each test's home.
+os.environ.setdefault(
+    "NANOSCOPE_NATIVE_DIR", os.path.join(tempfile.gettempdir(), f"nanoscope_native_{getpass.getuser()}")
+)
 # The README's command runs the suite on one pytest-xdist worker per CPU. Each worker's torch takes
 # its share of the CPUs for intra-op threads (before torch is imported, which reads it once): N
 # workers of N threads each on N cores spend the cores switching between threads that wait on

@@ -102,11 +102,26 @@ def _timed(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> 
     return statistics.median(times)
 
 
+def stream_triad_gbs(device: torch.device, nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """GB/s of STREAM's triad, ``a = b + s * c``, over three arrays of ``nbytes`` each (far larger
+    than any CPU's caches), on every thread torch uses, counted as STREAM counts it (two arrays
+    read, one written). The ceiling a decode step's weights can stream at: the figure each mode
+    is reported against (``mbu_stream``)."""
+    n = nbytes // 4
+    b = torch.rand(n, device=device)
+    c = torch.rand(n, device=device)
+    a = torch.empty_like(b)
+    seconds = _timed(lambda: torch.add(b, c, alpha=3.0, out=a), device, repeats)
+    return 3 * nbytes / seconds / 1e9
+
+
 def measure_bandwidth(device: torch.device, nbytes: int = 256 << 20) -> dict[str, float]:
-    """GB/s of streaming ``nbytes``: copy (read + write), plain read (a sum), and the matrix-vector
+    """GB/s of streaming ``nbytes``: STREAM's triad (:func:`stream_triad_gbs`), copy (read +
+    write), plain read (a sum), and the matrix-vector
     product of a 4096-column fp32 matrix by one row, as torch's ``F.linear`` runs it and as exact
     mode's row-split runs it. ``matvec_gbs`` is the better of the two: the ceiling a decode step's
     products can reach on this machine. On a GPU the matrix is bf16, as fast mode reads it there."""
+    triad = stream_triad_gbs(device, nbytes)  # first: its arrays are freed before the others'
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     elem = torch.empty((), dtype=dtype).element_size()
     n = nbytes // elem
@@ -122,7 +137,7 @@ def measure_bandwidth(device: torch.device, nbytes: int = 256 << 20) -> dict[str
         split = ExactLinear(w)
         out["split_gbs"] = nbytes / _timed(lambda: split(x), device)
     out["matvec_gbs"] = max(out["linear_gbs"], out["split_gbs"])
-    return {k: v / 1e9 for k, v in out.items()}
+    return {**{k: v / 1e9 for k, v in out.items()}, "stream_gbs": triad}
 
 
 def _prompt(vocab_size: int, n: int, seed: int = 0) -> list[int]:
@@ -279,6 +294,7 @@ def run_bench(req: BenchRequest, warn: Callable[[str], None]) -> dict:
         "streamed_gbs": float(f"{streamed_gbs:.3g}"),
         **{k: round(v, 2) for k, v in bw.items()},
         # Three significant figures: a tiny model on a busy machine is still not reported as 0.
+        "mbu_stream": float(f"{streamed_gbs / bw['stream_gbs']:.3g}"),
         "mbu_matvec": float(f"{streamed_gbs / bw['matvec_gbs']:.3g}"),
         "mbu_read": float(f"{streamed_gbs / bw['read_gbs']:.3g}"),
         "mbu_copy": float(f"{streamed_gbs / bw['copy_gbs']:.3g}"),

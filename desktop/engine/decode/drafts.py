@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from desktop.engine.errors import CheckpointError, NanoscopeError, TokenizerError
+from desktop.engine.errors import CheckpointError, DeviceError, NanoscopeError, TokenizerError
 from desktop.engine.files.bounded import PathRefused, named_path
 from desktop.engine.files.numbers import NumberRefused, parse_count
 from desktop.engine.kernels.device import PRECISIONS
@@ -105,3 +105,26 @@ def check_same_tokenizer(draft: Any, target: Any) -> None:
             f"its tokenizer ({draft.path}) differs from the model's ({target.path}); "
             "a draft must share the model's tokenizer"
         )
+
+
+# A self-draft's kernels by the precision asked for (``auto``: whichever is timed cheaper).
+SELF_KERNELS = {"auto": ("int8", "fp16"), "int8": ("int8",), "float16": ("fp16",), "fast": ("fp16",)}
+
+
+def self_draft_kernels(device: str, precision: str, loaded_as: str, family: str) -> tuple[str, ...]:
+    """The kernels a self-draft at ``precision`` of a ``family`` model may take: int8 or fp16
+    weights, which only a CPU has, made from the target's fp32 matrices, which a target loaded in
+    fast or int8 mode (``loaded_as``: its kernels' kind) no longer holds."""
+    if device != "cpu":
+        raise DeviceError(
+            f"a self-draft needs the CPU's int8 or fp16 kernels; on {device.upper()} name another "
+            "checkpoint as the draft"
+        )
+    if precision not in SELF_KERNELS:
+        raise DeviceError(f"a self-draft of a {family} model is int8 or fp16, not {precision}")
+    if loaded_as != "exact":
+        raise DeviceError(
+            "a self-draft is made from the model's fp32 weights, and this one was loaded with "
+            f"{loaded_as} weights: load it in float32, or name another checkpoint as the draft"
+        )
+    return SELF_KERNELS[precision]

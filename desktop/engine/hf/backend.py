@@ -34,13 +34,13 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.chat_template import message_dicts
-from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, no_head
+from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, no_head, self_draft_kernels
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
 from desktop.engine.decode.pass_timing import Decisions
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_decoded
-from desktop.engine.errors import CheckpointError, ContextError, DeviceError, TokenizerError
+from desktop.engine.errors import CheckpointError, ContextError, TokenizerError
 from desktop.engine.hf.config import HFConfig, parse_config, token_ids
 from desktop.engine.hf.files import (
     CONFIG_NAME,
@@ -53,14 +53,8 @@ from desktop.engine.hf.files import (
 from desktop.engine.hf.model import HFCausalLM
 from desktop.engine.hf.tokenizer import HFTokenizer
 from desktop.engine.hf.weights import load_weights
-from desktop.engine.kernels.device import (
-    describe_device,
-    dtype_name,
-    fast_dtype,
-    hardware,
-    pick_device,
-    pick_dtype,
-)
+from desktop.engine.kernels.device import Precision, describe_device, pick_device, pick_precision
+from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
 from desktop.engine.kernels.tuning import tuner_for, tuning_progress
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
@@ -72,13 +66,12 @@ REPLY_SHARE = 4
 DEFAULT_OPTIONS = StreamOptions()
 
 
-def _dtype_for(device: torch.device, preference: str) -> torch.dtype:
-    """fp32 on the CPU by default (transformers' numbers); "fast" is bf16; int8 has no HF kernels here."""
-    if preference == "int8":
-        raise DeviceError("int8 is available for nanochat checkpoints only; pick float32 or fast")
-    if preference == "fast":
-        return fast_dtype(hardware(device))
-    return pick_dtype(device, preference)
+def _precision_for(device: torch.device, preference: str) -> Precision:
+    """fp32 on the CPU by default (transformers' numbers). On a CPU "fast" and "int8" are the
+    contracts nanochat's checkpoints have too: fp32 activations, 16- or 8-bit weights by the
+    kernel timed fastest here within the mode's error bound (:func:`choose_precision`);
+    elsewhere "fast" is a 16-bit dtype, and int8 does not run."""
+    return pick_precision(device, preference)
 
 
 class HFBackend:
@@ -126,12 +119,15 @@ class HFBackend:
                 f"{tok.path}: the tokenizer has {tok.vocab_size} tokens, the model {config.vocab_size}"
             )
         device = pick_device(opts.device)
-        dtype = _dtype_for(device, opts.dtype)
+        precision = _precision_for(device, opts.dtype)
         report(20, "Reading weights")
-        weights = load_weights(directory, config, dtype, device)
+        weights = load_weights(directory, config, precision.compute, device)
         tuner = tuner_for(opts.kernel_cache)
         with tuner.listening(tuning_progress(report, 40, 90)):
             model = HFCausalLM(config, weights, tuner)
+            if precision.gemv in APPROXIMATE_KINDS:
+                model.pack(precision.gemv)
+        del weights  # the packed matrices' fp32 values go with the last reference
         report(90, "Warming up")
         info = ModelInfo(
             family=config.family,
@@ -144,7 +140,7 @@ class HFBackend:
             context_length=config.max_position_embeddings,
             device=str(device),
             device_name=describe_device(device),
-            precision=dtype_name(dtype),
+            precision=precision.name,
             capabilities=Capabilities(chat=tok.has_chat_tokens),
             era=config.family,
             attention="sdpa",
@@ -275,7 +271,9 @@ class HFBackend:
         if spec.head:
             raise no_head(self.info().name)
         if spec.is_self:
-            kinds = _self_kernels(self.model.device, spec.precision)
+            kinds = self_draft_kernels(
+                self.model.device.type, spec.precision, self.model.kernel_kind, "Hugging Face"
+            )
             return cheapest([partial(self._self_draft, kind) for kind in kinds])
         assert spec.checkpoint is not None
         if spec.step is not None:
@@ -327,20 +325,6 @@ class HFBackend:
         self.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def _self_kernels(device: torch.device, precision: str) -> tuple[str, ...]:
-    """The kernels a self-draft at ``precision`` may take: int8 or fp16 weights, which only a CPU
-    has (``auto``: whichever of the two is timed cheaper)."""
-    if device.type != "cpu":
-        raise DeviceError(
-            f"a self-draft needs the CPU's int8 or fp16 kernels; on {device.type.upper()} name another "
-            "checkpoint as the draft"
-        )
-    kinds = {"auto": ("int8", "fp16"), "int8": ("int8",), "float16": ("fp16",), "fast": ("fp16",)}
-    if precision not in kinds:
-        raise DeviceError(f"a self-draft of a Hugging Face model is int8 or fp16, not {precision}")
-    return kinds[precision]
 
 
 def _plain(messages: Sequence[Message]) -> str:

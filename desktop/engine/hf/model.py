@@ -100,6 +100,12 @@ class HFCausalLM:
         self.kernel_kind = "exact"  # transformers' bits; "fp16" or "int8" for a draft
         self.tuner = tuner
 
+    def pack(self, kind: str) -> None:
+        """Compute this model's products by ``kind``'s kernels ("fp16", "int8": fast and int8
+        mode on a CPU), their fp32 matrices freed (the embedding table the head may share stays)."""
+        self._products = self.tuner.own_products(self._matrices, kind, keep=(self.embed,))
+        self.kernel_kind = kind
+
     def with_kernels(self, kind: str) -> HFCausalLM:
         """The same model (the same weight tensors, no copy) computing its products by ``kind``'s
         kernels ("fp16", "int8": see kernels/tuning.py): a cheap draft for speculative decoding."""

@@ -37,14 +37,13 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.chat_template import message_dicts
-from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, no_head
+from desktop.engine.decode.drafts import DraftSpec, check_same_tokenizer, no_head, self_draft_kernels
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.pass_timing import Decisions
 from desktop.engine.decode.scoring import score_reply, token_label
 from desktop.engine.decode.speculative import Draft, DraftSlot, cheapest, ready_draft, stream_decoded
 from desktop.engine.errors import (
     ContextError,
-    DeviceError,
     OutOfMemoryError,
     TokenizerError,
     is_out_of_memory,
@@ -60,13 +59,13 @@ from desktop.engine.kempnerforge.model import Block, KFCache, KFTransformer, Nor
 from desktop.engine.kempnerforge.tokenizer import KFTokenizer, load_run_tokenizer, resolve_tokenizer_dir
 from desktop.engine.kempnerforge.weights import EMBEDDING, OUTPUT, check_weights, model_entries
 from desktop.engine.kernels.device import (
+    PACKED_NAMES,
     describe_device,
     dtype_name,
-    fast_dtype,
-    hardware,
     pick_device,
-    pick_dtype,
+    pick_precision,
 )
+from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
 from desktop.engine.kernels.memory import available_ram, human
 from desktop.engine.kernels.threads import torch_threads
 from desktop.engine.kernels.tuning import KernelTuner, tuner_for, tuning_progress
@@ -80,14 +79,6 @@ FAMILY = "kempnerforge"
 SAMPLING = frozenset({"temperature", "top_k", "top_p", "max_tokens", "seed"})
 _DEFAULT_STREAM = StreamOptions()
 REPLY_SHARE = 4  # a reply may take up to this share of the context when the prompt must be cut
-
-
-def _precision(device: torch.device, preference: str) -> torch.dtype:
-    if preference == "int8":
-        raise DeviceError("int8 is not available for KempnerForge models (use float32, bfloat16 or float16)")
-    if preference == "fast":
-        return fast_dtype(hardware(device))
-    return pick_dtype(device, preference)
 
 
 def _norm(t: dict[str, torch.Tensor], name: str) -> Norm:
@@ -189,7 +180,7 @@ class KempnerForgeBackend:
             context_length=cfg.max_seq_len,
             device=str(model.device),
             device_name=describe_device(model.device),
-            precision=dtype_name(model.compute_dtype),
+            precision=PACKED_NAMES.get(model.kernel_kind, dtype_name(model.compute_dtype)),
             capabilities=Capabilities(sampling=SAMPLING, chat=tok.template is not None),
             era="dense" + (f" · {checkpoint.stages} pipeline stages" if checkpoint.stages else ""),
             attention=cfg.describe(),
@@ -226,7 +217,10 @@ class KempnerForgeBackend:
         tok = load_run_tokenizer(tok_dir, cfg.vocab_size)
         warnings.extend(tok.warnings)
         device = pick_device(opts.device)
-        dtype = _precision(device, opts.dtype)
+        # On a CPU "fast" and "int8" are nanochat's contracts too: fp32 activations, 16- or 8-bit
+        # weights by the kernel timed fastest here within the mode's bound (choose_precision).
+        precision = pick_precision(device, opts.dtype)
+        dtype = precision.compute
         _check_memory(
             checkpoint.step_dir, sum(meta.tensors[key].numel for meta, key in entries.values()), dtype
         )
@@ -245,6 +239,9 @@ class KempnerForgeBackend:
             tuner = tuner_for(opts.kernel_cache)
             with tuner.listening(tuning_progress(report, 92, 99)):
                 model = assemble(cfg, tensors, device, tuner)
+                if precision.gemv in APPROXIMATE_KINDS:
+                    model.pack(precision.gemv)
+            del tensors  # the packed matrices' fp32 values go with the last reference
         except (RuntimeError, MemoryError) as exc:
             if is_out_of_memory(exc):
                 raise OutOfMemoryError(
@@ -400,10 +397,8 @@ class KempnerForgeBackend:
         if spec.head:
             raise no_head(self.info().name)
         if spec.is_self:
-            kinds = {"auto": ("int8", "fp16"), "int8": ("int8",), "float16": ("fp16",), "fast": ("fp16",)}
-            if device.type != "cpu" or spec.precision not in kinds:
-                raise DeviceError("a self-draft of a KempnerForge model is int8 or fp16, on a CPU")
-            return cheapest([partial(self._self_draft, kind) for kind in kinds[spec.precision]])
+            kinds = self_draft_kernels(device.type, spec.precision, self.model.kernel_kind, FAMILY)
+            return cheapest([partial(self._self_draft, kind) for kind in kinds])
         assert spec.checkpoint is not None
         opts = replace(
             self.load_options, step=spec.step, device=str(device), dtype=spec.precision, config=None

@@ -170,6 +170,12 @@ class KFTransformer:
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return self._products[id(weight)](x)
 
+    def pack(self, kind: str) -> None:
+        """Compute this model's products by ``kind``'s kernels ("fp16", "int8": fast and int8
+        mode on a CPU), their fp32 matrices freed (the embedding table the head may share stays)."""
+        self._products = self.tuner.own_products(self._matrices, kind, keep=(self.embedding,))
+        self.kernel_kind = kind
+
     def with_kernels(self, kind: str) -> KFTransformer:
         """The same model (the same weight tensors, no copy) computing its products by ``kind``'s
         kernels ("fp16", "int8": see kernels/tuning.py): a cheap draft for speculative decoding."""

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 PRECISIONS = ("auto", *DTYPE_NAMES, "fast", "int8")
+# What the user is shown for a CPU's packed kinds (fp32 activations, 8- or 16-bit weights).
+PACKED_NAMES = {"fp16": "fp16 weights", "int8": "int8 weights"}
 AMPERE = (8, 0)  # the first CUDA compute capability with bf16 tensor cores
 
 
@@ -145,11 +147,11 @@ def choose_precision(hw: Hardware, preference: str = "auto") -> Precision:
     if preference == "int8":
         if not cpu:
             raise DeviceError(f"int8 runs on the CPU only, not on {hw.kind.upper()}; pick fast")
-        return Precision(torch.float32, "int8", "int8 weights")
+        return Precision(torch.float32, "int8", PACKED_NAMES["int8"])
     if cpu and (preference == "fast" or (preference == "float16" and hw.fbgemm)):
         # 16-bit weights, fp32 activations and sums: half the bytes, ~1e-7 next-token KL (bf16
         # compute costs ~1e-4). An explicit float16 without fbgemm computes in fp16 as asked.
-        return Precision(torch.float32, "fp16", "fp16 weights")
+        return Precision(torch.float32, "fp16", PACKED_NAMES["fp16"])
     dtype = fast_dtype(hw) if preference == "fast" else choose_dtype(hw, preference)
     return Precision(dtype, "exact", dtype_name(dtype))
 

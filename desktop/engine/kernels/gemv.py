@@ -27,6 +27,9 @@ reference), the kernels that replace ``nn.Linear.forward`` are:
   output channel and int8 activations per call; x86), :class:`Int8WeightOnlyLinear` (int8
   weights dequantised in registers, bf16 activations) and :class:`Int4WeightOnlyLinear` (4-bit
   groups of 32), each kept only where its error is within the mode's bound.
+* Where a C++ compiler is found, :class:`NativeInt8Linear` and :class:`NativeHalfLinear` join
+  int8 and fast mode's candidates: kernels compiled on the machine for its vector unit
+  (:mod:`.native`), with fp32 activations.
 
 The fast kinds own their weights (packed or cast), so the fp32 matrix can be freed afterwards.
 """
@@ -39,9 +42,12 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from desktop.engine.kernels.native import MAX_ROWS as MAX_NATIVE_ROWS
 
 logger = logging.getLogger(__name__)
 
@@ -384,6 +390,44 @@ class Int4WeightOnlyLinear:
         return out.float().view(*x.shape[:-1], -1)
 
 
+class NativeInt8Linear:
+    """int8 weights (per output channel, symmetric), fp32 activations and sums: the native kernel
+    (:mod:`.native`) for passes of up to :data:`~.native.MAX_ROWS` rows; a longer pass (a prompt)
+    multiplies the weight widened to fp32 by torch's GEMM."""
+
+    def __init__(self, weight: torch.Tensor, ops: Any) -> None:
+        w = weight.float()
+        self.scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+        self.q = torch.round(w / self.scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        self.in_features = w.shape[1]
+        self.weight_nbytes = self.q.numel() + self.scale.numel() * 4
+        self._ops = ops
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > MAX_NATIVE_ROWS:
+            return F.linear(x, self.q.float() * self.scale[:, None])
+        out = self._ops.int8_rows(rows.float().contiguous(), self.q, self.scale)
+        return out.view(*x.shape[:-1], -1)
+
+
+class NativeHalfLinear:
+    """fp16 weights, fp32 activations and sums: the native kernel (:mod:`.native`) for passes of
+    up to :data:`~.native.MAX_ROWS` rows, torch's GEMM on the widened weight for a prompt."""
+
+    def __init__(self, weight: torch.Tensor, ops: Any) -> None:
+        self.weight = weight.to(torch.float16).contiguous()
+        self.in_features = weight.shape[1]
+        self.weight_nbytes = self.weight.numel() * 2
+        self._ops = ops
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > MAX_NATIVE_ROWS:
+            return F.linear(x, self.weight.float())
+        return self._ops.fp16_rows(rows.float().contiguous(), self.weight).view(*x.shape[:-1], -1)
+
+
 class PlainLinear:
     """torch's own ``F.linear``: the reference the other kinds are checked against."""
 
@@ -414,6 +458,8 @@ Kernel = (
     | HalfLinear
     | Int8WeightOnlyLinear
     | Int4WeightOnlyLinear
+    | NativeInt8Linear
+    | NativeHalfLinear
 )
 GEMV_KINDS = ("plain", "inlined", "exact", "fp16", "int8")
 # Kinds whose products promise a bound on the error, not nanochat's bits (fast and int8 modes).

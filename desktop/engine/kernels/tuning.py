@@ -48,16 +48,12 @@ import contextlib
 import json
 import logging
 import os
-import platform
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -66,6 +62,8 @@ import torch.nn.functional as F
 from desktop.engine.files.bounded import FileRefused, read_json
 from desktop.engine.kernels import gemv
 from desktop.engine.kernels.gemv import ExactLinear, Kernel, Route
+from desktop.engine.kernels.machine import machine_id
+from desktop.engine.kernels.native import native_ops
 from desktop.engine.kernels.stopwatch import (
     FLUSH_BYTES,
     FLUSH_FROM,
@@ -98,11 +96,15 @@ TUNING_BUDGET_S = 20.0
 TuningListener = Callable[[float, float], None]
 
 
-def _candidates(kind: str) -> list[Candidate]:
-    """What may compute a product in ``kind`` mode on this build of torch, fastest unknown."""
+def _candidates(kind: str, native_folder: Path | None) -> list[Candidate]:
+    """What may compute a product in ``kind`` mode on this build of torch, fastest unknown.
+    ``native_folder``: where this machine's own kernels are built (:mod:`.native`)."""
     fbgemm = gemv.fbgemm_available()
+    ops = native_ops(native_folder)
     if kind == "fp16":
         found = [Candidate("fbgemm fp16", gemv.PackedFp16Linear)] if fbgemm else []
+        if ops is not None:
+            found.append(Candidate("native fp16", lambda w: gemv.NativeHalfLinear(w, ops)))
         return [
             *found,
             Candidate("fp16 F.linear", lambda w: gemv.HalfLinear(w, torch.float16)),
@@ -110,46 +112,14 @@ def _candidates(kind: str) -> list[Candidate]:
         ]
     if kind == "int8":
         found = [Candidate("fbgemm int8", gemv.Int8Linear)] if fbgemm else []
+        if ops is not None:
+            found.append(Candidate("native int8", lambda w: gemv.NativeInt8Linear(w, ops)))
         return [
             *found,
             Candidate("int8 weight-only", gemv.Int8WeightOnlyLinear),
             Candidate("int4 weight-only", gemv.Int4WeightOnlyLinear),
         ]
     raise ValueError(f"no candidates for {kind!r}")
-
-
-def cpu_name() -> str:
-    """The CPU's model as the OS names it (with family and model numbers on Linux, where a VM may
-    show only "AMD EPYC" for several generations)."""
-    if sys.platform == "darwin":
-        try:
-            out = subprocess.run(
-                ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
-            )
-            return out.stdout.strip() or platform.machine()
-        except (OSError, subprocess.SubprocessError):
-            return platform.machine()
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block names the model
-                key, _, value = line.partition(":")
-                info[key.strip()] = value.strip()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = info.get("model name") or info.get("Hardware") or platform.machine()
-    if "cpu family" in info:
-        name += f" (family {info['cpu family']} model {info.get('model', '?')})"
-    return name
-
-
-@cache
-def machine_id() -> str:
-    """What the timings depend on besides the thread count: the CPU, the vector unit torch
-    dispatches to, and torch's version (its kernels change between releases)."""
-    return f"{cpu_name()} · {torch.backends.cpu.get_cpu_capability()} · torch {torch.__version__}"
 
 
 def relative_error(kernel: Callable[[torch.Tensor], torch.Tensor], weight: torch.Tensor) -> float:
@@ -197,6 +167,8 @@ class KernelTuner:
 
     def __init__(self, cache_file: Path | None = None, budget_s: float = TUNING_BUDGET_S) -> None:
         self.cache_file = cache_file
+        # This machine's own kernels are built beside the timings (kernels.native).
+        self.native_folder = cache_file.parent / "native" if cache_file is not None else None
         self.budget_s = budget_s
         self.spent_s = 0.0  # seconds spent timing so far
         self.skipped = 0  # products that took their safe default: the budget was spent
@@ -447,7 +419,8 @@ class KernelTuner:
         # fp32 is a candidate of every lossy mode: where fp32 products stream fast enough (small
         # matrices, a CPU without a fast 16- or 8-bit kernel), fewer bytes may not pay for the
         # conversion, and fp32 keeps every contract.
-        candidates = {c.name: c for c in (*_candidates(kind), Candidate("fp32 exact", self.exact))}
+        found = _candidates(kind, self.native_folder)
+        candidates = {c.name: c for c in (*found, Candidate("fp32 exact", self.exact))}
         with self._lock:
             timed = self._time_candidates(entry, threads, weight, list(candidates.values()), refused)
         renewed = self.renewed(entry, threads)
@@ -489,6 +462,23 @@ class KernelTuner:
             return stream_times([by_name[name] for name in missing], part, refused)
 
         return self._measure(entry, threads, list(by_name), time_them, scale=n / rows)
+
+    def own_products(
+        self, matrices: Sequence[torch.Tensor], kind: str, keep: Sequence[torch.Tensor] = ()
+    ) -> dict[int, Kernel]:
+        """``kind``'s product of each of ``matrices`` (a model's own, in fast or int8 mode), by
+        ``id`` of the matrix; the fp32 matrix is freed where its kernel holds a form of its own,
+        one after another (memory holds one extra matrix at a time). The tensor objects stay (an
+        empty storage), as the keys a model looks its products up by; ``keep`` (an embedding
+        table the head shares) keeps its values."""
+        kept = {id(t) for t in keep}
+        found: dict[int, Kernel] = {}
+        for weight in matrices:
+            kernel = found[id(weight)] = self.product(weight, kind)
+            if id(weight) not in kept and getattr(kernel, "weight", None) is not weight:
+                # The values now live in the kernel's own form.
+                weight.set_(torch.empty(0, dtype=weight.dtype, device=weight.device).untyped_storage())
+        return found
 
     def install(self, module: torch.nn.Linear, kind: str) -> None:
         """Route a bias-free Linear through ``kind``'s kernel.

@@ -20,8 +20,9 @@ from support.checkpoint_factory import default_config, write_checkpoint
 from desktop.engine.backend import LoadOptions
 from desktop.engine.kernels import gemv
 from desktop.engine.kernels import tuning as kernel_tuning
+from desktop.engine.kernels.machine import machine_id
 from desktop.engine.kernels.stopwatch import OtherLoad
-from desktop.engine.kernels.tuning import TOLERANCE, TUNING_BUDGET_S, KernelTuner, machine_id, relative_error
+from desktop.engine.kernels.tuning import TOLERANCE, TUNING_BUDGET_S, KernelTuner, relative_error
 from desktop.engine.nanochat.backend import NanochatBackend
 
 
