@@ -40,6 +40,9 @@ EXIT_ERROR = 2
 MAX_THREADS = 1024
 MAX_REPEATS = 1000
 MAX_DRAFT_K = 16
+# generate --compiled: the longest a load waits for the decode step's compile (a cold one on two
+# busy cores takes minutes).
+COMPILE_WAIT_S = 1800.0
 
 
 def _add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -118,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_gen.add_argument(
         "--draft-k", type=int, default=0, help=f"tokens drafted per step, 1-{MAX_DRAFT_K} (0: adaptive)"
+    )
+    p_gen.add_argument(
+        "--compiled",
+        action="store_true",
+        help="fast and int8 mode: compile the decode step before generating (minutes the first time "
+        "on a machine; needs a C++ compiler), as the app does in the background",
     )
 
     p_bench = sub.add_parser("bench", help="measure load, prefill and decode speed")
@@ -216,6 +225,8 @@ def open_model(args: argparse.Namespace) -> Backend:
         base_dir=base,
         config=config or remembered.get(directory),
         kernel_cache=paths.kernel_timings_file(),
+        compile_drafts=getattr(args, "compiled", False),
+        compile_wait_s=COMPILE_WAIT_S if getattr(args, "compiled", False) else 0.0,
     )
     backend = open_backend(directory, options)
     if config is not None and backend.info().family == "kempnerforge":
@@ -307,6 +318,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "ttft_ms": round(stats.ttft_ms, 3),
                     "decode_tok_s": round(stats.decode_tok_s, 3),
                     "drafted": stats.drafted,
+                    "step_compiled": stats.step_compiled,
+                    "step_eager": stats.step_eager,
                     "accepted": stats.accepted,
                     "device": info.device,
                     "dtype": info.precision,

@@ -51,8 +51,9 @@ DEFAULTS: dict[str, Any] = {
     # Speculative decoding in Chat: the draft (StreamOptions.draft, "" off) and its length (0: adaptive).
     "draft": "",
     "draft_k": 0,
-    # A draft checkpoint's forward compiled in the background where a C++ compiler is found
-    # (engine/decode/compiled_draft.py): used once it steps faster than the eager one.
+    # Compiled in the background where a C++ compiler is found, used once faster than eager: a
+    # draft checkpoint's forward (engine/decode/compiled_draft.py), and fast and int8 mode's
+    # one-row steps (engine/decode/compiled_step.py).
     "compile_drafts": True,
     # OpenAI-compatible servers: {"id", "name", "url", "stall_timeout", "models"}; keys live in the
     # OS keyring (desktop/config/keystore.py), never here.

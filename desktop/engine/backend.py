@@ -154,6 +154,9 @@ class LoadOptions:
     # Compile a draft checkpoint's forward in the background where this machine can
     # (engine/decode/compiled_draft.py); off for one-shot uses, which end before it is ready.
     compile_drafts: bool = False
+    # With compile_drafts: seconds the load waits for fast and int8 mode's compiled step
+    # (engine/decode/compiled_step.py), so that the first reply runs it (``generate --compiled``).
+    compile_wait_s: float = 0.0
     # A served model ("remote:<server id>/<model>"): the server's URL and key (else the registry
     # looks the server id up), a display name, and how long a silent stream may pause.
     server_url: str | None = None
@@ -211,6 +214,11 @@ class GenerationStats:
     accepted: int = 0
     draft_compiled: bool = False  # the draft ran its compiled forward (engine/decode/compiled_draft.py)
     verifier_compiled: bool = False  # the target's passes ran its compiled twin (engine/decode/verifier.py)
+    # A plain reply's one-row steps ran compiled (fast and int8 mode: engine/decode/compiled_step.py),
+    # or why not, in a few words ("eager steps (compiling)"; "" where no
+    # compiled step applies: exact mode, a GPU, speculative replies).
+    step_compiled: bool = False
+    step_eager: str = ""
     # A timing-driven choice this reply used was made anew where an earlier one existed (a
     # speculative draft's costs, its compiled twins, the verifying pass's kernels; or, on the first
     # reply after a load, ModelInfo.choices_renewed): it may differ from older replies to the same seed.

@@ -32,7 +32,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: in
     A query at absolute position p sees keys ``p - window .. p``.
     """
     tq, tk = q.size(2), k.size(2)
-    gqa = q.size(1) != k.size(1)
+    gqa = bool(q.size(1) != k.size(1))  # a Python bool: SDPA takes no symbolic one (compiled)
     if window >= tq and tq == tk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if tq == 1:

@@ -45,6 +45,7 @@ import torch
 from desktop.engine.backend import GenerationStats, StreamOptions
 from desktop.engine.calculator import calculate
 from desktop.engine.decode.compiled_draft import CompiledTwin, Switched, take_compiled
+from desktop.engine.decode.compiled_step import CompiledStep
 from desktop.engine.decode.drafts import DraftSpec, parse_draft
 from desktop.engine.decode.generation import PartTracker, Row, Specials, _step_row, replay_row, stream_reply
 from desktop.engine.decode.kvcache import KVCache
@@ -474,12 +475,15 @@ def stream_decoded(
     probs: ProbsFn = next_token_probs,
     plain: Callable[[], Iterator[TokenEvent]] | None = None,
     verifier: Verifier | None = None,
+    step: CompiledStep | None = None,
 ) -> Iterator[TokenEvent]:
     """A family's reply, decoded as ``options`` ask: speculatively when a ``draft`` was named
     and drafting can pay, else the plain loop (generation.py, or the family's own ``plain``
     one). ``probs``: the family's sampling distribution; ``verifier``: what computes the
-    target's passes when drafting (default: ``model`` itself). The one place the two meet, so
-    the one that holds background compiles while a reply streams (desktop.engine.foreground)."""
+    target's passes when drafting (default: ``model`` itself); ``step``: what computes a plain
+    reply's one-row steps (default: ``model``; compiled in fast and int8 mode: compiled_step.py).
+    The one place the two meet, so the one that holds background compiles while a reply streams
+    (desktop.engine.foreground)."""
     with hold_background("a reply"):
         if draft is not None and draft.follow is not None:
             # A draft that reads the target's hidden states needs passes that write them; a compiled
@@ -529,6 +533,11 @@ def stream_decoded(
         if plain is not None:
             yield from plain()
             return
+        if step is not None:
+            step.settle(options.threads)
+            model = step.model
+            if stats is not None:
+                stats.step_compiled, stats.step_eager = step.compiled, step.why
         yield from stream_reply(
             model,
             tok,

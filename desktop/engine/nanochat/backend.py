@@ -27,6 +27,7 @@ from desktop.engine.backend import (
     StreamOptions,
 )
 from desktop.engine.decode.compiled_draft import keep_compiled_code_in
+from desktop.engine.decode.compiled_step import CompiledStep
 from desktop.engine.decode.drafts import DraftSpec
 from desktop.engine.decode.generation import begin_reply
 from desktop.engine.decode.kvcache import KVCache
@@ -39,7 +40,7 @@ from desktop.engine.errors import NanoscopeError, TokenizerError
 from desktop.engine.kernels.tuning import shown_precision
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.nanochat.chat_format import render_completion_prompt, render_for_completion
-from desktop.engine.nanochat.drafts import cache_of, make_draft, verifier_compile
+from desktop.engine.nanochat.drafts import cache_of, make_draft, step_compile, verifier_compile
 from desktop.engine.nanochat.experiment_layout import is_stage_folder
 from desktop.engine.nanochat.loader import LoadedModel, load_model
 from desktop.engine.nanochat.tokenizer import Tokenizer, select_tokenizer
@@ -89,6 +90,8 @@ class NanochatBackend:
         self.load_options = LoadOptions()  # how it was opened (a draft is opened alike)
         self._draft = DraftSlot()
         self._verifier: Verifier | None = Verifier(self.model, cache_of(self.model), self.decisions())
+        # A plain reply's one-row steps, compiled in fast and int8 mode (compile_steps below).
+        self._step = CompiledStep(self.model, cache_of(self.model), self.decisions())
         self._renewal_unsaid = False  # the load chose kernels anew; the first reply says so
 
     @classmethod
@@ -111,7 +114,24 @@ class NanochatBackend:
         backend = cls(loaded, tok)
         backend.load_options = opts
         backend.warm_up()
+        if opts.compile_drafts:
+            backend.compile_steps()
         return backend
+
+    def compile_steps(self) -> None:
+        """Start compiling plain replies' one-row steps in the background where they may be
+        (fast and int8 mode on a CPU with a C++ compiler: nanochat/drafts.step_compile); each reply
+        says whether its steps ran compiled, or why not."""
+        start, why = step_compile(self.loaded)
+        if start is None:
+            self._step.why = why
+            return
+        if self.load_options.kernel_cache is not None:
+            keep_compiled_code_in(self.load_options.kernel_cache.parent / "inductor")
+        self._step.compile(start)
+        twin = self._step.twin
+        if twin is not None and self.load_options.compile_wait_s > 0:
+            twin.done.wait(self.load_options.compile_wait_s)
 
     def warm_up(self) -> None:
         """One tiny forward so the first reply does not pay for kernel selection and allocations."""
@@ -243,6 +263,7 @@ class NanochatBackend:
             said=said,
             given=given,
             verifier=self._verifier,
+            step=self._step,
         )
 
     @property
@@ -301,6 +322,7 @@ class NanochatBackend:
     def close(self) -> None:
         self.reset_cache()
         self._draft.clear()
+        self._step.stop()
         if self._verifier is not None:
             self._verifier.stop()
         self._verifier = None

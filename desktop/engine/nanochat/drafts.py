@@ -30,6 +30,7 @@ from desktop.engine.decode.pass_timing import Decisions
 from desktop.engine.decode.protocols import Tokenizer
 from desktop.engine.decode.speculative import K_MAX, Draft, cheapest, measure_costs, ready_draft
 from desktop.engine.kernels.device import pick_precision
+from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
 from desktop.engine.kernels.memory import release_freed_memory
 from desktop.engine.kernels.tuning import KernelTuner, tuner_for
 from desktop.engine.nanochat.config import ModelConfig
@@ -123,6 +124,29 @@ def verifier_compile(loaded: LoadedModel) -> Callable[[], CompiledTwin] | None:
         logger.info("the target's verifying passes stay eager: %s", why)
         return None
     return partial(compile_twin, loaded, rows=VERIFIED_ROWS, every_row=True)
+
+
+def step_compile(loaded: LoadedModel) -> tuple[Callable[[], CompiledTwin] | None, str]:
+    """What starts compiling ``loaded``'s own one-row step for plain replies
+    (engine/decode/compiled_step.py), or None and why not (a few words): only fast and int8 mode
+    on a CPU, which owe no bits, where a C++ compiler is found."""
+    if loaded.device.type != "cpu" or loaded.precision.gemv not in APPROXIMATE_KINDS:
+        return None, ""
+    why = why_not_compiled()
+    if why is not None:
+        logger.info("plain steps stay eager: %s", why)
+        return None, "eager steps (no C++ compiler)"
+    model, cfg = loaded.model, loaded.config
+
+    def make() -> CompiledTwin:
+        # Its whole rotary table at once (see compile_twin), made as the decode loop makes its
+        # tensors: compiled code takes it as a constant.
+        with torch.inference_mode():
+            model.set_rotary(loaded.device, loaded.precision.compute, cfg.rope_len)
+        return CompiledTwin(model, cache_of(model), warm_positions(cfg, 1), rows=1)
+
+    key = f"{loaded.directory.resolve()}@{loaded.step} {loaded.precision} one-row step"
+    return partial(shared_twin, key, make), ""
 
 
 def compile_twin(

@@ -56,6 +56,15 @@ def speculative_line(draft: str, stats: dict) -> str:
 RENEWED = "kernels chosen anew: this mode's replies may differ from older ones"
 
 
+def step_line(stats: dict) -> str:
+    """How a plain reply's one-row steps ran in fast or int8 mode: "compiled steps", or why they
+    ran eagerly as the engine said it ("eager steps (compiling)"); "" where nothing is compiled
+    (exact mode, a GPU, a speculative reply, a reply saved before)."""
+    if stats.get("step_compiled"):
+        return "compiled steps"
+    return str(stats.get("step_eager") or "")
+
+
 def drafted(stats: dict) -> bool:
     """Whether a reply's tokens were drafted ahead (its seed then repeats the speculative stream)."""
     return bool(stats.get("drafted"))
@@ -91,6 +100,8 @@ def format_stats(meta: dict) -> tuple[str, str]:
         bits.append(f"{stats['new_tokens']} tokens")
     if stats.get("decode_tok_s"):
         bits.append(f"{stats['decode_tok_s']:.1f} tok/s")
+    if line := step_line(stats):
+        bits.append(line)
     if stats.get("ttft_ms"):
         bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if stats.get("stopped") in STOP_REASONS:

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from desktop.engine.messages import TokenEvent, TokenTrace
 from desktop.engine.params import KNOB
-from desktop.qt.chat.message_footer import RENEWED, SPECULATIVE_NOTE, drafted, speculative_line
+from desktop.qt.chat.message_footer import RENEWED, SPECULATIVE_NOTE, drafted, speculative_line, step_line
 from desktop.qt.widgets import common, theme
 from desktop.qt.widgets.checkpoint_picker import entry_name, human_params
 from desktop.qt.widgets.fork_popup import ForkPopup
@@ -49,6 +49,8 @@ def format_pane_stats(stats: dict) -> list[str]:
     bits = []
     if stats.get("decode_tok_s"):
         bits.append(f"{stats['decode_tok_s']:.1f} tok/s")
+    if line := step_line(stats):
+        bits.append(line)
     if stats.get("ttft_ms"):
         bits.append(f"TTFT {stats['ttft_ms']:.0f} ms")
     if "new_tokens" in stats:
