@@ -161,7 +161,7 @@ def test_qt_lives_in_one_package():
 NOT_USER_FILES = {
     ("desktop/qt/app/desktop_entry.py", "read_text"): "the app's own launcher template, from its resources",
     ("desktop/qt/app/desktop_entry.py", "read_bytes"): "the app's own icons, from its resources",
-    ("desktop/engine/kernels/tuning.py", "open"): "/proc/cpuinfo, for the CPU's name",
+    ("desktop/engine/kernels/machine.py", "open"): "/proc/cpuinfo, for the CPU's name",
     ("desktop/engine/bench.py", "read_text"): "/proc/self/status, for peak memory",
     ("desktop/engine/files/safe_json.py", "json.loads"): "the bounded parser itself",
     ("desktop/engine/remote/http.py", "json.loads"): "a server's reply, not a file",

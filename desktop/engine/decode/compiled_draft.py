@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
-import sysconfig
 import threading
 import types
 from collections.abc import Callable, Sequence
@@ -56,6 +54,7 @@ import torch
 
 from desktop.engine.decode.protocols import DecodingModel
 from desktop.engine.foreground import HELD, lower_this_threads_priority, wait_while_held
+from desktop.engine.kernels.native import why_no_toolchain
 from desktop.engine.text_lines import error_text
 
 logger = logging.getLogger(__name__)
@@ -177,16 +176,9 @@ def keep_compiled_code_in(folder: Path) -> None:
 
 
 def why_not_compiled() -> str | None:
-    """Why nothing can be compiled here (one line), or None when it can."""
-    if getattr(sys, "frozen", False):
-        return "a frozen app has no compiler toolchain"
-    # CXX may carry a launcher or flags ("ccache g++"): its first word is the program.
-    compiler = (os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")).split()[0]
-    if shutil.which(compiler) is None:
-        return f"no C++ compiler ({compiler}) on the PATH"
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
-        return "Python's headers (Python.h) are not installed"
-    return None
+    """Why nothing can be compiled here (one line), or None when it can: inductor's CPU code is
+    C++, built as the native kernels are (kernels/native.py)."""
+    return why_no_toolchain()
 
 
 def private_forward(module: torch.nn.Module) -> Callable[..., torch.Tensor]:

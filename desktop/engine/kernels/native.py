@@ -231,15 +231,25 @@ def _digest(library: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def why_no_compiler() -> str | None:
-    """Why nothing can be built here (one line), or None when it can."""
+def why_no_toolchain() -> str | None:
+    """Why no C++ code can be built for this Python here (one line), or None when it can: what
+    this module and inductor's CPU code generation (decode/compiled_draft.py) both need."""
     if getattr(sys, "frozen", False):
         return "a frozen app has no compiler toolchain"
-    compiler = (os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "c++")).split()[0]
+    # CXX may carry a launcher or flags ("ccache g++"): its first word is the program.
+    compiler = (os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")).split()[0]
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler}) on the PATH"
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
         return "Python's headers (Python.h) are not installed"
+    return None
+
+
+def why_no_compiler() -> str | None:
+    """Why the native kernels cannot be built here (one line), or None when they can."""
+    why = why_no_toolchain()
+    if why is not None:
+        return why
     if not _ninja_on_path():
         return "ninja (the build tool torch's extensions need) is not installed"
     return None
