@@ -95,7 +95,8 @@ class CompileStopped(BaseException):
 class CallStop:
     """Ends the code run inside it, on its thread, once :meth:`request` is called from any thread:
     :class:`CompileStopped` is raised at the entry of the next Python function that thread calls
-    (by a trace function, set for this thread alone, that raises at most once). And while the
+    outside logging and imports (by a trace function, set for this thread alone, that raises at
+    most once). And while the
     foreground holds background work (:mod:`desktop.engine.foreground`) that thread waits at the
     entry of the next function it calls in ``pause_in`` (the compiler's files), unless a frame
     under it may hold a lock other threads take (logging's, an import's); ``waiting`` is set
@@ -106,7 +107,11 @@ class CallStop:
     before the ``try`` that releases it (Python 3.11's logging takes its module lock so), and that
     lock stayed held by the ended thread: the next compile, and every other thread's logging,
     waited on it for good. A function's entry comes before any lock the function takes, and the
-    cleanup the exception unwinds through runs whole (nothing is raised in it). The price: Python
+    cleanup the exception unwinds through runs whole (nothing is raised in it). Not at the entry
+    of a function called under logging or an import either: a handler's ``release()`` in the
+    ``finally`` after its ``emit`` is such a function, and a stop raised there left the handler's
+    lock held by the ended thread (every later log line in the process then waited for good: a
+    test run hung so). The price: Python
     code runs slower traced (a compile of the demo's draft, inductor's cache warm: 19 -> 29 s on a
     2-core AMD EPYC). A C++ compile it waits on ends first."""
 
@@ -128,7 +133,7 @@ class CallStop:
         def check(frame: types.FrameType, event: str, arg: object) -> None:
             if HELD and not requested and frame.f_code.co_filename.startswith(pause_in):
                 self._wait_for_foreground(frame)
-            if requested:
+            if requested and _may_wait(frame):  # where a wait may hold no lock, a stop may land
                 sys.settrace(before)  # once: what the exception unwinds through runs unchecked
                 raise CompileStopped
 
@@ -153,9 +158,9 @@ class CallStop:
 
 
 def _may_wait(frame: types.FrameType) -> bool:
-    """Whether the thread running ``frame`` can wait without holding a lock another thread takes:
-    logging's module lock, or any frame of logging or of an import under it (a handler's lock,
-    a module's import lock)."""
+    """Whether the thread running ``frame`` can wait, or end, without holding a lock another
+    thread takes: logging's module lock, or any frame of logging or of an import under it (a
+    handler's lock, a module's import lock)."""
     owned = getattr(logging._lock, "_is_owned", None)  # type: ignore[attr-defined]
     if owned is not None and owned():
         return False

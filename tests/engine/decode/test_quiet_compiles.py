@@ -124,6 +124,44 @@ def test_it_never_waits_holding_loggings_lock():
         assert done.wait(30)  # ran through, held or not
 
 
+def test_a_stop_never_lands_inside_logging_and_leaves_no_lock_held():
+    """A stop requested while the compile's thread logs lands after logging, never at the entry
+    of the handler's release() in the finally after emit, which would leave the handler's lock
+    held by the ended thread: every later log line in the process would wait on it for good."""
+    stop = CallStop(pause_in=HERE)
+
+    class Requesting(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            # As another thread's request() lands: here, with no Python call after it in emit,
+            # the next function the thread enters is the handler's release().
+            stop._requested.append(True)
+
+    handler = Requesting()
+    log = logging.getLogger("nanoscope.test.callstop")
+    log.addHandler(handler)
+    log.propagate = False
+    outcome: list[str] = []
+
+    def work() -> None:
+        try:
+            with stop:
+                log.warning("compiling")
+                compiler_step()  # the stop lands here, out of logging
+                outcome.append("ran on")
+        except CompileStopped:
+            outcome.append("stopped")
+
+    try:
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        thread.join(30)
+        assert outcome == ["stopped"]
+        assert handler.lock is not None and handler.lock.acquire(timeout=5), "the handler's lock is held"
+        handler.lock.release()
+    finally:
+        log.removeHandler(handler)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
 def test_a_thread_lowers_its_own_priority_never_the_processes():
     before = os.getpriority(os.PRIO_PROCESS, 0)
