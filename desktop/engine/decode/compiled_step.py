@@ -51,14 +51,13 @@ class CompiledStep:
         eager: DecodingModel,
         new_cache: Callable[[int], Any],
         decisions: Decisions,
-        why: str = "",
     ) -> None:
         self.eager = eager
         self.model: DecodingModel = eager
         self.new_cache = new_cache
         self.decisions = decisions
         self.twin: CompiledTwin | None = None
-        self.why = why  # "" once compiled
+        self.why = ""  # "" where compiled, or where no compiled step applies
 
     @property
     def compiled(self) -> bool:

@@ -53,7 +53,7 @@ from desktop.engine.hf.files import (
 from desktop.engine.hf.model import HFCausalLM
 from desktop.engine.hf.tokenizer import HFTokenizer
 from desktop.engine.hf.weights import load_weights
-from desktop.engine.kernels.device import Precision, describe_device, pick_device, pick_precision
+from desktop.engine.kernels.device import describe_device, pick_device, pick_precision
 from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
 from desktop.engine.kernels.tuning import tuner_for, tuning_progress
 from desktop.engine.messages import Message, TokenEvent
@@ -64,14 +64,6 @@ logger = logging.getLogger(__name__)
 # As the nanochat backend: a reply may take up to this share of the context when old turns make room.
 REPLY_SHARE = 4
 DEFAULT_OPTIONS = StreamOptions()
-
-
-def _precision_for(device: torch.device, preference: str) -> Precision:
-    """fp32 on the CPU by default (transformers' numbers). On a CPU "fast" and "int8" are the
-    contracts nanochat's checkpoints have too: fp32 activations, 16- or 8-bit weights by the
-    kernel timed fastest here within the mode's error bound (:func:`choose_precision`);
-    elsewhere "fast" is a 16-bit dtype, and int8 does not run."""
-    return pick_precision(device, preference)
 
 
 class HFBackend:
@@ -119,7 +111,10 @@ class HFBackend:
                 f"{tok.path}: the tokenizer has {tok.vocab_size} tokens, the model {config.vocab_size}"
             )
         device = pick_device(opts.device)
-        precision = _precision_for(device, opts.dtype)
+        # fp32 on the CPU by default (transformers' numbers). On a CPU "fast" and "int8" are the
+        # contracts nanochat's checkpoints have too: fp32 activations, 16- or 8-bit weights by the
+        # kernel timed fastest here within the mode's bound; elsewhere "fast" is a 16-bit dtype.
+        precision = pick_precision(device, opts.dtype)
         report(20, "Reading weights")
         weights = load_weights(directory, config, precision.compute, device)
         tuner = tuner_for(opts.kernel_cache)

@@ -392,10 +392,28 @@ class Int4WeightOnlyLinear:
         return out.float().view(*x.shape[:-1], -1)
 
 
-class NativeInt8Linear:
-    """int8 weights (per output channel, symmetric), fp32 activations and sums: the native kernel
-    (:mod:`.native`) for passes of up to :data:`~.native.MAX_ROWS` rows; a longer pass (a prompt)
-    multiplies the weight widened to fp32 by torch's GEMM."""
+class _NativeLinear:
+    """A native kernel's product (:mod:`.native`, fp32 activations and sums) for passes of up to
+    :data:`~.native.MAX_ROWS` rows; a longer pass (a prompt) multiplies the weight widened to
+    fp32 by torch's GEMM."""
+
+    in_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > MAX_NATIVE_ROWS:
+            return F.linear(x, self.widened())
+        return self.rows_times(rows.float().contiguous()).view(*x.shape[:-1], -1)
+
+    def rows_times(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def widened(self) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class NativeInt8Linear(_NativeLinear):
+    """int8 weights (per output channel, symmetric) by the native kernel."""
 
     def __init__(self, weight: torch.Tensor, ops: Any) -> None:
         w = weight.float()
@@ -405,17 +423,15 @@ class NativeInt8Linear:
         self.weight_nbytes = self.q.numel() + self.scale.numel() * 4
         self._ops = ops
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > MAX_NATIVE_ROWS:
-            return F.linear(x, self.q.float() * self.scale[:, None])
-        out = self._ops.int8_rows(rows.float().contiguous(), self.q, self.scale)
-        return out.view(*x.shape[:-1], -1)
+    def rows_times(self, rows: torch.Tensor) -> torch.Tensor:
+        return self._ops.int8_rows(rows, self.q, self.scale)
+
+    def widened(self) -> torch.Tensor:
+        return self.q.float() * self.scale[:, None]
 
 
-class NativeHalfLinear:
-    """fp16 weights, fp32 activations and sums: the native kernel (:mod:`.native`) for passes of
-    up to :data:`~.native.MAX_ROWS` rows, torch's GEMM on the widened weight for a prompt."""
+class NativeHalfLinear(_NativeLinear):
+    """fp16 weights by the native kernel."""
 
     def __init__(self, weight: torch.Tensor, ops: Any) -> None:
         self.weight = weight.to(torch.float16).contiguous()
@@ -423,11 +439,11 @@ class NativeHalfLinear:
         self.weight_nbytes = self.weight.numel() * 2
         self._ops = ops
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > MAX_NATIVE_ROWS:
-            return F.linear(x, self.weight.float())
-        return self._ops.fp16_rows(rows.float().contiguous(), self.weight).view(*x.shape[:-1], -1)
+    def rows_times(self, rows: torch.Tensor) -> torch.Tensor:
+        return self._ops.fp16_rows(rows, self.weight)
+
+    def widened(self) -> torch.Tensor:
+        return self.weight.float()
 
 
 class PlainLinear:

@@ -46,7 +46,8 @@ LANES = 32  # independent partial sums per dot product (see the module docstring
 # when compiled with it (torch's Linux builds use OpenMP; Apple's clang has no -fopenmp, so a
 # Mac's kernels run on one thread, and are used only where timed faster all the same).
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", *(() if sys.platform == "darwin" else ("-fopenmp",)))
-# Rows a native product takes; longer passes (a prompt) are a GEMM, which torch's BLAS does well.
+# Rows a native product takes (rows_times has a case for each); longer passes (a prompt) are a
+# GEMM, which torch's BLAS does well.
 MAX_ROWS = 8
 
 SOURCE = r"""
@@ -188,7 +189,7 @@ void check(const at::Tensor& x, const at::Tensor& w, at::ScalarType dtype) {
 
 at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
   check(x, w, at::kChar);
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "1 to 8 rows");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= @MAX_ROWS@, "1 to @MAX_ROWS@ rows");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "scale: contiguous fp32");
   TORCH_CHECK(scale.numel() == w.size(0), "one scale per row of w");
   auto y = at::empty({x.size(0), w.size(0)}, x.options());
@@ -199,7 +200,7 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 
 at::Tensor fp16_rows(const at::Tensor& x, const at::Tensor& w) {
   check(x, w, at::kHalf);
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "1 to 8 rows");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= @MAX_ROWS@, "1 to @MAX_ROWS@ rows");
   auto y = at::empty({x.size(0), w.size(0)}, x.options());
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(w.data_ptr<at::Half>());
   rows_times<uint16_t>(x.data_ptr<float>(), bits, nullptr, y.data_ptr<float>(),
@@ -301,6 +302,7 @@ def _build(root: Path | None) -> Any:
     folder = root / f"native-{digest}"
     folder.mkdir(parents=True, exist_ok=True)
     source = SOURCE.replace("@LANES@", str(LANES)).replace("@LIBRARY@", library)
+    source = source.replace("@MAX_ROWS@", str(MAX_ROWS))
     logger.info("building the native matrix kernels in %s (once per machine)", folder)
     cpp_extension.load_inline(
         name=f"nanoscope_native_{digest}",

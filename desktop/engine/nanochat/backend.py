@@ -118,6 +118,11 @@ class NanochatBackend:
             backend.compile_steps()
         return backend
 
+    def _keep_compiled_code(self) -> None:
+        """Inductor's on-disk cache beside the kernel timings, where they are kept."""
+        if self.load_options.kernel_cache is not None:
+            keep_compiled_code_in(self.load_options.kernel_cache.parent / "inductor")
+
     def compile_steps(self) -> None:
         """Start compiling plain replies' one-row steps in the background where they may be
         (fast and int8 mode on a CPU with a C++ compiler: nanochat/drafts.step_compile); each reply
@@ -126,8 +131,7 @@ class NanochatBackend:
         if start is None:
             self._step.why = why
             return
-        if self.load_options.kernel_cache is not None:
-            keep_compiled_code_in(self.load_options.kernel_cache.parent / "inductor")
+        self._keep_compiled_code()
         self._step.compile(start)
         twin = self._step.twin
         if twin is not None and self.load_options.compile_wait_s > 0:
@@ -279,8 +283,8 @@ class NanochatBackend:
             return select_tokenizer(tokenizer_dirs(directory, opts.base_dir), vocab, is_fork)
 
         def make(spec: DraftSpec) -> Draft:
-            if opts.compile_drafts and opts.kernel_cache is not None:
-                keep_compiled_code_in(opts.kernel_cache.parent / "inductor")
+            if opts.compile_drafts:
+                self._keep_compiled_code()
             draft = make_draft(
                 self.loaded,
                 self.tok,

@@ -135,7 +135,7 @@ def step_compile(loaded: LoadedModel) -> tuple[Callable[[], CompiledTwin] | None
     why = why_not_compiled()
     if why is not None:
         logger.info("plain steps stay eager: %s", why)
-        return None, "eager steps (no C++ compiler)"
+        return None, "eager steps (no compiler toolchain)"
     model, cfg = loaded.model, loaded.config
 
     def make() -> CompiledTwin:

@@ -53,9 +53,9 @@ def test_without_a_compiler_steps_stay_eager_and_say_so(tmp_path, monkeypatch):
     try:
         _, stats = reply(backend)
         assert not stats.step_compiled
-        assert stats.step_eager == "eager steps (no C++ compiler)"
+        assert stats.step_eager == "eager steps (no compiler toolchain)"
         text, _ = format_stats({"stats": {**stats.__dict__}})
-        assert "eager steps (no C++ compiler)" in text
+        assert "eager steps (no compiler toolchain)" in text
     finally:
         backend.close()
 
