@@ -305,6 +305,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(ev.text if ev.special is None else _special_text(ev))
             sys.stdout.flush()
+    if args.compiled and not stats.step_compiled:
+        # Asked for and not given: say why (only fast and int8 mode of a nanochat checkpoint on a
+        # CPU compile their steps).
+        why = (
+            stats.step_eager
+            or "only fast and int8 mode of a nanochat checkpoint on a CPU compile their steps"
+        )
+        warn(f"--compiled: {why}")
     if stats.stopped == "context":
         warn(f"the reply stopped at the model's context of {info.context_length} tokens")
     if args.json:

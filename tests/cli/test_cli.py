@@ -385,3 +385,16 @@ def test_error_device_not_available(capsys, base):
     ckpt = base / "chatsft_checkpoints" / "d4"
     code, _, err = _generate(capsys, ckpt, "--device", "cuda")
     assert "CUDA" in assert_one_error_line(code, err)
+
+
+def test_generate_compiled_says_why_when_the_steps_stay_eager(capsys):
+    """--compiled asked of a model whose steps are not compiled (here exact mode of a Hugging
+    Face folder written by transformers): the reply is made, and one warning says why."""
+    golden = REPO / "tests" / "golden" / "transformers" / "llama-bf16"
+    _, done, err = generate_json(capsys, str(golden), "--prompt", "hi", "--max-tokens", "3", "--compiled")
+    assert done["step_compiled"] is False and done["ids"]
+    warned = [line for line in err.splitlines() if "--compiled" in line]
+    assert warned == [
+        "nanoscope: warning: --compiled: only fast and int8 mode of a nanochat checkpoint on a CPU "
+        "compile their steps"
+    ]
