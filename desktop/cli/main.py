@@ -21,6 +21,7 @@ from desktop.cli.evals import add_eval_parser, cmd_eval
 from desktop.cli.export import add_export_parser, cmd_export
 from desktop.cli.remote import add_server_args, list_served, open_served
 from desktop.cli.say import error, say, warn
+from desktop.cli.serve import add_serve_parser, cmd_serve
 from desktop.cli.timeline import add_timeline_parser, cmd_timeline
 from desktop.config import paths
 from desktop.config.logfile import SHOWN, cli_logging
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(sub)
     add_timeline_parser(sub)
     add_eval_parser(sub)
+    add_serve_parser(sub, _add_model_args)
     return parser
 
 
@@ -453,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         "export": cmd_export,
         "timeline": cmd_timeline,
         "eval": cmd_eval,
+        "serve": lambda a: cmd_serve(a, open_model),
     }
     with cli_logging():  # errors (and the GUI's whole run) also go to the log file
         try:

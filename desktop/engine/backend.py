@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from desktop.engine.errors import ContextError, NanoscopeError
 from desktop.engine.messages import Message, TokenEvent
@@ -22,6 +22,9 @@ from desktop.engine.params import SAMPLING_KEYS, SamplingParams
 
 # Load progress: (percent, what is happening).
 Progress = Callable[[int, str], None]
+
+if TYPE_CHECKING:
+    from desktop.engine.decode.protocols import Tokenizer
 
 
 def stoppable(progress: Progress, stop: threading.Event | None, why: str) -> Progress:
@@ -280,6 +283,11 @@ class Backend(Protocol):
     def encode(self, text: str) -> list[int]:
         """``text`` as the model's token ids, no special tokens added (what an eval needs to
         find an answer letter's id or count a text's tokens); an error where ids are unknown."""
+        ...
+
+    def tokenizer(self) -> Tokenizer:
+        """The model's own tokenizer (what a server's /tokenize, /detokenize and echo use); an
+        error where ids are unknown (a served model)."""
         ...
 
     def close(self) -> None: ...

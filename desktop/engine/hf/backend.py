@@ -314,6 +314,9 @@ class HFBackend:
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text)
 
+    def tokenizer(self) -> HFTokenizer:
+        return self.tok
+
     def close(self) -> None:
         self._cache = None
         self._draft.clear()

@@ -446,6 +446,9 @@ class KempnerForgeBackend:
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text)
 
+    def tokenizer(self) -> KFTokenizer:
+        return self.tok
+
     def close(self) -> None:
         self._cache = None
         self._draft.clear()

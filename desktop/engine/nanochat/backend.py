@@ -319,6 +319,9 @@ class NanochatBackend:
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text)
 
+    def tokenizer(self) -> Tokenizer:
+        return self.tok
+
     def reset_cache(self) -> None:
         self._cache = None
         self._draft.forget_cache()

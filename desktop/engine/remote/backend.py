@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -413,6 +413,9 @@ class RemoteBackend:
         return f"[{token_id}]" if token_id >= 0 else ""
 
     def encode(self, text: str) -> list[int]:
+        raise RemoteError(f"{self._info.name}: {IDS_REASON}")
+
+    def tokenizer(self) -> NoReturn:
         raise RemoteError(f"{self._info.name}: {IDS_REASON}")
 
     def close(self) -> None:

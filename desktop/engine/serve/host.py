@@ -1,0 +1,206 @@
+"""The served model on its own thread: one loaded backend, jobs taken in turn from every waiting
+request (Qt-free).
+
+A backend's methods all run on the thread that opened it (engine/backend.py), so the host opens
+it there and runs every job there. A request queues one job per choice; the thread takes the next
+job from each waiting request in turn (round robin), so a request for 64 choices does not hold up
+a one-choice request behind it. Each job is a generator run on the thread; its items reach the
+asyncio side through ``call_soon_threadsafe``. A job's ``cancel`` (a client gone, a deadline
+passed) ends it after the current token, and a job whose request was cancelled while it waited
+never starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from desktop.engine.backend import Backend, ModelInfo
+from desktop.engine.errors import NanoscopeError
+from desktop.engine.serve.wire import ApiError
+from desktop.engine.text_lines import error_text
+
+logger = logging.getLogger(__name__)
+
+Work = Callable[[Backend, threading.Event], Iterator[Any]]
+_DONE = object()
+
+
+@dataclass
+class Job:
+    """One unit of work for the model thread, and the queue its items come back through."""
+
+    work: Work
+    loop: asyncio.AbstractEventLoop
+    cancel: threading.Event
+    items: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+    def put(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the loop closed (the server is stopping): nobody is listening
+            self.cancel.set()
+
+    async def results(self) -> AsyncIterator[Any]:
+        """The job's items as they come; its error raised where it happened."""
+        while True:
+            item = await self.items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+@dataclass
+class _Request:
+    jobs: deque[Job]
+    cancel: threading.Event
+
+
+class ModelHost:
+    """Opens the model with ``opener`` on its own thread, then runs jobs until :meth:`stop`.
+
+    ``max_waiting`` bounds the requests queued or running at once; past it :meth:`submit`
+    refuses with 429."""
+
+    def __init__(self, opener: Callable[[], Backend], max_waiting: int) -> None:
+        self._opener = opener
+        self.max_waiting = max_waiting
+        self._requests: OrderedDict[int, _Request] = OrderedDict()
+        self._next_id = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="nanoscope-serve-model", daemon=True)
+        self._opened = threading.Event()
+        self._info: ModelInfo | None = None
+        self._backend: Backend | None = None
+        self.error = ""  # why the model could not be opened
+        self.busy_since = 0.0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_opened(self, timeout: float | None = None) -> ModelInfo:
+        """The model's info once it is open; NanoscopeError with why it is not."""
+        if not self._opened.wait(timeout):
+            raise NanoscopeError("the model is still loading")
+        if self._info is None:
+            raise NanoscopeError(self.error or "the model could not be opened")
+        return self._info
+
+    @property
+    def info(self) -> ModelInfo | None:
+        return self._info
+
+    @property
+    def backend(self) -> Backend | None:
+        return self._backend
+
+    def waiting(self) -> int:
+        with self._cond:
+            return len(self._requests)
+
+    def submit(self, works: list[Work], loop: asyncio.AbstractEventLoop) -> tuple[list[Job], threading.Event]:
+        """Queue one request's jobs; the jobs and the request's cancel event. ApiError(429)
+        when ``max_waiting`` requests wait already, ApiError(503) when no model is open."""
+        if self._info is None:
+            raise ApiError(503, self.error or "the model is still loading", kind="server_error")
+        cancel = threading.Event()
+        jobs = [Job(work, loop, cancel) for work in works]
+        with self._cond:
+            if self._stopping:
+                raise ApiError(503, "the server is stopping", kind="server_error")
+            if len(self._requests) >= self.max_waiting:
+                raise ApiError(
+                    429,
+                    f"the server is busy: {self.max_waiting} requests wait already; try again later",
+                    kind="rate_limit_error",
+                )
+            self._requests[self._next_id] = _Request(deque(jobs), cancel)
+            self._next_id += 1
+            self._cond.notify()
+        return jobs, cancel
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel every job, close the model on its thread and end the thread."""
+        with self._cond:
+            self._stopping = True
+            for request in self._requests.values():
+                request.cancel.set()
+            self._cond.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # ----- the model thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._backend = self._opener()
+            self._info = self._backend.info()
+        except Exception as exc:  # one line for the user; the details in the log file
+            logger.error("opening the served model failed", exc_info=True)
+            self.error = str(exc) if isinstance(exc, NanoscopeError) else error_text(exc, named=True)
+        finally:
+            self._opened.set()
+        if self._backend is None:
+            return
+        try:
+            while (job := self._next()) is not None:
+                self._run_job(self._backend, job)
+        finally:
+            try:
+                self._backend.close()
+            except Exception:  # closing must not hide why the loop ended
+                logger.warning("closing the served model failed", exc_info=True)
+
+    def _next(self) -> Job | None:
+        """The next job, round robin over the waiting requests; None once stopping."""
+        with self._cond:
+            while True:
+                if self._stopping:
+                    for request in self._requests.values():
+                        for job in request.jobs:
+                            job.put(_DONE)
+                    self._requests.clear()
+                    return None
+                for key in list(self._requests):
+                    request = self._requests[key]
+                    if request.cancel.is_set():  # its client left or its deadline passed
+                        for job in request.jobs:
+                            job.put(_DONE)
+                        del self._requests[key]
+                        continue
+                    job = request.jobs.popleft()
+                    if request.jobs:
+                        self._requests.move_to_end(key)
+                    else:
+                        del self._requests[key]
+                    return job
+                self._cond.wait()
+
+    def _run_job(self, backend: Backend, job: Job) -> None:
+        self.busy_since = time.monotonic()
+        items = job.work(backend, job.cancel)
+        try:
+            for item in items:
+                job.put(item)
+                if job.cancel.is_set():
+                    break
+        except ApiError as exc:
+            job.put(exc)
+        except NanoscopeError as exc:
+            job.put(ApiError(400, str(exc)))
+        except Exception as exc:  # the server keeps serving; the client gets one line
+            logger.error("a served request failed", exc_info=True)
+            job.put(ApiError(500, f"the model failed: {error_text(exc, named=True)}", kind="server_error"))
+        finally:
+            items.close()  # type: ignore[attr-defined]
+            self.busy_since = 0.0
+            job.put(_DONE)
