@@ -58,6 +58,10 @@ class Capabilities:
         return next((why for name, why in self.unavailable if name == capability), "")
 
 
+# ModelInfo.tokenizer as a digest rather than a path: "sha256:<hex>", the digest of the tokenizer
+# file a server states (``nanoscope serve``), compared with the digest of a local model's file.
+SHA256_PREFIX = "sha256:"
+
 # Reply meta key -> the ModelInfo field it records.
 REPLY_META = {
     "family": "family",

@@ -24,6 +24,7 @@ path belongs is a TypeError. Checked, each is a :class:`PathRefused`, one line n
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import os
 import re
@@ -162,6 +163,19 @@ def open_regular(path: Path | str) -> io.BufferedReader:
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+def file_sha256(path: Path | str) -> str | None:
+    """The SHA-256 of a regular file's bytes (read in blocks), or None where it cannot be read:
+    two tokenizers with the same digest give token ids the same meaning wherever they lie."""
+    try:
+        digest = hashlib.sha256()
+        with open_regular(path) as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    except (FileRefused, OSError):
+        return None
 
 
 def _check_regular(path: Path | str, mode: int) -> None:

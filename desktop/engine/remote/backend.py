@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import httpx
 
 from desktop.engine.backend import (
+    SHA256_PREFIX,
     Capabilities,
     GenerationStats,
     LoadOptions,
@@ -204,9 +205,17 @@ class RemoteBackend:
                 unavailable=tuple(unavailable),
             ),
             era="served",
-            tokenizer=f"{self.root}#{self.model}",  # equal only for the same model on the same server
+            tokenizer=self._tokenizer_identity(),
             tokenizer_kind="server",
+            vocab_size=self.served.vocab_size if self.served else 0,
         )
+
+    def _tokenizer_identity(self) -> str:
+        """The digest a server states of its tokenizer file (``nanoscope serve``), else the model on
+        this server (equal only for the same model on the same server)."""
+        if self.served is not None and self.served.tokenizer_sha256:
+            return SHA256_PREFIX + self.served.tokenizer_sha256
+        return f"{self.root}#{self.model}"
 
     def info(self) -> ModelInfo:
         return self._info

@@ -29,6 +29,7 @@ MAX_MODELS_BYTES = 8 << 20  # vLLM's answer for one model is ~1 KB
 MAX_MODELS = 10_000
 MESSAGE_CHARS = 240
 # Fields of /v1/models entries that carry the context length: vLLM, SGLang, LM Studio, others.
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 CONTEXT_FIELDS = ("max_model_len", "context_length", "max_context_length", "context_window", "n_ctx")
 
 
@@ -177,6 +178,10 @@ class ServedModel:
     name: str
     context_length: int  # 0 when the server does not say
     owned_by: str = ""
+    # What ``nanoscope serve`` states of its tokenizer: the file's SHA-256 and the vocabulary's
+    # size, so that its token ids compare with a local copy's ("" and 0 from other servers).
+    tokenizer_sha256: str = ""
+    vocab_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "context_length": self.context_length, "owned_by": self.owned_by}
@@ -190,7 +195,17 @@ def parse_models(doc: Any) -> list[ServedModel]:
     models = []
     for item in data[:MAX_MODELS]:
         if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]:
-            models.append(ServedModel(item["id"], context_of(item), str(item.get("owned_by") or "")))
+            digest = item.get("tokenizer_sha256")
+            vocab = item.get("vocab_size")
+            models.append(
+                ServedModel(
+                    item["id"],
+                    context_of(item),
+                    str(item.get("owned_by") or ""),
+                    digest if isinstance(digest, str) and SHA256_HEX.fullmatch(digest) else "",
+                    vocab if _count(vocab) else 0,
+                )
+            )
     return models
 
 
@@ -203,6 +218,11 @@ def context_of(item: dict[str, Any]) -> int:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return 0
+
+
+def _count(value: Any) -> bool:
+    """A positive int a server could really mean (not a bool, below 2**31)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31
 
 
 def list_models(url: str, api_key: str | None = None, timeout: float | None = None) -> list[ServedModel]:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -33,6 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from desktop.engine.backend import ModelInfo
+from desktop.engine.files.bounded import file_sha256
 from desktop.engine.messages import Message
 from desktop.engine.params import SEED_MAX, SamplingParams
 from desktop.engine.serve import shapes
@@ -132,6 +134,7 @@ class _Routes:
         self.settings = settings
         self.on_request = on_request
         self._tokenizer_lock = threading.Lock()
+        self._digest: str | None = None
 
     # ----- plumbing ------------------------------------------------------------------------------
 
@@ -230,6 +233,14 @@ class _Routes:
         assert backend is not None
         return backend.tokenizer()
 
+    def _tokenizer_digest(self, info: ModelInfo) -> str | None:
+        if self._digest is None:
+            path = Path(info.tokenizer)
+            if path.is_dir():  # a Hugging Face tokenizer folder
+                path = path / "tokenizer.json"
+            self._digest = (file_sha256(path) or "") if info.tokenizer else ""
+        return self._digest or None
+
     # ----- simple routes -------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
@@ -250,6 +261,9 @@ class _Routes:
             "family": info.family,
             "era": info.era,
             "precision": info.precision,
+            # The tokenizer's digest: Nanoscope's remote backend compares ids with a local copy's.
+            "tokenizer_sha256": self._tokenizer_digest(info),
+            "vocab_size": info.vocab_size,
         }
         return JSONResponse({"object": "list", "data": [entry]})
 

@@ -4,14 +4,13 @@ and labels (no Qt, no torch)."""
 from __future__ import annotations
 
 import difflib
-import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from desktop.engine.backend import ModelInfo
-from desktop.engine.files.bounded import FileRefused, open_regular
+from desktop.engine.backend import SHA256_PREFIX, ModelInfo
+from desktop.engine.files.bounded import file_sha256
 from desktop.engine.params import SamplingParams
 
 MIN_PANES, MAX_PANES = 2, 4
@@ -113,15 +112,12 @@ def describe_sampling(values: Mapping[str, Any]) -> str:
         return "?"
 
 
-def _file_digest(path: str) -> str:
-    try:
-        digest = hashlib.sha256()
-        with open_regular(path) as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
-    except (FileRefused, OSError):
-        return path
+def _tokenizer_identity(tokenizer: str) -> str:
+    """What a reply recorded of its tokenizer as comparable text: a served model's stated digest
+    ("sha256:…", from ``nanoscope serve``), else the digest of the file it names, else the name."""
+    if tokenizer.startswith(SHA256_PREFIX):
+        return tokenizer.removeprefix(SHA256_PREFIX)
+    return file_sha256(tokenizer) or tokenizer
 
 
 def same_tokenizer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -129,7 +125,7 @@ def same_tokenizer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     ta, tb = a.get("tokenizer"), b.get("tokenizer")
     if not ta or not tb or a.get("vocab_size") != b.get("vocab_size"):
         return False
-    return ta == tb or _file_digest(ta) == _file_digest(tb)
+    return ta == tb or _tokenizer_identity(ta) == _tokenizer_identity(tb)
 
 
 def draft_reader(family: str) -> str:
