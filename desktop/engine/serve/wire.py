@@ -78,6 +78,13 @@ class Sampling(BaseModel):
     frequency_penalty: Float | None = None
     logit_bias: dict[str, Float] | None = Field(default=None, max_length=1)
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _null_model(cls, value: Any) -> Any:
+        # null, as vLLM takes it, is the served model (lm-evaluation-harness sends it so when
+        # its model_args name no model)
+        return "" if value is None else value
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
