@@ -285,6 +285,7 @@ UI_MAY_IMPORT = frozenset(
         "remote.http",
         "foreground",
         "text_lines",
+        "serve.records",
     )
 )
 
@@ -309,6 +310,7 @@ RUN_ENGINE_WORK = {
     "desktop.qt.app.background": "folder scans and checkpoint summaries",
     "desktop.qt.app.hf_export_task": "the Hugging Face export",
     "desktop.qt.app.remeasure_task": "Settings › Re-measure kernels forgets the kept kernel choices",
+    "desktop.qt.app.server_task": "File › Serve over the OpenAI API… runs the engine's server",
     "desktop.qt.app.smoke": "the smoke test finds the demo's steps",
     "desktop.qt.compare.memory_check": "the memory estimate of the picked checkpoints",
     "desktop.qt.run.report_task": "the report card",

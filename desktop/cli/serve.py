@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 from desktop.cli.remote import KEY_ENV
 from desktop.cli.say import say, warn
-from desktop.config.keystore import keystore
-from desktop.engine.backend import Backend, ModelInfo
+from desktop.config.keystore import SERVE_KEY_ID, serve_key
+from desktop.engine.backend import Backend
 from desktop.engine.errors import NanoscopeError
-from desktop.engine.serve.app import ServeSettings
+from desktop.engine.serve.app import ServeSettings, served_id
 from desktop.engine.serve.host import ModelHost
 from desktop.engine.serve.server import Server, is_loopback
 
-SERVE_KEY_ID = "nanoscope serve"  # the keyring entry of the server's own key
 MAX_WAITING = 64
 DEADLINE_S = 600.0
 LOAD_TIMEOUT_S = 3600.0
@@ -53,28 +51,19 @@ def add_serve_parser(
     )
 
 
-def served_id(info: ModelInfo) -> str:
-    """The model's id in the API: SOURCE/TAG@STEP (``sft/d20@1500``), else the folder's name."""
-    name = f"{info.source}/{info.tag}" if info.source and info.tag else Path(info.path).name
-    return f"{name}@{info.step}" if info.step is not None else name
-
-
 def server_key(args: argparse.Namespace) -> str | None:
     """The key clients must give: from the environment, else the keyring (made once); None on the
     loopback interface without one."""
     key = os.environ.get(args.api_key_env) or None
     if key or is_loopback(args.host):
         return key
-    store = keystore()
-    key = store.get(SERVE_KEY_ID)
-    if key:
-        say(f"clients must give the API key kept in the OS keyring ({SERVE_KEY_ID!r})")
-        return key
-    key = secrets.token_urlsafe(24)
-    problem = store.set(SERVE_KEY_ID, key)
+    key, made, problem = serve_key()
     if problem:
         warn(problem)
-    say(f"a new API key for clients (kept in the OS keyring as {SERVE_KEY_ID!r}): {key}")
+    if made:
+        say(f"a new API key for clients (kept in the OS keyring as {SERVE_KEY_ID!r}): {key}")
+    else:
+        say(f"clients must give the API key kept in the OS keyring ({SERVE_KEY_ID!r})")
     return key
 
 

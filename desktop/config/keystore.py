@@ -99,3 +99,19 @@ def keystore() -> KeyStore:
     if _store is None:
         _store = KeyStore()
     return _store
+
+
+SERVE_KEY_ID = "nanoscope serve"  # the key clients give Nanoscope's own server (`nanoscope serve`)
+
+
+def serve_key() -> tuple[str, bool, str]:
+    """The key clients must give a Nanoscope server bound beyond this machine: (key, made now,
+    why it is kept for this session only or ""). Made and stored the first time it is needed."""
+    import secrets
+
+    store = keystore()
+    key = store.get(SERVE_KEY_ID)
+    if key:
+        return key, False, ""
+    key = secrets.token_urlsafe(24)
+    return key, True, store.set(SERVE_KEY_ID, key)

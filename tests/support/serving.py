@@ -11,11 +11,11 @@ from pathlib import Path
 
 import httpx
 
-from desktop.cli.serve import served_id
 from desktop.engine.backend import LoadOptions
 from desktop.engine.registry import open_backend
-from desktop.engine.serve.app import RequestRecord, ServeSettings
+from desktop.engine.serve.app import ServeSettings, served_id
 from desktop.engine.serve.host import ModelHost
+from desktop.engine.serve.records import RequestRecord
 from desktop.engine.serve.server import Server
 
 START_TIMEOUT_S = 120.0
@@ -38,7 +38,9 @@ class Serving:
     def openai(self, **kwargs):
         import openai
 
-        return openai.OpenAI(base_url=self.url, api_key=kwargs.pop("api_key", "none"), max_retries=0, **kwargs)
+        return openai.OpenAI(
+            base_url=self.url, api_key=kwargs.pop("api_key", "none"), max_retries=0, **kwargs
+        )
 
     def healthy(self) -> bool:
         return httpx.get(f"{self.root}/health", timeout=10).json().get("status") == "ok"

@@ -203,7 +203,7 @@ def parse_models(doc: Any) -> list[ServedModel]:
                     context_of(item),
                     str(item.get("owned_by") or ""),
                     digest if isinstance(digest, str) and SHA256_HEX.fullmatch(digest) else "",
-                    vocab if _count(vocab) else 0,
+                    vocab if isinstance(vocab, int) and _count(vocab) else 0,
                 )
             )
     return models

@@ -39,6 +39,7 @@ from desktop.engine.messages import Message
 from desktop.engine.params import SEED_MAX, SamplingParams
 from desktop.engine.serve import shapes
 from desktop.engine.serve.host import Job, ModelHost
+from desktop.engine.serve.records import RequestRecord
 from desktop.engine.serve.replies import ChoiceSpec, Echo, Finish, Piece, TokenOut, choice_work
 from desktop.engine.serve.wire import (
     MAX_BODY_BYTES,
@@ -65,20 +66,6 @@ class ServeSettings:
     body_timeout_s: float = BODY_TIMEOUT_S
 
 
-@dataclass(frozen=True)
-class RequestRecord:
-    """One answered request, as the window's request list shows it (no body, no key)."""
-
-    client: str
-    method: str
-    path: str
-    status: int
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    note: str = ""
-
-
 RequestLog = Callable[[RequestRecord], None]
 
 
@@ -89,6 +76,12 @@ class _Tally:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     note: str = ""
+
+
+def served_id(info: ModelInfo) -> str:
+    """The model's id in the API: SOURCE/TAG@STEP (``sft/d20@1500``), else the folder's name."""
+    name = f"{info.source}/{info.tag}" if info.source and info.tag else Path(info.path).name
+    return f"{name}@{info.step}" if info.step is not None else name
 
 
 def build_app(host: ModelHost, settings: ServeSettings, on_request: RequestLog | None = None) -> Starlette:

@@ -82,6 +82,7 @@ class Server:
         )
         self._uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
+        self._serving = False  # uvicorn owns the socket from then on, and closes it
 
     @property
     def url(self) -> str:
@@ -90,6 +91,7 @@ class Server:
 
     def run(self) -> None:
         """Serve until interrupted (Ctrl-C) or :meth:`stop`; the model closes after."""
+        self._serving = True
         try:
             self._uvicorn.run(sockets=[self.socket])
         finally:
@@ -106,6 +108,7 @@ class Server:
         return bool(self._uvicorn.started)
 
     def _serve_here(self) -> None:
+        self._serving = True
         try:
             asyncio.run(self._uvicorn.serve(sockets=[self.socket]))
         except Exception:
@@ -119,4 +122,5 @@ class Server:
         self._uvicorn.should_exit = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        self.socket.close()
+        if not self._serving:
+            self.socket.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QTabWidget
+from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QMainWindow, QTabWidget
 
 from desktop.config import paths
 from desktop.config.keystore import keystore
@@ -23,6 +23,8 @@ from desktop.qt.app.background import Background
 from desktop.qt.app.hf_export_task import HFExportTask
 from desktop.qt.app.log_folder import open_log_folder
 from desktop.qt.app.remeasure_task import RemeasureTask
+from desktop.qt.app.server_panel import ServerPanel
+from desktop.qt.app.server_task import ServerTask
 from desktop.qt.app.shortcuts_dialog import ShortcutsDialog
 from desktop.qt.chat.controller import ChatController
 from desktop.qt.chat.page import ChatPage
@@ -32,6 +34,7 @@ from desktop.qt.run.page import RunPage
 from desktop.qt.widgets.servers_dialog import ServersDialog
 from desktop.qt.widgets.status_bar import StatusBar
 from desktop.qt.widgets.theme import apply_theme
+from desktop.session.serving import ServingSession
 
 
 def _qapp() -> QApplication:
@@ -76,6 +79,16 @@ class MainWindow(QMainWindow):
         self.run_page = RunPage(background)
         self.tabs.addTab(self.run_page, "Run")
         self.setCentralWidget(self.tabs)
+        # File › Serve over the OpenAI API…: the server's state, the task that runs it, its panel.
+        self.serving = ServingSession()
+        self.server_task = ServerTask(self.serving, self)
+        self.server_panel: ServerPanel | None = None
+        self.serving_label = QLabel()
+        self.serving_label.setObjectName("Muted")
+        self.serving_label.hide()
+        self.status.addPermanentWidget(self.serving_label)
+        self.serving.events.changed.connect(self._on_serving)
+        self.serving.events.request.connect(self._on_serving)
 
         geometry = self.settings.get("window_geometry")
         if geometry:
@@ -114,6 +127,7 @@ class MainWindow(QMainWindow):
         self.hf_export = HFExportTask(self)
         self.hf_export.done.connect(self._on_notice)
         action("&File", "Export to Hugging Face…", None, self._export_to_hf)
+        action("&File", "Serve over the OpenAI API…", None, self.open_server_panel)
         menus["&File"].addSeparator()
         action("&File", "Quit", "Ctrl+Q", self.close)
         action("&View", "Stop generating", "Esc", self.controller.stop)
@@ -254,6 +268,27 @@ class MainWindow(QMainWindow):
             if dialog.session_note:
                 self.banner.show_warning("API key kept for this session only", dialog.session_note)
 
+    def open_server_panel(self) -> ServerPanel:
+        """File › Serve over the OpenAI API… (one panel, kept while the window lives)."""
+        if self.server_panel is None:
+            self.server_panel = ServerPanel(
+                self.serving,
+                self.server_task,
+                lambda: self.picker.entries,
+                lambda: self.controller.model_info,
+                self,
+            )
+        elif not self.serving.on:
+            self.server_panel.refresh_checkpoints()
+        self.server_panel.show()
+        self.server_panel.raise_()
+        return self.server_panel
+
+    def _on_serving(self, *_args) -> None:
+        """The status bar says whether the window serves, and where (from the session)."""
+        self.serving_label.setText(self.serving.status_line())
+        self.serving_label.setVisible(self.serving.on)
+
     def _export_to_hf(self) -> None:
         """File › Export to Hugging Face…: the picked checkpoint into a new folder, off the GUI thread."""
         chosen = self.picker.current()
@@ -343,5 +378,6 @@ class MainWindow(QMainWindow):
             self.run_page.shutdown()
             self.hf_export.stop(wait=30.0)  # it ends at its next stage and removes its folder
             self.remeasure.stop(wait=30.0)  # it ends once the tuner's lock is free
+            self.server_task.stop(wait=30.0)  # its requests end, its model closes
             self.controller.shutdown()
         super().closeEvent(event)
