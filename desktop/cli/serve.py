@@ -91,5 +91,9 @@ def cmd_serve(args: argparse.Namespace, open_model: Callable[[argparse.Namespace
         "(Ctrl-C stops)",
         flush=True,
     )
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once it has shut down: the way to stop
+        pass
+    say("stopped serving")
     return 0

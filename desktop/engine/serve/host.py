@@ -144,8 +144,8 @@ class ModelHost:
         try:
             self._backend = self._opener()
             self._info = self._backend.info()
-        except Exception as exc:  # one line for the user; the details in the log file
-            logger.error("opening the served model failed", exc_info=True)
+        except Exception as exc:  # one line for the user (wait_opened raises it); details in the log
+            logger.info("opening the served model failed", exc_info=True)
             self.error = str(exc) if isinstance(exc, NanoscopeError) else error_text(exc, named=True)
         finally:
             self._opened.set()
