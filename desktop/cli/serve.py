@@ -10,6 +10,7 @@ every user of the machine could read it in the process list, nor into a log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -91,9 +92,8 @@ def cmd_serve(args: argparse.Namespace, open_model: Callable[[argparse.Namespace
         "(Ctrl-C stops)",
         flush=True,
     )
-    try:
+    # uvicorn raises the Ctrl-C again once it has shut down: that is how serving ends.
+    with contextlib.suppress(KeyboardInterrupt):
         server.run()
-    except KeyboardInterrupt:  # uvicorn raises the Ctrl-C again once it has shut down: the way to stop
-        pass
     say("stopped serving")
     return 0
