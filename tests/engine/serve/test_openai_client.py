@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import openai
 import pytest
 from support.golden import GOLDEN
 from support.serving import serving
@@ -246,3 +247,49 @@ def test_a_streamed_reply_ends_with_every_byte_it_produced(tmp_path):
             stop_ids = tok.stop_ids
             expected = tok.decode([i for i in ids if i not in stop_ids])
             assert whole.choices[0].text == streamed == expected
+
+
+def test_continue_final_message_goes_on_from_the_given_text():
+    """A last assistant message with continue_final_message: the reply continues it (the given
+    text is not repeated), as the local backend continues a prefilled reply."""
+    import threading
+
+    from desktop.engine.backend import ReplyStart, StreamOptions
+    from desktop.engine.messages import Message
+    from desktop.engine.params import SamplingParams
+    from desktop.engine.registry import open_backend
+
+    directory, opts = CASES["nanochat-E7-sft"][0], options("nanochat-E7-sft")
+    given = "Let me add."
+    local = open_backend(directory, opts)
+    try:
+        prompt = local.render([Message.of_text("user", QUESTION)], None, chat=True)
+        events = local.stream(
+            prompt,
+            SamplingParams(temperature=0.0, max_tokens=MAX_NEW),
+            threading.Event(),
+            StreamOptions(start=ReplyStart(given_text=given)),
+        )
+        want = [ev.id for ev in events if not ev.given and not ev.continues]
+    finally:
+        local.close()
+    with serving(directory, opts) as s:
+        r = s.openai().chat.completions.create(
+            model=s.model,
+            messages=[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": given}],
+            max_tokens=MAX_NEW,
+            temperature=0,
+            extra_body={
+                "continue_final_message": True,
+                "add_generation_prompt": False,
+                "return_token_ids": True,
+            },
+        )
+        assert r.choices[0].model_extra["token_ids"] == want
+        assert not r.choices[0].message.content.startswith(given)
+        with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+            s.openai().chat.completions.create(
+                model=s.model,
+                messages=[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": given}],
+                max_tokens=4,
+            )
