@@ -28,7 +28,12 @@ from desktop.engine.text_lines import error_text
 
 logger = logging.getLogger(__name__)
 
-Work = Callable[[Backend, threading.Event], Iterator[Any]]
+# A job's work, run on the model thread: (the backend, its cancel, whether it may continue the
+# backend's kept cache) -> its items.
+Work = Callable[[Backend, threading.Event, bool], Iterator[Any]]
+# Replies decoded at once, a token of each in turn: a new request's first token need not wait for
+# whole replies ahead of it. Each beyond the first holds a KV cache of its own.
+MAX_ACTIVE = 4
 _DONE = object()
 
 
@@ -56,6 +61,12 @@ class Job:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+
+@dataclass
+class _Active:
+    job: Job
+    items: Iterator[Any]
 
 
 @dataclass
@@ -152,16 +163,35 @@ class ModelHost:
         if self._backend is None:
             return
         try:
-            while (job := self._next()) is not None:
-                self._run_job(self._backend, job)
+            self._serve_jobs(self._backend)
         finally:
             try:
                 self._backend.close()
             except Exception:  # closing must not hide why the loop ended
                 logger.warning("closing the served model failed", exc_info=True)
 
-    def _next(self) -> Job | None:
-        """The next job, round robin over the waiting requests; None once stopping."""
+    def _serve_jobs(self, backend: Backend) -> None:
+        """Up to MAX_ACTIVE replies at once, a token of each in turn, until stopping."""
+        active: list[_Active] = []
+        try:
+            while True:
+                while len(active) < MAX_ACTIVE:
+                    job = self._next(wait=not active)
+                    if job is None:
+                        break
+                    # Alone, a reply may continue the backend's kept cache (the prefix a follow-up
+                    # shares); beside others it takes a cache of its own, so none writes another's.
+                    active.append(_Active(job, job.work(backend, job.cancel, not active)))
+                if self._stopping:
+                    return
+                active = [a for a in active if self._advance(a)]
+        finally:
+            for a in active:
+                self._finish(a)
+
+    def _next(self, wait: bool) -> Job | None:
+        """The next job, round robin over the waiting requests; None when none waits (and
+        ``wait`` is False) or once stopping."""
         with self._cond:
             while True:
                 if self._stopping:
@@ -183,24 +213,33 @@ class ModelHost:
                     else:
                         del self._requests[key]
                     return job
+                if not wait:
+                    return None
                 self._cond.wait()
 
-    def _run_job(self, backend: Backend, job: Job) -> None:
+    def _advance(self, a: _Active) -> bool:
+        """One item of ``a`` (a token, mostly) to its client; False once it has ended."""
         self.busy_since = time.monotonic()
-        items = job.work(backend, job.cancel)
         try:
-            for item in items:
-                job.put(item)
-                if job.cancel.is_set():
-                    break
+            if a.job.cancel.is_set():
+                raise StopIteration
+            a.job.put(next(a.items))
+            return True
+        except StopIteration:
+            pass
         except ApiError as exc:
-            job.put(exc)
+            a.job.put(exc)
         except NanoscopeError as exc:
-            job.put(ApiError(400, str(exc)))
+            a.job.put(ApiError(400, str(exc)))
         except Exception as exc:  # the server keeps serving; the client gets one line
             logger.error("a served request failed", exc_info=True)
-            job.put(ApiError(500, f"the model failed: {error_text(exc, named=True)}", kind="server_error"))
+            a.job.put(ApiError(500, f"the model failed: {error_text(exc, named=True)}", kind="server_error"))
+        self._finish(a)
+        return False
+
+    def _finish(self, a: _Active) -> None:
+        try:
+            a.items.close()  # type: ignore[attr-defined]
         finally:
-            items.close()  # type: ignore[attr-defined]
             self.busy_since = 0.0
-            job.put(_DONE)
+            a.job.put(_DONE)

@@ -107,7 +107,7 @@ class ReplyText:
 def choice_work(spec: ChoiceSpec):
     """The job for one choice (see host.Work): yields an Echo (when asked), Pieces, then a Finish."""
 
-    def work(backend: Backend, cancel: threading.Event) -> Iterator[object]:
+    def work(backend: Backend, cancel: threading.Event, reuse_cache: bool) -> Iterator[object]:
         prompt = _prompt(backend, spec)
         context = prompt.context_length or prompt.tokens
         if prompt.tokens > context:
@@ -128,18 +128,23 @@ def choice_work(spec: ChoiceSpec):
                 400, f"the prompt fills this model's context of {context} tokens; no room for a reply"
             )
         params = spec.params.with_values(max_tokens=min(asked or room, room))
-        yield from _reply(backend, prompt, params, spec, cancel)
+        yield from _reply(backend, prompt, params, spec, cancel, reuse_cache)
 
     return work
 
 
 def _reply(
-    backend: Backend, prompt: Prompt, params: SamplingParams, spec: ChoiceSpec, cancel: threading.Event
+    backend: Backend,
+    prompt: Prompt,
+    params: SamplingParams,
+    spec: ChoiceSpec,
+    cancel: threading.Event,
+    reuse_cache: bool,
 ) -> Iterator[object]:
     stats = GenerationStats()
     computed = max(spec.top, 1) if spec.logprobs else 0
     start = ReplyStart(given_text=spec.given) if spec.given else None
-    options = StreamOptions(logprobs=computed, start=start)
+    options = StreamOptions(logprobs=computed, start=start, reuse_cache=reuse_cache)
     text = ReplyText(spec.stops, backend.tokenizer().stop_ids)
     events = backend.stream(prompt, params, cancel, options, stats)
     try:
@@ -170,8 +175,13 @@ def _prompt(backend: Backend, spec: ChoiceSpec) -> Prompt:
     if isinstance(p, str):
         return backend.render(p, None, chat=False)
     if p and isinstance(p[0], Message):
-        return backend.render(list(p), None, chat=True)  # type: ignore[arg-type]
+        try:
+            return backend.render(list(p), None, chat=True)  # type: ignore[arg-type]
+        except ValueError as exc:  # the conversation's shape (no user message, roles not alternating)
+            raise ApiError(400, str(exc), param="messages") from None
     ids = [int(i) for i in p]  # type: ignore[arg-type]
+    if not ids:  # nothing to continue from (and an empty prefill fails the model)
+        raise ApiError(400, "a prompt of token ids is empty", param="prompt")
     bad = [i for i in ids if not 0 <= i < info.vocab_size]
     if bad:
         raise ApiError(

@@ -1,0 +1,76 @@
+"""Several clients at once: replies decoded side by side, a token of each in turn, are exactly the
+replies each gets alone (no reply writes another's cache), and a short request is answered while a
+long one is still streaming, not after it."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from support.golden import GOLDEN
+from support.serving import serving
+
+from desktop.engine.backend import LoadOptions
+
+E7 = GOLDEN / "nanochat" / "E7"
+BASE = E7 / "base_checkpoints" / "d2"
+PROMPTS = ["The cat sat", "Once upon a time", "One, two,", "Hello there, my friend"]
+
+
+def ids_of(client, model: str, prompt: str, seed: int, max_tokens: int = 24) -> list[int]:
+    r = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        seed=seed,
+        extra_body={"return_token_ids": True},
+    )
+    return r.choices[0].model_extra["token_ids"]
+
+
+def test_concurrent_replies_equal_the_replies_sent_alone():
+    with serving(BASE, LoadOptions(device="cpu", base_dir=E7)) as s:
+        client = s.openai()
+        alone = [ids_of(client, s.model, p, seed) for seed, p in enumerate(PROMPTS * 2)]
+        with ThreadPoolExecutor(len(alone)) as pool:
+            together = list(
+                pool.map(lambda a: ids_of(s.openai(), s.model, a[1], a[0]), enumerate(PROMPTS * 2))
+            )
+        assert together == alone
+        # A follow-up alone again reuses the kept cache and still answers the same.
+        assert ids_of(client, s.model, PROMPTS[0], 0) == alone[0]
+
+
+def test_a_short_request_is_answered_while_a_long_one_streams():
+    with serving(BASE, LoadOptions(device="cpu", base_dir=E7)) as s:
+        client = s.openai()
+        long_body = {
+            "model": s.model,
+            "prompt": "The cat sat",
+            "max_tokens": 100,
+            "temperature": 1.0,
+            "seed": 0,
+        }
+        assert (
+            client.completions.create(**long_body).choices[0].finish_reason == "length"
+        )  # 100 tokens, seeded
+        short_done = threading.Event()
+        chunks_after_short: list[str] = []
+        started = threading.Event()
+
+        def ask_short() -> None:
+            started.wait(60)
+            client.completions.create(model=s.model, prompt="Hello", max_tokens=1, temperature=0)
+            short_done.set()
+
+        worker = threading.Thread(target=ask_short)
+        worker.start()
+        for chunk in client.completions.create(**long_body, stream=True):
+            started.set()  # the long reply streams: now the short request comes
+            if short_done.is_set() and chunk.choices and chunk.choices[0].text:
+                chunks_after_short.append(chunk.choices[0].text)
+        worker.join(60)
+        assert short_done.is_set()
+        # The short answer came while the long reply still had tokens to send.
+        assert chunks_after_short
