@@ -465,13 +465,26 @@ class _Run:
         self.cancel = threading.Event()
         self._first: Any = None
         self._streams: list[AsyncIterator[Any]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._expired = False
 
     async def start(self, request: Request) -> None:
-        self.jobs, self.cancel = self.host.submit(
-            [choice_work(s) for s in self.specs], asyncio.get_running_loop()
-        )
+        loop = asyncio.get_running_loop()
+        self.jobs, self.cancel = self.host.submit([choice_work(s) for s in self.specs], loop)
+        # The deadline ends the jobs even while no one reads them: a stream whose client stopped
+        # reading waits in its send, and never reaches the deadline of _next.
+        self._timer = loop.call_later(max(self.deadline - time.monotonic(), 0.0), self._expire)
         self._streams = [job.results().__aiter__() for job in self.jobs]
         self._first = await self._watched(request, self._next(0))
+        if self._first is None and self._expired:  # ended by the timer before its first item
+            raise self._late()
+
+    def _expire(self) -> None:
+        self._expired = True
+        self.cancel.set()
+
+    def _late(self) -> ApiError:
+        return ApiError(504, f"the request's deadline of {self.deadline_s:g} s passed", kind="timeout")
 
     async def _next(self, index: int) -> Any:
         remaining = self.deadline - time.monotonic()
@@ -479,9 +492,7 @@ class _Run:
             return await asyncio.wait_for(self._streams[index].__anext__(), max(remaining, 0.001))
         except TimeoutError:
             self.cancel.set()
-            raise ApiError(
-                504, f"the request's deadline of {self.deadline_s:g} s passed", kind="timeout"
-            ) from None
+            raise self._late() from None
         except StopAsyncIteration:
             return None
 
@@ -514,7 +525,9 @@ class _Run:
                         item = await self._watched(request, self._next(index))
                     else:
                         item = await self._next(index)
-                    if item is None:  # cancelled before it finished (the server is stopping)
+                    if item is None:  # cancelled before it finished: its deadline, or the server stopping
+                        if self._expired:
+                            raise self._late()
                         raise ApiError(
                             503, "the server stopped before the reply was complete", kind="server_error"
                         )
@@ -526,6 +539,8 @@ class _Run:
                         break
         finally:
             self.cancel.set()  # nothing more is read: whatever still runs or waits ends
+            if self._timer is not None:
+                self._timer.cancel()
 
     async def outcomes(self, request: Request) -> AsyncIterator[tuple[int, _Outcome]]:
         outcome = _Outcome()
