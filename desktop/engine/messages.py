@@ -37,6 +37,17 @@ class Part:
 
 
 BLOCK_KINDS = (PYTHON, PYTHON_OUTPUT, TOOL_QUERY, TOOL_RESULT, THOUGHT)
+# The special tokens that open a part (by name, nanochat's and the fork's) and the part they open,
+# and those that close one: how a reply's tokens become its parts, locally by id
+# (decode/generation.py) and from a server by the names it writes (remote/events.py).
+OPENING_SPECIALS = {
+    "<|python_start|>": PYTHON,
+    "<|output_start|>": PYTHON_OUTPUT,
+    "<QUERY_TOOL>": TOOL_QUERY,
+    "<TOOL_RESULT>": TOOL_RESULT,
+    "<THOUGHT_START>": THOUGHT,
+}
+CLOSING_SPECIALS = ("<|python_end|>", "<|output_end|>", "<CODE_END>", "<THOUGHT_END>")
 # Why a token the calculator forced cannot be forked (Chat, Compare and the token popup say it).
 FORCED_FORK = (
     "the calculator forced this token: it is the tool's result, not a choice; fork inside the expression"

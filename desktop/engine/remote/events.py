@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from desktop.engine.messages import TEXT, Alternative, TokenEvent
+from desktop.engine.messages import CLOSING_SPECIALS, OPENING_SPECIALS, TEXT, Alternative, TokenEvent
 from desktop.engine.remote.http import MESSAGE_CHARS, RemoteError
 from desktop.engine.text_lines import one_line
 
@@ -69,6 +69,7 @@ class _Token:
     logprob: float | None = None
     top: tuple[Alternative, ...] | None = None
     raw: bytes | None = None  # the token's bytes, where the server gave them
+    forced: bool = False  # the tool forced it (``nanoscope serve``'s ``forced``, beside the ids)
 
 
 @dataclass
@@ -88,6 +89,7 @@ class ChunkReader:
     _bytes: bytearray = field(default_factory=bytearray)  # every token's bytes, while all are known
     _bytes_known: bool = True
     _last_token_bytes: int = 0
+    _kind: str = TEXT  # the part the reply is in: a server that writes special tokens by name
 
     def read(self, payload: dict[str, Any]) -> list[TokenEvent]:
         """The events of one chunk; RemoteError for an error the server streamed."""
@@ -157,6 +159,8 @@ class ChunkReader:
     def _tokens(self, choice: dict[str, Any]) -> list[_Token]:
         ids = choice.get("token_ids")
         ids = ids if isinstance(ids, list) and all(map(_count, ids)) else []
+        forced = choice.get("forced")
+        forced = forced if isinstance(forced, list) and len(forced) == len(ids) else [False] * len(ids)
         lps = _logprob_entries(choice.get("logprobs"), self.chat)
         if ids:
             self.saw_ids = True
@@ -166,10 +170,11 @@ class ChunkReader:
         tokens = []
         for i in range(count):
             tid = ids[i] if i < len(ids) else -1
+            was_forced = i < len(forced) and forced[i] is True
             if i < len(lps):
-                tokens.append(_Token(tid, *lps[i]))
+                tokens.append(_Token(tid, *lps[i], forced=was_forced))
             else:
-                tokens.append(_Token(tid, None))
+                tokens.append(_Token(tid, None, forced=was_forced))
         return tokens
 
     def _events(self, tokens: list[_Token], text: str) -> list[TokenEvent]:
@@ -189,10 +194,23 @@ class ChunkReader:
         for tok, piece in zip(tokens, texts, strict=True):
             # Log-probabilities asked for only to learn the bytes are not shown.
             logprob, top = (tok.logprob, tok.top) if self.top else (None, None)
-            events.append(TokenEvent(tok.id, piece, False, TEXT, logprob=logprob, top=top))
+            events.append(self._event(tok, piece, logprob, top))
             self._texts.append(piece)
             self.tokens += 1
         return events
+
+    def _event(self, tok: _Token, piece: str, logprob: float | None, top: Any) -> TokenEvent:
+        """A token as Nanoscope's own: a special token the server wrote by name (its own piece, all
+        of it) opens or closes a part, as the local tracker does by id."""
+        special = (
+            piece if (piece == tok.piece and piece in OPENING_SPECIALS) or piece in CLOSING_SPECIALS else None
+        )
+        if special is None:
+            return TokenEvent(tok.id, piece, tok.forced, self._kind, logprob=logprob, top=top)
+        kind = self._kind
+        self._kind = OPENING_SPECIALS.get(special, TEXT)
+        shown = self._kind if special in OPENING_SPECIALS else kind
+        return TokenEvent(tok.id, "", tok.forced, shown, special, logprob=logprob, top=top)
 
 
 Entry = tuple[str, float, tuple[Alternative, ...] | None, bytes | None]

@@ -49,6 +49,7 @@ from desktop.engine.serve.wire import (
     DetokenizeRequest,
     Sampling,
     TokenizeRequest,
+    check_ids,
     parse,
 )
 
@@ -313,8 +314,12 @@ class _Routes:
     async def completions(self, request: Request, tally: _Tally) -> Response:
         req = parse(CompletionRequest, await self._body(request))
         self._check_model(req.model)
-        self._info()
+        info = self._info()
         prompts = req.prompts()
+        # Every prompt of ids checked before any runs: a stream never starts only to be refused.
+        for p in prompts:
+            if not isinstance(p, str):
+                check_ids(p, info.vocab_size)
         limit = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_TOKENS
         top = req.logprobs or 0
         specs = [

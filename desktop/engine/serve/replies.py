@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from desktop.engine.backend import Backend, GenerationStats, Prompt, ReplyStart, StreamOptions
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
-from desktop.engine.serve.wire import ApiError
+from desktop.engine.serve.wire import ApiError, check_ids
 
 
 @dataclass(frozen=True)
@@ -180,13 +180,7 @@ def _prompt(backend: Backend, spec: ChoiceSpec) -> Prompt:
         except ValueError as exc:  # the conversation's shape (no user message, roles not alternating)
             raise ApiError(400, str(exc), param="messages") from None
     ids = [int(i) for i in p]  # type: ignore[arg-type]
-    if not ids:  # nothing to continue from (and an empty prefill fails the model)
-        raise ApiError(400, "a prompt of token ids is empty", param="prompt")
-    bad = [i for i in ids if not 0 <= i < info.vocab_size]
-    if bad:
-        raise ApiError(
-            400, f"token ids out of range for the vocabulary of {info.vocab_size}: {bad[:5]}", param="prompt"
-        )
+    check_ids(ids, info.vocab_size)
     return Prompt((), tuple(ids), len(ids), info.context_length)
 
 

@@ -197,6 +197,18 @@ class DetokenizeRequest(BaseModel):
     tokens: TokenIds
 
 
+def check_ids(ids: list[int], vocab: int) -> None:
+    """ApiError(400) for a prompt of token ids that is empty (nothing to continue from) or holds an
+    id past the vocabulary."""
+    if not ids:
+        raise ApiError(400, "a prompt of token ids is empty", param="prompt")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ApiError(
+            400, f"token ids out of range for the vocabulary of {vocab}: {bad[:5]}", param="prompt"
+        )
+
+
 def parse(model: type[BaseModel], body: bytes) -> Any:
     """``body`` as ``model``, or ApiError(400) naming the first bad field in one line."""
     try:

@@ -74,3 +74,14 @@ def test_a_short_request_is_answered_while_a_long_one_streams():
         assert short_done.is_set()
         # The short answer came while the long reply still had tokens to send.
         assert chunks_after_short
+
+
+def test_a_streamed_batch_with_a_refused_prompt_is_one_error_before_any_byte():
+    import httpx
+
+    with serving(BASE, LoadOptions(device="cpu", base_dir=E7)) as s:
+        body = {"model": s.model, "prompt": [[1, 2, 3], [4, 100000]], "max_tokens": 4, "stream": True}
+        r = httpx.post(f"{s.url}/completions", json=body, timeout=60)
+        assert r.status_code == 400
+        assert r.headers["content-type"].startswith("application/json")
+        assert "out of range" in r.json()["error"]["message"]

@@ -62,8 +62,11 @@ def test_chat_through_the_servers_list_then_same_model_against_the_local_copy(qt
         window.input.editor.setPlainText("What is 12 times 7?")
         qtbot.keyClick(window.input.editor, Qt.Key.Key_Return)
     assert done.args[0]["new_tokens"] >= 1
-    served_text = window.chat.widgets[-1].message.plain_text()
-    assert served_text
+    served = window.chat.widgets[-1].message
+    assert served.plain_text()
+    # The calculator's call reads as a tool call, not as special tokens' names in the text.
+    assert {p.kind for p in served.parts} >= {"text", "python", "python_output"}
+    assert "<|" not in served.plain_text()
 
     compare, view = window.compare, window.compare_view
     with qtbot.waitSignal(compare.pane_loaded, timeout=60000):
@@ -80,6 +83,7 @@ def test_chat_through_the_servers_list_then_same_model_against_the_local_copy(qt
     assert report.compared_by == "ids"
     assert report.first_difference is None, report.summary("A", "B")
     assert local_run.trace.ids == served_run.trace.ids and len(local_run.trace.ids) >= 8
+    assert local_run.reply.parts == served_run.reply.parts
     assert report.mean_abs_dlogprob is not None and report.mean_abs_dlogprob < 1e-4
     assert view.status.text() == report.summary("A", "B")
     assert view.status.text().startswith("Same 16 tokens (by token ids)")
