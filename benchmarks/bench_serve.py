@@ -8,8 +8,8 @@ over the wall time of the whole round, and the time to the first token (median a
 percentile). The baseline, from the same run, is the same checkpoint decoding in this process with
 no server (``nanoscope generate``'s path), and every figure is a ratio against it.
 
-The server runs one request's tokens at a time, taking the waiting requests in turn (round robin):
-more clients share the same decode rate, and the first token waits for the others' turns.
+The server decodes up to four replies side by side, a token of each in turn: more clients share
+one stream's decode rate, and past four the first token waits for a place.
 
 Usage: ``python benchmarks/bench_serve.py [--model DIR] [--dtype float32] [--rounds 2]``
 """
@@ -176,9 +176,10 @@ def main() -> None:
         )
     lines += [
         "",
-        "One model thread decodes one request's token at a time, taking waiting requests in turn: "
-        "the throughput stays that of one stream, and the time to the first token grows with the "
-        "queue. Batching requests on the model's thread is not done yet.",
+        "One model thread decodes up to four replies side by side, a token of each in turn (no batching "
+        "yet): the throughput stays about that of one stream, a request among the first four has its first "
+        "token within about a second, and later ones wait for a place. The server and the clients share "
+        "this machine's cores, which the in-process baseline has to itself.",
     ]
     body = "\n".join(lines)
     print(body)
