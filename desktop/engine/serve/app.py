@@ -335,31 +335,7 @@ class _Routes:
             for p in prompts
             for k in range(req.n)
         ]
-        run = _Run(self.host, specs, self.settings.deadline_s, tally)
-        await run.start(request)
-        request_id = shapes.new_id("cmpl")
-        with_lp, with_ids = req.logprobs is not None, req.return_token_ids
-        if req.stream:
-            return _sse(
-                run.completion_chunks(
-                    request_id, self.settings.model_id, with_lp, with_ids, req.include_usage()
-                ),
-                run,
-            )
-        choices = []
-        async for index, outcome in run.outcomes(request):
-            choices.append(
-                shapes.completion_choice(
-                    index,
-                    outcome.text,
-                    outcome.tokens,
-                    outcome.finish.reason,
-                    logprobs=with_lp,
-                    with_ids=with_ids,
-                )
-            )
-        used = shapes.usage(tally.prompt_tokens, tally.completion_tokens)
-        return JSONResponse(shapes.dump(shapes.completion(request_id, self.settings.model_id, choices, used)))
+        return await self._answer(request, tally, specs, req, chat=False)
 
     async def chat(self, request: Request, tally: _Tally) -> Response:
         req = parse(ChatRequest, await self._body(request))
@@ -379,36 +355,28 @@ class _Routes:
             )
             for k in range(req.n)
         ]
+        return await self._answer(request, tally, specs, req, chat=True)
+
+    async def _answer(
+        self, request: Request, tally: _Tally, specs: list[ChoiceSpec], req: Sampling, chat: bool
+    ) -> Response:
+        """Run ``specs`` and answer: a stream of chunks, or the whole completion (chat or text)."""
         run = _Run(self.host, specs, self.settings.deadline_s, tally)
         await run.start(request)
-        request_id = shapes.new_id("chatcmpl")
+        model = self.settings.model_id
+        request_id = shapes.new_id("chatcmpl" if chat else "cmpl")
+        logprobs, with_ids = specs[0].logprobs, req.return_token_ids
         if req.stream:
-            return _sse(
-                run.chat_chunks(
-                    request_id,
-                    self.settings.model_id,
-                    req.logprobs,
-                    req.return_token_ids,
-                    req.include_usage(),
-                ),
-                run,
-            )
-        choices = []
-        async for index, outcome in run.outcomes(request):
-            choices.append(
-                shapes.chat_choice(
-                    index,
-                    outcome.text,
-                    outcome.tokens,
-                    outcome.finish.reason,
-                    logprobs=req.logprobs,
-                    with_ids=req.return_token_ids,
-                )
-            )
+            chunks = run.chat_chunks if chat else run.completion_chunks
+            return _sse(chunks(request_id, model, logprobs, with_ids, req.include_usage()), run)
+        make_choice = shapes.chat_choice if chat else shapes.completion_choice
+        choices = [
+            make_choice(i, o.text, o.tokens, o.finish.reason, logprobs=logprobs, with_ids=with_ids)
+            async for i, o in run.outcomes(request)
+        ]
         used = shapes.usage(tally.prompt_tokens, tally.completion_tokens)
-        return JSONResponse(
-            shapes.dump(shapes.chat_completion(request_id, self.settings.model_id, choices, used))
-        )
+        whole = shapes.chat_completion if chat else shapes.completion
+        return JSONResponse(shapes.dump(whole(request_id, model, choices, used)))  # type: ignore[arg-type]
 
 
 def _params(req: Sampling, k: int) -> SamplingParams:
