@@ -46,7 +46,10 @@ def test_serve_chats_model_answer_a_client_show_the_request_then_stop(qtbot, win
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
     model = client.models.list().data[0].id
     answer = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=16,
+        model=model,
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=16,
         extra_body={"return_token_ids": True},
     )
     # The same model, the same greedy question: the same tokens as Chat's reply.
