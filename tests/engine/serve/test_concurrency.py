@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from support.golden import GOLDEN
 from support.serving import serving
 
@@ -29,8 +30,18 @@ def ids_of(client, model: str, prompt: str, seed: int, max_tokens: int = 24) -> 
     return r.choices[0].model_extra["token_ids"]
 
 
-def test_concurrent_replies_equal_the_replies_sent_alone():
-    with serving(BASE, LoadOptions(device="cpu", base_dir=E7)) as s:
+# Every family's own cache, written beside others: nanochat's, transformers' Llama, KempnerForge's.
+FAMILIES = {
+    "nanochat": (BASE, E7),
+    "transformers": (GOLDEN / "transformers" / "llama-bf16", None),
+    "kempnerforge": (GOLDEN / "kempnerforge" / "dense-gqa-qknorm" / "run", None),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_concurrent_replies_equal_the_replies_sent_alone(family):
+    directory, base = FAMILIES[family]
+    with serving(directory, LoadOptions(device="cpu", base_dir=base)) as s:
         client = s.openai()
         alone = [ids_of(client, s.model, p, seed) for seed, p in enumerate(PROMPTS * 2)]
         with ThreadPoolExecutor(len(alone)) as pool:
