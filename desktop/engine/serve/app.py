@@ -443,7 +443,10 @@ class _Run:
 
     async def start(self, request: Request) -> None:
         loop = asyncio.get_running_loop()
-        self.jobs, self.cancel = self.host.submit([choice_work(s) for s in self.specs], loop)
+        context = self.host.info.context_length if self.host.info else 0
+        self.jobs, self.cancel = self.host.submit(
+            [choice_work(s) for s in self.specs], loop, [s.positions(context) for s in self.specs]
+        )
         # The deadline ends the jobs even while no one reads them: a stream whose client stopped
         # reading waits in its send, and never reaches the deadline of _next.
         self._timer = loop.call_later(max(self.deadline - time.monotonic(), 0.0), self._expire)

@@ -32,8 +32,11 @@ logger = logging.getLogger(__name__)
 # backend's kept cache) -> its items.
 Work = Callable[[Backend, threading.Event, bool], Iterator[Any]]
 # Replies decoded at once, a token of each in turn: a new request's first token need not wait for
-# whole replies ahead of it. Each beyond the first holds a KV cache of its own.
-MAX_ACTIVE = 4
+# whole replies ahead of it. Each beyond the first holds a KV cache of its own, so what they may
+# hold together is bounded too: ACTIVE_CONTEXTS whole contexts' worth of positions (four long
+# replies, or many short ones).
+MAX_ACTIVE = 16
+ACTIVE_CONTEXTS = 4
 _DONE = object()
 
 
@@ -44,6 +47,7 @@ class Job:
     work: Work
     loop: asyncio.AbstractEventLoop
     cancel: threading.Event
+    positions: int = 0  # the cache positions its prompt and reply may take (an estimate)
     items: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def put(self, item: Any) -> None:
@@ -118,13 +122,18 @@ class ModelHost:
         with self._cond:
             return len(self._requests)
 
-    def submit(self, works: list[Work], loop: asyncio.AbstractEventLoop) -> tuple[list[Job], threading.Event]:
-        """Queue one request's jobs; the jobs and the request's cancel event. ApiError(429)
-        when ``max_waiting`` requests wait already, ApiError(503) when no model is open."""
+    def submit(
+        self, works: list[Work], loop: asyncio.AbstractEventLoop, positions: list[int] | None = None
+    ) -> tuple[list[Job], threading.Event]:
+        """Queue one request's jobs (``positions``: what each may hold in the cache, estimated);
+        the jobs and the request's cancel event. ApiError(429) when ``max_waiting`` requests wait
+        already, ApiError(503) when no model is open."""
         if self._info is None:
             raise ApiError(503, self.error or "the model is still loading", kind="server_error")
         cancel = threading.Event()
-        jobs = [Job(work, loop, cancel) for work in works]
+        context = self._context()
+        sizes = [min(p or context, context) for p in positions or [0] * len(works)]  # 0: unknown
+        jobs = [Job(work, loop, cancel, size) for work, size in zip(works, sizes, strict=True)]
         with self._cond:
             if self._stopping:
                 raise ApiError(503, "the server is stopping", kind="server_error")
@@ -138,6 +147,10 @@ class ModelHost:
             self._next_id += 1
             self._cond.notify()
         return jobs, cancel
+
+    def _context(self) -> int:
+        """The model's context in positions (a served model that states none: 2,048)."""
+        return self._info.context_length if self._info and self._info.context_length else 2048
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel every job, close the model on its thread and end the thread."""
@@ -171,12 +184,15 @@ class ModelHost:
                 logger.warning("closing the served model failed", exc_info=True)
 
     def _serve_jobs(self, backend: Backend) -> None:
-        """Up to MAX_ACTIVE replies at once, a token of each in turn, until stopping."""
+        """Up to MAX_ACTIVE replies at once, within ACTIVE_CONTEXTS contexts of positions, a token of
+        each in turn, until stopping."""
         active: list[_Active] = []
+        budget = ACTIVE_CONTEXTS * self._context()
         try:
             while True:
                 while len(active) < MAX_ACTIVE:
-                    job = self._next(wait=not active)
+                    room = budget - sum(a.job.positions for a in active) if active else None
+                    job = self._next(wait=not active, room=room)
                     if job is None:
                         break
                     # Alone, a reply may continue the backend's kept cache (the prefix a follow-up
@@ -189,9 +205,10 @@ class ModelHost:
             for a in active:
                 self._finish(a)
 
-    def _next(self, wait: bool) -> Job | None:
+    def _next(self, wait: bool, room: int | None = None) -> Job | None:
         """The next job, round robin over the waiting requests; None when none waits (and
-        ``wait`` is False) or once stopping."""
+        ``wait`` is False), when the next one needs more than ``room`` positions (it keeps its
+        turn), or once stopping."""
         with self._cond:
             while True:
                 if self._stopping:
@@ -207,7 +224,10 @@ class ModelHost:
                             job.put(_DONE)
                         del self._requests[key]
                         continue
-                    job = request.jobs.popleft()
+                    job = request.jobs[0]
+                    if room is not None and job.positions > room:
+                        return None
+                    request.jobs.popleft()
                     if request.jobs:
                         self._requests.move_to_end(key)
                     else:

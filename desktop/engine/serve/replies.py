@@ -68,6 +68,19 @@ class ChoiceSpec:
     stops: tuple[str, ...] = ()
     given: str = ""  # a chat reply that begins with this text (continue_final_message)
 
+    def positions(self, context: int) -> int:
+        """The cache positions this choice may take, estimated before its prompt is tokenized (a
+        token is rarely under two characters): what the host admits side by side by."""
+        p = self.prompt
+        if isinstance(p, str):
+            prompt = len(p) // 2 + 1
+        elif p and isinstance(p[0], Message):
+            prompt = sum(len(m.plain_text()) // 2 + 8 for m in p)  # type: ignore[union-attr]
+        else:
+            prompt = len(p)
+        reply = context if self.max_tokens is None else self.max_tokens
+        return min(context, prompt + len(self.given) // 2 + reply)
+
 
 class ReplyText:
     """Token events in, pieces out, stop strings applied (see the module docstring)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from support.golden import GOLDEN
 from support.serving import serving
@@ -96,3 +97,36 @@ def test_a_streamed_batch_with_a_refused_prompt_is_one_error_before_any_byte():
         assert r.status_code == 400
         assert r.headers["content-type"].startswith("application/json")
         assert "out of range" in r.json()["error"]["message"]
+
+
+def test_short_replies_are_decoded_side_by_side_past_four():
+    """Five replies of 100 tokens fit the model's side-by-side budget (four contexts of positions):
+    each has its first token before any of them has its last."""
+    with serving(BASE, LoadOptions(device="cpu", base_dir=E7)) as s:
+        bos = int(
+            httpx.post(f"{s.root}/tokenize", json={"prompt": "<|bos|>"}, timeout=30).json()["tokens"][0]
+        )
+        body = {"model": s.model, "prompt": [bos], "max_tokens": 100, "temperature": 1.0, "seed": 2}
+        assert s.openai().completions.create(**body).usage.completion_tokens == 100
+        firsts: list[int] = []
+        lasts: list[int] = []
+        order = iter(range(10**6))
+        lock = threading.Lock()
+
+        def stream() -> None:
+            seen = False
+            for chunk in s.openai().completions.create(**body, stream=True):
+                if chunk.choices and chunk.choices[0].text and not seen:
+                    seen = True
+                    with lock:
+                        firsts.append(next(order))
+            with lock:
+                lasts.append(next(order))
+
+        threads = [threading.Thread(target=stream) for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(firsts) == len(lasts) == 5
+        assert max(firsts) < min(lasts)
