@@ -20,12 +20,8 @@ from desktop.cli.say import say, warn
 from desktop.config.keystore import SERVE_KEY_ID, serve_key
 from desktop.engine.backend import Backend
 from desktop.engine.errors import NanoscopeError
-from desktop.engine.serve.app import ServeSettings, served_id
-from desktop.engine.serve.host import ModelHost
-from desktop.engine.serve.server import Server, is_loopback
+from desktop.engine.serve.defaults import DEADLINE_S, MAX_WAITING, is_loopback
 
-MAX_WAITING = 64
-DEADLINE_S = 600.0
 LOAD_TIMEOUT_S = 3600.0
 
 
@@ -75,6 +71,11 @@ def cmd_serve(args: argparse.Namespace, open_model: Callable[[argparse.Namespace
         raise NanoscopeError(f"--max-waiting must be between 1 and 4096, got {args.max_waiting}")
     if not 0 < args.deadline <= 86400:
         raise NanoscopeError(f"--deadline must be between 0 and 86400 seconds, got {args.deadline}")
+    # Here, not at the top: every command (and the window) would pay for loading the server's libraries.
+    from desktop.engine.serve.app import ServeSettings, served_id
+    from desktop.engine.serve.host import ModelHost
+    from desktop.engine.serve.server import Server
+
     key = server_key(args)
     host = ModelHost(lambda: open_model(args), args.max_waiting)
     host.start()

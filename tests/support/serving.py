@@ -50,14 +50,22 @@ class Serving:
 def serving(
     directory: Path, options: LoadOptions | None = None, *, api_key: str | None = None, **settings
 ) -> Iterator[Serving]:
-    """``directory`` served until the block ends; ``settings``: ServeSettings fields and
-    ``max_waiting``."""
+    """``directory`` served until the block ends; ``settings``: ServeSettings fields,
+    ``max_waiting`` and ``header_timeout_s``."""
     options = options or LoadOptions(device="cpu")
     host = ModelHost(lambda: open_backend(directory, options), settings.pop("max_waiting", 64))
+    header_timeout = settings.pop("header_timeout_s", 30.0)
     host.start()
     info = host.wait_opened(START_TIMEOUT_S)
     records: list[RequestRecord] = []
-    server = Server(host, ServeSettings(served_id(info), api_key, **settings), "127.0.0.1", 0, records.append)
+    server = Server(
+        host,
+        ServeSettings(served_id(info), api_key, **settings),
+        "127.0.0.1",
+        0,
+        records.append,
+        header_timeout,
+    )
     server.start()
     try:
         _wait_started(server)

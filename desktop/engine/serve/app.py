@@ -38,6 +38,7 @@ from desktop.engine.files.bounded import file_sha256
 from desktop.engine.messages import Message
 from desktop.engine.params import SEED_MAX, SamplingParams
 from desktop.engine.serve import shapes
+from desktop.engine.serve.defaults import DEADLINE_S
 from desktop.engine.serve.host import Job, ModelHost
 from desktop.engine.serve.records import RequestRecord
 from desktop.engine.serve.replies import ChoiceSpec, Echo, Finish, Piece, TokenOut, choice_work
@@ -63,7 +64,7 @@ BODY_TIMEOUT_S = 30.0
 class ServeSettings:
     model_id: str
     api_key: str | None = field(default=None, repr=False)
-    deadline_s: float = 600.0
+    deadline_s: float = DEADLINE_S
     body_timeout_s: float = BODY_TIMEOUT_S
 
 

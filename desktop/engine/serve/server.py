@@ -9,28 +9,22 @@ anything but the loopback interface must have an API key.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import threading
 
+import uvicorn
+
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.serve.app import RequestLog, ServeSettings, build_app
+from desktop.engine.serve.defaults import is_loopback
 from desktop.engine.serve.host import ModelHost
+from desktop.engine.serve.protocol import HEADER_TIMEOUT_S, with_header_timeout
 
 logger = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 256  # past these uvicorn answers 503 at once
 KEEP_ALIVE_S = 5
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -63,10 +57,10 @@ class Server:
         address: str,
         port: int,
         on_request: RequestLog | None = None,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
     ) -> None:
         if not is_loopback(address) and not settings.api_key:
             raise NanoscopeError(f"serving on {address} (beyond this machine) needs an API key")
-        import uvicorn
 
         self.model = model
         self.socket = bind(address, port)
@@ -79,6 +73,7 @@ class Server:
             limit_concurrency=MAX_CONNECTIONS,
             timeout_keep_alive=KEEP_ALIVE_S,
             lifespan="off",
+            http=with_header_timeout(header_timeout_s),
         )
         self._uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None

@@ -19,9 +19,6 @@ from desktop.session.serving import ServeChoice, ServingSession
 
 logger = logging.getLogger(__name__)
 
-MAX_WAITING = 64
-DEADLINE_S = 600.0
-
 
 class ServerTask(QObject):
     """serve(choice) / stop(); the session says what happened."""
@@ -54,8 +51,9 @@ class ServerTask(QObject):
         # when the user first serves, not with the window.
         from desktop.engine.registry import open_backend
         from desktop.engine.serve.app import ServeSettings, served_id
+        from desktop.engine.serve.defaults import DEADLINE_S, MAX_WAITING, is_loopback
         from desktop.engine.serve.host import ModelHost
-        from desktop.engine.serve.server import Server, is_loopback
+        from desktop.engine.serve.server import Server
 
         key, note = None, ""
         if not is_loopback(choice.host):
