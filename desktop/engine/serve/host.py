@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from desktop.engine.backend import Backend, ModelInfo
@@ -250,12 +251,25 @@ class ModelHost:
         except ApiError as exc:
             a.job.put(exc)
         except NanoscopeError as exc:
-            a.job.put(ApiError(400, str(exc)))
+            a.job.put(ApiError(400, self._unnamed(str(exc))))
         except Exception as exc:  # the server keeps serving; the client gets one line
             logger.error("a served request failed", exc_info=True)
             a.job.put(ApiError(500, f"the model failed: {error_text(exc, named=True)}", kind="server_error"))
         self._finish(a)
         return False
+
+    def _unnamed(self, message: str) -> str:
+        """``message`` without the served model's folders: a client learns what went wrong, not
+        where the model lies on this machine ("…/chat_template.jinja: the chat template failed")."""
+        info = self._info
+        if info is None:
+            return message
+        folders = {str(Path(p)) for p in (info.path, info.tokenizer) if p}
+        folders |= {str(Path(p).parent) for p in folders}
+        for folder in sorted(folders, key=len, reverse=True):
+            if len(folder) > 1:
+                message = message.replace(folder, "…")
+        return message
 
     def _finish(self, a: _Active) -> None:
         try:

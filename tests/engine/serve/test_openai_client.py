@@ -293,3 +293,14 @@ def test_continue_final_message_goes_on_from_the_given_text():
                 messages=[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": given}],
                 max_tokens=4,
             )
+
+
+def test_a_model_without_a_chat_format_says_so_without_naming_where_it_lies():
+    with serving(CASES["kempnerforge"][0], options("kempnerforge")) as s:
+        with pytest.raises(openai.BadRequestError) as refused:
+            s.openai().chat.completions.create(
+                model=s.model, messages=[{"role": "user", "content": QUESTION}], max_tokens=4
+            )
+        message = refused.value.body["message"]
+        assert "chat" in message and str(GOLDEN) not in message and "\n" not in message
+        assert s.healthy()
