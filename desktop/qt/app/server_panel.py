@@ -67,6 +67,8 @@ class ServerPanel(QDialog):
         about.setWordWrap(True)
         about.setObjectName("Muted")
         self.checkpoint = QComboBox()
+        self.step = QComboBox()
+        self.checkpoint.currentIndexChanged.connect(self._show_steps)
         self.precision = QComboBox()
         for label, value in PRECISIONS:
             self.precision.addItem(label, value)
@@ -82,6 +84,7 @@ class ServerPanel(QDialog):
         where.addWidget(self.port)
         form = QFormLayout()
         form.addRow("Checkpoint", self.checkpoint)
+        form.addRow("Step", self.step)
         form.addRow("Precision", self.precision)
         form.addRow("Address", where)
 
@@ -133,25 +136,38 @@ class ServerPanel(QDialog):
         self.show_state()
 
     def refresh_checkpoints(self) -> None:
-        """Chat's model first (where one is loaded), then every local checkpoint at its latest step."""
+        """Chat's model first (where one is loaded, at its step), then every local checkpoint, whose
+        steps the Step list offers (the latest first)."""
         self.checkpoint.clear()
         info = self._chat_model()
         if info is not None and info.family != "remote":
-            self.checkpoint.addItem(f"Chat's model: {info.name}", (info.path, info.step))
+            self.checkpoint.addItem(f"Chat's model: {info.name}", (info.path, (info.step,)))
         for entry in self._entries():
             if entry.source == "remote" or not entry.steps:
                 continue
-            step = entry.steps[-1]
-            self.checkpoint.addItem(f"{entry.source}/{entry.tag} · step {step:,}", (str(entry.path), step))
+            self.checkpoint.addItem(f"{entry.source}/{entry.tag}", (str(entry.path), tuple(entry.steps)))
+        self._show_steps()
+
+    def _show_steps(self) -> None:
+        self.step.clear()
+        data = self.checkpoint.currentData()
+        for step in reversed(data[1] if data else ()):
+            self.step.addItem("latest" if step is None else f"step {step:,}", step)
 
     def choice(self) -> ServeChoice | None:
         data = self.checkpoint.currentData()
         if data is None:
             return None
-        path, step = data
-        label = self.checkpoint.currentText().removeprefix("Chat's model: ")
+        step = self.step.currentData()
+        name = self.checkpoint.currentText().removeprefix("Chat's model: ")
+        label = name if name != self.checkpoint.currentText() or step is None else f"{name} · step {step:,}"
         return ServeChoice(
-            str(path), step, label, self.precision.currentData(), self.host.text().strip(), self.port.value()
+            str(data[0]),
+            step,
+            label,
+            self.precision.currentData(),
+            self.host.text().strip(),
+            self.port.value(),
         )
 
     def _on_switch(self, on: bool) -> None:
@@ -169,7 +185,7 @@ class ServerPanel(QDialog):
         s = self.session
         self.switch.setChecked(s.on)
         self.switch.setText("Stop serving" if s.on else "Serve")
-        for w in (self.checkpoint, self.precision, self.host, self.port):
+        for w in (self.checkpoint, self.step, self.precision, self.host, self.port):
             w.setEnabled(not s.on)
         self.status.setText(s.status_line())
         self.url.setText(s.url if s.state == SERVING else "")

@@ -86,3 +86,24 @@ def test_a_port_in_use_is_one_line_and_the_app_keeps_chatting(qtbot, windows, mo
     assert text.startswith("Not serving: cannot serve on 127.0.0.1:") and "\n" not in text
     assert not panel.switch.isChecked() and panel.checkpoint.isEnabled()
     assert send(qtbot, win, "hello")["new_tokens"] >= 1
+
+
+def test_serve_an_earlier_step_of_a_run(qtbot, windows, monkeypatch, nanochat_base):
+    """The panel offers each checkpoint's steps, the latest first; the one picked is what serves."""
+    win = start_with_base(qtbot, windows, monkeypatch, nanochat_base, fake=False)
+    panel = win.open_server_panel()
+    run = panel.checkpoint.findText("sft/d4")
+    assert run >= 0
+    panel.checkpoint.setCurrentIndex(run)
+    assert [panel.step.itemText(i) for i in range(panel.step.count())] == ["step 20", "step 10"]
+    panel.step.setCurrentIndex(1)
+    panel.port.setValue(0)
+    qtbot.mouseClick(panel.switch, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: win.serving.state in (SERVING, FAILED), timeout=WAIT)
+    assert win.serving.state == SERVING, win.serving.error
+    assert win.serving.model_id == "sft/d4@10"
+    models = httpx.get(f"{win.serving.url}/models", timeout=30).json()["data"]
+    assert [m["id"] for m in models] == ["sft/d4@10"]
+    assert not panel.step.isEnabled()
+    qtbot.mouseClick(panel.switch, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: win.serving.state == OFF, timeout=WAIT)
