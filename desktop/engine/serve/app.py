@@ -297,12 +297,7 @@ class _Routes:
     async def detokenize(self, request: Request, tally: _Tally) -> Response:
         req = parse(DetokenizeRequest, await self._body(request))
         tok = self._tokenizer()
-        vocab = self._info().vocab_size
-        bad = [i for i in req.tokens if i >= vocab]
-        if bad:
-            raise ApiError(
-                400, f"token ids out of range for the vocabulary of {vocab}: {bad[:5]}", param="tokens"
-            )
+        check_ids(req.tokens, self._info().vocab_size, param="tokens")
 
         def decode() -> str:
             with self._tokenizer_lock:
@@ -326,7 +321,7 @@ class _Routes:
         specs = [
             ChoiceSpec(
                 prompt=p if isinstance(p, str) else tuple(p),
-                params=_params(req, k),
+                params=_params(req, seed),
                 max_tokens=limit,
                 top=top,
                 logprobs=req.logprobs is not None,
@@ -334,7 +329,7 @@ class _Routes:
                 stops=req.stops(),
             )
             for p in prompts
-            for k in range(req.n)
+            for seed in _seeds(req)
         ]
         return await self._answer(request, tally, specs, req, chat=False)
 
@@ -347,14 +342,14 @@ class _Routes:
         specs = [
             ChoiceSpec(
                 prompt=messages,
-                params=_params(req, k),
+                params=_params(req, seed),
                 max_tokens=req.reply_limit(),
                 top=top,
                 logprobs=req.logprobs,
                 stops=req.stops(),
                 given=given,
             )
-            for k in range(req.n)
+            for seed in _seeds(req)
         ]
         return await self._answer(request, tally, specs, req, chat=True)
 
@@ -373,17 +368,22 @@ class _Routes:
         make_choice = shapes.chat_choice if chat else shapes.completion_choice
         choices = [
             make_choice(i, o.text, o.tokens, o.finish.reason, logprobs=logprobs, with_ids=with_ids)
-            async for i, o in run.outcomes(request)
+            async for i, o in run.outcomes()
         ]
         used = shapes.usage(tally.prompt_tokens, tally.completion_tokens)
         whole = shapes.chat_completion if chat else shapes.completion
         return JSONResponse(shapes.dump(whole(request_id, model, choices, used)))  # type: ignore[arg-type]
 
 
-def _params(req: Sampling, k: int) -> SamplingParams:
-    """The sampling of choice ``k``: the request's seed plus ``k`` (a random seed when none is
+def _seeds(req: Sampling) -> list[int]:
+    """Each choice's seed: the request's plus the choice's index (one drawn at random when none is
     given), so choice 0 with a seed is what ``nanoscope generate`` gives for it."""
     seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+    return [(seed + k) % (SEED_MAX + 1) for k in range(req.n)]
+
+
+def _params(req: Sampling, seed: int) -> SamplingParams:
+    """The request's sampling, with ``seed``."""
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -391,7 +391,7 @@ def _params(req: Sampling, k: int) -> SamplingParams:
             top_p=1.0 if req.top_p is None else req.top_p,
             min_p=req.min_p or 0.0,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-            seed=(seed + k) % (SEED_MAX + 1),
+            seed=seed,
         )
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
@@ -441,6 +441,8 @@ class _Run:
         self._streams: list[AsyncIterator[Any]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._expired = False
+        self._watcher: asyncio.Future[None] | None = None
+        self._client_left = False
 
     async def start(self, request: Request) -> None:
         loop = asyncio.get_running_loop()
@@ -451,14 +453,43 @@ class _Run:
         # The deadline ends the jobs even while no one reads them: a stream whose client stopped
         # reading waits in its send, and never reaches the deadline of _next.
         self._timer = loop.call_later(max(self.deadline - time.monotonic(), 0.0), self._expire)
+        # One watcher for the whole request: a client that leaves cancels its jobs, which then end
+        # (a streamed reply's generator is also closed by Starlette when its send fails).
+        self._watcher = asyncio.ensure_future(self._watch_client(request))
         self._streams = [job.results().__aiter__() for job in self.jobs]
-        self._first = await self._watched(request, self._next(0))
-        if self._first is None and self._expired:  # ended by the timer before its first item
-            raise self._late()
+        try:
+            self._first = await self._next(0)
+            if self._first is None:
+                raise self._ended_early()
+        except BaseException:
+            self._close()
+            raise
 
     def _expire(self) -> None:
         self._expired = True
         self.cancel.set()
+
+    async def _watch_client(self, request: Request) -> None:
+        await _disconnected(request)
+        self._client_left = True
+        self.cancel.set()
+
+    def _ended_early(self) -> ApiError:
+        """Why a job's items stopped before its Finish: its client left, its deadline passed, or
+        the server is stopping."""
+        if self._client_left:
+            return ApiError(499, "the client disconnected")
+        if self._expired:
+            return self._late()
+        return ApiError(503, "the server stopped before the reply was complete", kind="server_error")
+
+    def _close(self) -> None:
+        """Nothing more is read: whatever still runs or waits ends."""
+        self.cancel.set()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
     def _late(self) -> ApiError:
         return ApiError(504, f"the request's deadline of {self.deadline_s:g} s passed", kind="timeout")
@@ -473,41 +504,17 @@ class _Run:
         except StopAsyncIteration:
             return None
 
-    async def _watched(self, request: Request, step: Awaitable[Any]) -> Any:
-        """``step``, unless the client disconnects first (then the request's jobs are cancelled)."""
-        task = asyncio.ensure_future(step)
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            self.cancel.set()
-            task.cancel()
-            raise
-        finally:
-            gone.cancel()
-        if task not in done:
-            self.cancel.set()
-            task.cancel()
-            raise ApiError(499, "the client disconnected")
-        return task.result()
-
-    async def items(self, request: Request | None) -> AsyncIterator[tuple[int, Any]]:
+    async def items(self) -> AsyncIterator[tuple[int, Any]]:
         """(choice index, item) for every item of every choice, in order; a Finish ends each."""
         try:
             for index in range(len(self.jobs)):
                 while True:
                     if index == 0 and self._first is not None:
                         item, self._first = self._first, None
-                    elif request is not None:
-                        item = await self._watched(request, self._next(index))
                     else:
                         item = await self._next(index)
-                    if item is None:  # cancelled before it finished: its deadline, or the server stopping
-                        if self._expired:
-                            raise self._late()
-                        raise ApiError(
-                            503, "the server stopped before the reply was complete", kind="server_error"
-                        )
+                    if item is None:
+                        raise self._ended_early()
                     if isinstance(item, Finish):
                         self.tally.prompt_tokens += item.prompt_tokens
                         self.tally.completion_tokens += item.completion_tokens
@@ -515,13 +522,11 @@ class _Run:
                     if isinstance(item, Finish):
                         break
         finally:
-            self.cancel.set()  # nothing more is read: whatever still runs or waits ends
-            if self._timer is not None:
-                self._timer.cancel()
+            self._close()
 
-    async def outcomes(self, request: Request) -> AsyncIterator[tuple[int, _Outcome]]:
+    async def outcomes(self) -> AsyncIterator[tuple[int, _Outcome]]:
         outcome = _Outcome()
-        async for index, item in self.items(request):
+        async for index, item in self.items():
             if isinstance(item, (Echo, Piece)):
                 outcome.text += item.text
                 outcome.tokens.extend(item.tokens)
@@ -534,15 +539,19 @@ class _Run:
         self, request_id: str, model: str, logprobs: bool, with_ids: bool, include_usage: bool
     ) -> AsyncIterator[dict[str, Any]]:
         offsets: dict[int, int] = {}
-        async for index, item in self.items(None):
-            if isinstance(item, Finish):
-                choice = shapes.completion_choice(index, "", [], item.reason, logprobs=False, with_ids=False)
-            else:
-                offset = offsets.get(index, 0)
-                choice = shapes.completion_choice(
-                    index, item.text, item.tokens, None, logprobs=logprobs, with_ids=with_ids, offset=offset
-                )
-                offsets[index] = offset + sum(len(t.label) for t in item.tokens)
+        async for index, item in self.items():
+            finish, text, tokens = _parts(item)
+            offset = offsets.get(index, 0)
+            offsets[index] = offset + sum(len(t.label) for t in tokens)
+            choice = shapes.completion_choice(
+                index,
+                text or "",
+                tokens,
+                finish,
+                logprobs=logprobs and not finish,
+                with_ids=with_ids and not finish,
+                offset=offset,
+            )
             yield shapes.dump(shapes.completion(request_id, model, [choice], None))
         if include_usage:
             yield shapes.usage_chunk(
@@ -556,33 +565,20 @@ class _Run:
         self, request_id: str, model: str, logprobs: bool, with_ids: bool, include_usage: bool
     ) -> AsyncIterator[dict[str, Any]]:
         started: set[int] = set()
-        async for index, item in self.items(None):
-            first = index not in started
+        async for index, item in self.items():
+            finish, text, tokens = _parts(item)
+            chunk = shapes.chat_chunk(
+                request_id,
+                model,
+                index,
+                text,
+                tokens,
+                finish,
+                logprobs=logprobs and not finish,
+                with_ids=with_ids and not finish,
+                first=index not in started,
+            )
             started.add(index)
-            if isinstance(item, Finish):
-                chunk = shapes.chat_chunk(
-                    request_id,
-                    model,
-                    index,
-                    None,
-                    [],
-                    item.reason,
-                    logprobs=False,
-                    with_ids=False,
-                    first=first,
-                )
-            else:
-                chunk = shapes.chat_chunk(
-                    request_id,
-                    model,
-                    index,
-                    item.text,
-                    item.tokens,
-                    None,
-                    logprobs=logprobs,
-                    with_ids=with_ids,
-                    first=first,
-                )
             yield shapes.dump(chunk)
         if include_usage:
             yield shapes.usage_chunk(
@@ -591,6 +587,13 @@ class _Run:
                 shapes.usage(self.tally.prompt_tokens, self.tally.completion_tokens),
                 chat=True,
             )
+
+
+def _parts(item: Any) -> tuple[str | None, str | None, list[TokenOut]]:
+    """A streamed item as (finish reason, text, tokens): a Finish has only its reason."""
+    if isinstance(item, Finish):
+        return item.reason, None, []
+    return None, item.text, item.tokens
 
 
 async def _disconnected(request: Request) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -98,14 +97,17 @@ class ModelHost:
         self._info: ModelInfo | None = None
         self._backend: Backend | None = None
         self.error = ""  # why the model could not be opened
-        self.busy_since = 0.0
 
     def start(self) -> None:
         self._thread.start()
 
+    def opened(self, timeout: float | None = None) -> bool:
+        """Whether the opening has ended (well or not) within ``timeout`` seconds."""
+        return self._opened.wait(timeout)
+
     def wait_opened(self, timeout: float | None = None) -> ModelInfo:
         """The model's info once it is open; NanoscopeError with why it is not."""
-        if not self._opened.wait(timeout):
+        if not self.opened(timeout):
             raise NanoscopeError("the model is still loading")
         if self._info is None:
             raise NanoscopeError(self.error or "the model could not be opened")
@@ -240,7 +242,6 @@ class ModelHost:
 
     def _advance(self, a: _Active) -> bool:
         """One item of ``a`` (a token, mostly) to its client; False once it has ended."""
-        self.busy_since = time.monotonic()
         try:
             if a.job.cancel.is_set():
                 raise StopIteration
@@ -275,5 +276,4 @@ class ModelHost:
         try:
             a.items.close()  # type: ignore[attr-defined]
         finally:
-            self.busy_since = 0.0
             a.job.put(_DONE)

@@ -178,4 +178,4 @@ def usage_chunk(request_id: str, model: str, used: CompletionUsage, chat: bool) 
 
 
 def dump(obj: Any) -> dict[str, Any]:
-    return obj.model_dump(mode="json", exclude_unset=False) if hasattr(obj, "model_dump") else obj
+    return obj.model_dump(mode="json")

@@ -197,16 +197,15 @@ class DetokenizeRequest(BaseModel):
     tokens: TokenIds
 
 
-def check_ids(ids: list[int], vocab: int) -> None:
-    """ApiError(400) for a prompt of token ids that is empty (nothing to continue from) or holds an
-    id past the vocabulary."""
-    if not ids:
-        raise ApiError(400, "a prompt of token ids is empty", param="prompt")
+def check_ids(ids: list[int], vocab: int, param: str = "prompt") -> None:
+    """ApiError(400) for token ids that hold an id past the vocabulary, or, as a prompt, are empty
+    (nothing to continue from)."""
+    if not ids and param == "prompt":
+        raise ApiError(400, "a prompt of token ids is empty", param=param)
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
-        raise ApiError(
-            400, f"token ids out of range for the vocabulary of {vocab}: {bad[:5]}", param="prompt"
-        )
+        said = f"token ids out of range for the vocabulary of {vocab}: {bad[:5]}"
+        raise ApiError(400, said, param=param)
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:

@@ -81,7 +81,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.tabs)
         # File › Serve over the OpenAI API…: the server's state, the task that runs it, its panel.
         self.serving = ServingSession()
-        self.server_task = ServerTask(self.serving, self)
+        self.server_task = ServerTask(self.serving, settings, self)
         self.server_panel: ServerPanel | None = None
         self.serving_label = QLabel()
         self.serving_label.setObjectName("Muted")

@@ -12,8 +12,10 @@ from PySide6.QtCore import QObject
 
 from desktop.config import paths
 from desktop.config.keystore import SERVE_KEY_ID, serve_key
+from desktop.config.settings import Settings
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError
+from desktop.engine.kempnerforge.config import ConfigMemory
 from desktop.qt.jobs.runner import Job, Run
 from desktop.session.serving import ServeChoice, ServingSession
 
@@ -23,9 +25,10 @@ logger = logging.getLogger(__name__)
 class ServerTask(QObject):
     """serve(choice) / stop(); the session says what happened."""
 
-    def __init__(self, session: ServingSession, parent: QObject | None = None) -> None:
+    def __init__(self, session: ServingSession, settings: Settings, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.session = session
+        self.settings = settings
         self._job = Job("server", self)
         self._server: Any = None  # the engine's Server while it serves
         self._host: Any = None  # its ModelHost, from the start
@@ -63,26 +66,26 @@ class ServerTask(QObject):
                 note = f"a new API key for clients: {key} (kept in the OS keyring as {SERVE_KEY_ID!r})"
             if problem:
                 note += f"; {problem}"
+        # As Chat opens a checkpoint: the device the user set, a KempnerForge run's remembered TOML.
         options = LoadOptions(
             step=choice.step,
-            device="auto",
+            device=self.settings.get("device"),
             dtype=choice.dtype,
             base_dir=paths.nanochat_base_dir(),
+            config=ConfigMemory(paths.kempnerforge_configs_file()).get(Path(choice.path)),
             kernel_cache=paths.kernel_timings_file(),
         )
         self._host = host = ModelHost(lambda: open_backend(Path(choice.path), options), MAX_WAITING)
         host.start()
-        while not run.stopped():
-            try:
-                info = host.wait_opened(0.2)
-                break
-            except NanoscopeError as exc:
-                if host.error or str(exc) != "the model is still loading":
-                    host.stop()
-                    return str(exc)
-        else:
+        while not host.opened(0.2):  # a load may take minutes; Stop ends the wait
+            if run.stopped():
+                host.stop()
+                return ""
+        try:
+            info = host.wait_opened(0)
+        except NanoscopeError as exc:
             host.stop()
-            return ""
+            return str(exc)
         settings = ServeSettings(served_id(info), key, DEADLINE_S)
         try:
             server = Server(
