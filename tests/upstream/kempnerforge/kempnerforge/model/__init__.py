@@ -1,0 +1,5 @@
+"""Model architectures for KempnerForge."""
+
+from kempnerforge.model.transformer import Transformer, TransformerBlock
+
+__all__ = ["Transformer", "TransformerBlock"]
