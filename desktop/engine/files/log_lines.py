@@ -1,4 +1,4 @@
-"""A training log read line by line in bounded memory and time.
+"""A training log read line by line in bounded memory and time, and read on as it grows.
 
 A run's log may be a million lines or hundreds of megabytes (one prose line per training step),
 and a hostile one may be one line of zeros. :class:`LogLines` reads at most ``max_bytes`` from the
@@ -6,12 +6,18 @@ start (a run's records are small and spread through it: what is past the cap is 
 said), one line at a time; a line longer than ``MAX_LINE_BYTES`` is skipped without being held,
 and counted. Bytes that are not UTF-8 read as U+FFFD, so one bad line does not lose the file.
 
+A run still training appends to its log: each pass over a :class:`LogLines` gives the lines
+written since the last, from the byte where it stopped. The last line is given only once its
+line end is written (the trainer may be mid-write: its number may still lose digits); a file that
+is no longer the one read (replaced, or shorter than what was read) is :class:`LogReplaced`.
+
 A line's shell-quoted words (:func:`shell_words`) are read as ``shlex.split`` reads them, by
 regular expressions: ``shlex`` takes a Python step per character (two 64 MB logs took a minute).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Iterator
@@ -24,11 +30,17 @@ MAX_LINE_BYTES = 64 * 1024  # a record is a few hundred bytes
 _CHUNK = 1 * MB  # how much of an over-long line is read (and dropped) at a time
 
 
+class LogReplaced(Exception):
+    """The file at a log's path is not the one read so far (another file, or shorter than what
+    was read): what was made of its lines is out of date. Raised before any line is given."""
+
+
 class LogLines:
     """``for number, text in LogLines(path)``: the lines (1-based numbers, without the line end)
-    of at most ``max_bytes`` of a regular file. After the loop, :attr:`cut` says whether the file
-    went on past the cap, :attr:`size` is its size and :attr:`long_lines` how many lines were
-    skipped as too long. Opening and reading failures are :class:`FileRefused` (one line)."""
+    of at most ``max_bytes`` of a regular file; each further pass gives the lines appended since.
+    After a pass, :attr:`cut` says whether the file went on past the cap, :attr:`size` is its
+    size, :attr:`long_lines` how many lines were skipped as too long and :attr:`bytes_read` how
+    many bytes all passes read. Opening and reading failures are :class:`FileRefused` (one line)."""
 
     def __init__(self, path: Path, max_bytes: int = MAX_LOG_BYTES, max_line: int = MAX_LINE_BYTES) -> None:
         self.path = Path(path)
@@ -37,33 +49,73 @@ class LogLines:
         self.cut = False
         self.size = 0
         self.long_lines = 0
+        self.bytes_read = 0
+        self.offset = 0  # where the next pass starts: after the last line given or skipped
+        self.number = 0  # of the last line given or skipped
+        self._skipping = False  # inside an over-long line whose end is not read yet
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         with open_regular(self.path) as f:
             try:
-                self.size = os.fstat(f.fileno()).st_size
+                self._check_same(os.fstat(f.fileno()))
+                f.seek(self.offset)
                 yield from self._lines(f)
             except OSError as exc:
                 raise FileRefused(self.path, f"cannot read ({exc.strerror or exc})") from None
 
-    def _lines(self, f) -> Iterator[tuple[int, str]]:
-        read = number = 0
-        while read < self.max_bytes:
-            raw = f.readline(min(self.max_line + 1, self.max_bytes - read))
-            if not raw:
-                return
-            read += len(raw)
-            number += 1
-            if read >= self.max_bytes and not raw.endswith(b"\n") and f.peek(1)[:1]:
-                break  # a line cut by the cap: a record's number may have lost digits
-            if len(raw) > self.max_line:
-                self.long_lines += 1
-                while raw and not raw.endswith(b"\n") and read < self.max_bytes:
-                    raw = f.readline(min(_CHUNK, self.max_bytes - read))
-                    read += len(raw)
+    def replaced(self) -> bool:
+        """Whether the file now at the path is not the one read so far (for a reader that has
+        stopped reading it; a pass checks the file it opens)."""
+        try:
+            return self._other(os.stat(self.path))
+        except OSError:
+            return True
+
+    def _check_same(self, stat: os.stat_result) -> None:
+        if self._other(stat):
+            raise LogReplaced(f"{self.path}: replaced or cut short since it was read")
+        self._identity, self.size = (stat.st_dev, stat.st_ino), stat.st_size
+
+    def _other(self, stat: os.stat_result) -> bool:
+        if self._identity is None:
+            return False
+        return (stat.st_dev, stat.st_ino) != self._identity or stat.st_size < self.offset
+
+    def _lines(self, f: io.BufferedReader) -> Iterator[tuple[int, str]]:
+        while self.offset < self.max_bytes:
+            room = self.max_bytes - self.offset
+            if self._skipping:
+                raw = self._read(f.readline(min(_CHUNK, room)))
+                if not raw:
+                    return  # the over-long line is still being written
+                self._skipping = not raw.endswith(b"\n")
                 continue
-            yield number, raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        self.cut = bool(f.read(1))
+            raw = f.readline(min(self.max_line + 1, room))
+            if len(raw) > self.max_line:  # too long, whether or not its end is written yet
+                self._read(raw)
+                self.number += 1
+                self.long_lines += 1
+                self._skipping = not raw.endswith(b"\n")
+                continue
+            if not raw.endswith(b"\n"):
+                self.bytes_read += len(raw)
+                if len(raw) == room and f.peek(1)[:1]:
+                    self.offset = self.max_bytes  # a line cut by the cap: a number may have lost digits
+                    break
+                return  # the last line, not ended yet: read again, whole, by a later pass
+            self._read(raw)
+            self.number += 1
+            yield self.number, raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        probe = f.read(1)  # past the cap: looked at, never taken
+        self.bytes_read += len(probe)
+        self.cut = bool(probe)
+
+    def _read(self, raw: bytes) -> bytes:
+        """``raw`` taken: the next pass starts after it."""
+        self.offset += len(raw)
+        self.bytes_read += len(raw)
+        return raw
 
     def cut_line(self) -> str:
         """The one line that says the file was cut ("" when it was read whole)."""

@@ -27,6 +27,9 @@ one event may hold a million) and protobuf fields decoded (what the time goes to
 points, sampled evenly from all it logged (the newest always kept). A file cut
 short keeps what came before the cut; a checksum that does not match ends that file; an event that
 does not decode is skipped. Lines read ``"<file>: byte <offset>: <what>"``.
+
+A file a run is still writing is read on (:class:`EventFile`): each read starts at the first frame
+not read, and a frame not written whole is left for the next read rather than said to be cut.
 """
 
 from __future__ import annotations
@@ -153,6 +156,10 @@ class FileRead:
     problems: list[str] = field(default_factory=list)
 
 
+class _Shrank(Exception):
+    """The file ended before the size it stated when opened: read on from the frame next time."""
+
+
 class _Stop(Exception):
     """A budget used up inside an event: the file's read ends there (``str()``: which)."""
 
@@ -184,46 +191,107 @@ def read_event_file(
     max_fields: int = MAX_FIELDS,
 ) -> FileRead:
     """Add the scalars of the event file ``path`` to ``scalars``, reading at most ``max_bytes``,
-    ``max_events``, ``max_values`` and ``max_fields``; never raises for what the file holds."""
-    reader = _Reader(path, scalars, max_bytes, max_events, max_values, Walk(max_fields))
-    try:
-        with open_regular(path) as f:
-            stop = reader.frames(f, os.fstat(f.fileno()).st_size)
-    except FileRefused as exc:
-        reader.read.problems.append(str(exc))
-        return reader.read
-    except OSError as exc:
-        stop = f"byte {reader.read.bytes_read}: cannot read ({exc.strerror or exc}); kept what came before"
-    reader.read.fields = max_fields - reader.walk.left
-    reader.read.problems.extend(reader.tally.lines(path))
-    if stop:
-        reader.read.problems.append(f"{path}: {stop}")
-    return reader.read
+    ``max_events``, ``max_values`` and ``max_fields``; never raises for what the file holds. A
+    file that ends inside a frame is said to be cut (a reader that reads on uses :class:`EventFile`)."""
+    one = EventFile(path, scalars)
+    one.read(max_bytes, max_events, max_values, max_fields)  # a first read: nothing to be replaced
+    read = one.done
+    read.problems = one.problems()
+    if one.waiting:
+        read.problems.append(
+            f"{path}: byte {read.bytes_read}: the file is cut off inside a frame (a run still writing, "
+            f"or a partial copy); kept the {read.events:,} events before it"
+        )
+    return read
 
 
-class _Reader:
-    def __init__(
-        self, path: Path, scalars: Scalars, max_bytes: int, max_events: int, max_values: int, walk: Walk
-    ) -> None:
+class FileReplaced(Exception):
+    """The file at an event file's path is not the one read so far (another file, or shorter than
+    what was read): the scalars taken from it are out of date."""
+
+
+class EventFile:
+    """One event file read on as its writer appends: each :meth:`read` adds to ``scalars`` the
+    events of the frames written since the last read, from the frame where it stopped. A frame not
+    written whole yet is left for a later read (:attr:`waiting`), not said: the writer may be
+    mid-write. What ends the file for good (a budget, a bad frame) is kept and said by every
+    :meth:`problems`, as a read from the start says it; the budgets count all reads together."""
+
+    def __init__(self, path: Path, scalars: Scalars) -> None:
         self.path, self.scalars = path, scalars
-        self.max_bytes, self.max_events, self.max_values = max_bytes, max_events, max_values
-        self.walk, self.max_fields = walk, walk.left
-        self.read = FileRead()
+        self.done = FileRead()  # of all reads; done.bytes_read: the frames read, where the next starts
         self.tally = _Tally()
+        self.stop: str | None = None  # what ended the file for good (a line)
+        self.trouble: str | None = None  # what kept the last read from reading on (a line)
+        self.waiting = False  # the last read stopped at a frame not written whole
+        self.bytes_read = 0  # from the file by every read, frames looked at again included
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read
+        self.max_bytes = self.max_events = self.max_values = self.max_fields = 0
+        self.walk = Walk(0)
 
-    def frames(self, f: BinaryIO, size: int) -> str | None:
-        """Read frames until the file, a budget or a bad frame ends them; what ended them, unless
-        it was the file's end."""
-        read, pos = self.read, 0
+    def read(self, max_bytes: int, max_events: int, max_values: int, max_fields: int) -> None:
+        """Read on, the file's budgets now at most ``max_*`` for it in all (its caller's limits
+        for it, which do not change while it grows); FileReplaced when the file is not the one
+        read before."""
+        self.max_bytes, self.max_events, self.max_values, self.max_fields = (
+            max_bytes,
+            max_events,
+            max_values,
+            max_fields,
+        )
+        self.trouble, self.waiting = None, False
+        self.walk = Walk(max_fields - self.done.fields)
+        try:
+            with open_regular(self.path) as f:
+                size = self._check_same(os.fstat(f.fileno()))
+                if self.stop is None:
+                    self.stop = self._line(self._frames(f, size))
+        except FileRefused as exc:
+            if self.done.bytes_read:
+                raise FileReplaced(str(exc)) from None
+            self.trouble = str(exc)
+        except _Shrank:
+            self.trouble = (
+                f"{self.path}: byte {self.done.bytes_read}: the file ended early (it shrank while read); "
+                "kept what came before"
+            )
+        except OSError as exc:
+            self.trouble = (
+                f"{self.path}: byte {self.done.bytes_read}: cannot read ({exc.strerror or exc}); "
+                "kept what came before"
+            )
+        finally:
+            self.done.fields = max_fields - self.walk.left
+
+    def problems(self) -> list[str]:
+        """What the reads found wrong, one line each."""
+        return self.tally.lines(self.path) + [line for line in (self.trouble, self.stop) if line]
+
+    def _check_same(self, stat: os.stat_result) -> int:
+        identity = (stat.st_dev, stat.st_ino)
+        if self._identity is not None and (identity != self._identity or stat.st_size < self.done.bytes_read):
+            raise FileReplaced(f"{self.path}: replaced or cut short since it was read")
+        self._identity = identity
+        return stat.st_size
+
+    def _line(self, stop: str | None) -> str | None:
+        return f"{self.path}: {stop}" if stop else None
+
+    def _frames(self, f: BinaryIO, size: int) -> str | None:
+        """Read frames from where the last read stopped until the file, a budget or a bad frame
+        ends them; what ended them for good, else None (the file's end, or a frame not written
+        whole: :attr:`waiting`)."""
+        read = self.done
+        pos = read.bytes_read
+        f.seek(pos)
         while pos < size:
             if read.events >= self.max_events:
                 return f"byte {pos}: stopped after {read.events:,} events (the limit); the rest is left out"
             remaining = size - pos
             if remaining < _HEADER.size:
-                return self._cut(pos)
-            header = f.read(_HEADER.size)
-            if len(header) < _HEADER.size:
-                return f"byte {pos}: the file ended early (it shrank while read); kept what came before"
+                self.waiting = True
+                return None
+            header = self._bytes(f, _HEADER.size)
             length, length_crc = _HEADER.unpack(header)
             if _length_crc(header[:8]) != length_crc:
                 return (
@@ -237,12 +305,11 @@ class _Reader:
                 )
             frame = _HEADER.size + length + _CRC.size
             if frame > remaining:
-                return self._cut(pos)
+                self.waiting = True  # left at its start, read whole once it is written
+                return None
             if pos + frame > self.max_bytes:
-                return f"byte {pos}: read {pos:,} of {size:,} bytes (the limit); the rest is left out"
-            body = f.read(length + _CRC.size)  # a length checked against what the file holds
-            if len(body) < length + _CRC.size:
-                return f"byte {pos}: the file ended early (it shrank while read); kept what came before"
+                return f"byte {pos}: read the first {pos:,} bytes (the limit); the rest is left out"
+            body = self._bytes(f, length + _CRC.size)  # a length checked against what the file holds
             data = body[:length]
             if masked_crc32c(data) != _CRC.unpack_from(body, length)[0]:
                 return f"byte {pos}: an event fails its checksum (damaged); the rest of the file is not read"
@@ -255,11 +322,13 @@ class _Reader:
             read.events += 1
         return None
 
-    def _cut(self, pos: int) -> str:
-        return (
-            f"byte {pos}: the file is cut off inside a frame (a run still writing, or a partial "
-            f"copy); kept the {self.read.events:,} events before it"
-        )
+    def _bytes(self, f: BinaryIO, count: int) -> bytes:
+        """``count`` bytes, which the file's size said it holds (_Shrank when it shrank meanwhile)."""
+        data = f.read(count)
+        self.bytes_read += len(data)
+        if len(data) < count:
+            raise _Shrank
+        return data
 
     def _take(self, data: bytes, offset: int) -> None:
         """The scalars of the event at ``offset``, added; what is wrong with it, tallied;
@@ -294,9 +363,9 @@ class _Reader:
                 for n, w, start, end in fields(data, a, b, self.walk):
                     if n != 1 or w != LEN:
                         continue
-                    if self.read.values >= self.max_values:
-                        raise _Stop(f"stopped after {self.read.values:,} values (the limit)")
-                    self.read.values += 1
+                    if self.done.values >= self.max_values:
+                        raise _Stop(f"stopped after {self.done.values:,} values (the limit)")
+                    self.done.values += 1
                     if (found := _value(data, start, end, self.walk)) is not None:
                         values.append(found)
         return wall, step, values

@@ -18,6 +18,7 @@ reader, the event reader); these are what is left of them for the rest of the ru
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Hashable
 from pathlib import Path
 
@@ -48,6 +49,19 @@ class RunBudget:
     @property
     def values_left(self) -> int:
         return self.max_values - self.values
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether something was refused or no values are left: from then on what is read
+        depends on the order it is read in (what a reader of a growing run must know)."""
+        return bool(self._lines) or self.values_left <= 0
+
+    def copy(self) -> RunBudget:
+        """A budget that has spent what this one has, spent on apart from it (a run's logs
+        are read once; its metas are spent again from what the logs left, at every read)."""
+        twin = copy.copy(self)
+        twin.series, twin._lines = set(self.series), dict(self._lines)
+        return twin
 
     def take_values(self, count: int) -> bool:
         """``count`` values read; False (and none taken) when they do not fit."""

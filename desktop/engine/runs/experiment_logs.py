@@ -18,6 +18,10 @@ A run's logs are read under its :class:`~.budget.RunBudget`: every ``key=value``
 a value, a new (name, stage) costs a series, and when values run out the rest of the run's logs is
 left out (one line). A record's words are split in linear time (:func:`.log_lines.shell_words`).
 
+A log still being written is read on (:class:`StageLogs`): each read takes the lines appended
+since the last, the line being written once it is ended, and gives what a read from the start
+would give.
+
 ``meta.json`` (the experiment's identity: name, git commit and branch, dirty flag, dataset,
 creation date) is read into a few labelled strings.
 """
@@ -25,12 +29,13 @@ creation date) is read into a few labelled strings.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from desktop.engine.files.bounded import FileRefused, read_json
-from desktop.engine.files.log_lines import LogLines, shell_words
+from desktop.engine.files.bounded import FileRefused
+from desktop.engine.files.log_lines import LogLines, LogReplaced, shell_words
 from desktop.engine.files.numbers import NotANumber, NumberRefused, parse_count, parse_float
 from desktop.engine.runs.budget import Problems, RunBudget
 
@@ -83,38 +88,133 @@ def stage_logs(tag_folder: Path) -> list[tuple[str, Path]]:
 def read_series(log: Path, stage: str, budget: RunBudget) -> tuple[list[Series], list[str]]:
     """Every series the records of ``log`` state (x: the step within their stage), and the
     problem lines; what it reads is spent from the run's ``budget``."""
-    problems = Problems(log, MAX_PROBLEMS_PER_FILE)
-    found: dict[tuple[str, str], dict[int, float]] = {}
-    lines = LogLines(log)
-    try:
-        for number, text in lines:
-            if not budget.values_left:
-                break  # said once for the run, by the budget
-            record = _record(text, number, problems, budget)
-            if record is not None:
-                _add(record, stage, number, found, problems, budget)
-    except FileRefused as exc:
-        return [], [str(exc)]
-    notes = problems.lines()
-    if lines.cut:
-        notes.append(lines.cut_line())
-    if lines.long_lines:
-        notes.append(f"{log}: {lines.long_lines} line(s) over {lines.max_line // 1024} KB skipped")
-    series = []
-    for (name, where), points in found.items():
-        steps = sorted(s for s in points if s >= 0)
-        series.append(Series(name, where, tuple(steps), tuple(points[s] for s in steps), str(log)))
-    return series, notes
+    one = LogSeries(log, stage)
+    one.read(budget)
+    return one.series(), one.notes()
 
 
-def read_about(experiment_dir: Path) -> tuple[tuple[tuple[str, str], ...], list[str]]:
-    """The experiment's identity from its ``meta.json`` as (label, text) pairs: experiment,
-    commit, branch, tree (clean / uncommitted changes), dataset, created. Absent: nothing."""
+class LogSeries:
+    """One stage log's series, read on as the log grows: each :meth:`read` takes the lines
+    appended since the last (:class:`~desktop.engine.files.log_lines.LogLines`)."""
+
+    def __init__(self, log: Path, stage: str) -> None:
+        self.log, self.stage = log, stage
+        self.lines = LogLines(log)
+        self.problems = Problems(log, MAX_PROBLEMS_PER_FILE)
+        self.found: dict[tuple[str, str], dict[int, float]] = {}
+        self.refused: str | None = None  # why the last read could not read the log
+        # The run's values ran out at a line of this log: a read from the start stops there too.
+        self.stopped = False
+
+    def read(self, budget: RunBudget) -> bool:
+        """Read the lines appended since the last read, spending ``budget``; whether any were.
+        LogReplaced when what was read of the log before is no longer its start (replaced, cut
+        short, or no longer readable): it and what it spent must be read again from nothing."""
+        if self.stopped:
+            if self.lines.replaced():
+                raise LogReplaced(f"{self.log}: replaced since it was read")
+            return False
+        self.refused, read_before, lines_before = None, self.lines.offset, self.lines.number
+        try:
+            for number, text in self.lines:
+                if not budget.values_left:
+                    self.stopped = True  # said once for the run, by the budget
+                    break
+                record = _record(text, number, self.problems, budget)
+                if record is not None:
+                    _add(record, self.stage, number, self.found, self.problems, budget)
+        except FileRefused as exc:
+            if read_before:
+                raise LogReplaced(str(exc)) from None
+            self.refused = str(exc)
+        return self.lines.number != lines_before or self.stopped
+
+    def series(self) -> list[Series]:
+        """The series read so far (none while the log cannot be read)."""
+        if self.refused:
+            return []
+        series = []
+        for (name, where), points in self.found.items():
+            steps = sorted(s for s in points if s >= 0)
+            series.append(Series(name, where, tuple(steps), tuple(points[s] for s in steps), str(self.log)))
+        return series
+
+    def notes(self) -> list[str]:
+        """The log's problem lines so far."""
+        if self.refused:
+            return [self.refused]
+        notes = self.problems.lines()
+        if self.lines.cut:
+            notes.append(self.lines.cut_line())
+        if self.lines.long_lines:
+            over = self.lines.max_line // 1024
+            notes.append(f"{self.log}: {self.lines.long_lines} line(s) over {over} KB skipped")
+        return notes
+
+
+class StageLogs:
+    """A tag folder's stage logs read on as a run trains them, under one budget for all of them:
+    :meth:`read` reads what each log gained and gives what a read of them all from the start
+    would (:func:`read_series` of each, in order, with one budget).
+
+    Logs are read in run order and spend one budget, so a read from the start is the same as
+    reading on only while the run's budget has room (what is spent then does not depend on the
+    order) or while the logs grow in order (the last one read, or one after it, gains lines: as a
+    run writes them). Otherwise (the budget ran out, and an earlier log gained lines), and when a
+    log went away, was replaced or cut short, all are read again from the start, once."""
+
+    def __init__(self, tag_folder: Path) -> None:
+        self.tag_folder = tag_folder
+        self.budget = RunBudget(tag_folder)  # what the logs spent; the metas spend on from a copy
+        self._logs: list[LogSeries] = []
+        self._dropped_bytes = 0  # read by logs since read again from the start
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of the logs read by every read so far."""
+        return self._dropped_bytes + sum(one.lines.bytes_read for one in self._logs)
+
+    def read(self) -> tuple[list[Series], list[str]]:
+        """Every log's series and problem lines as they stand now, in run order."""
+        if not self._read_on():
+            self._dropped_bytes = self.bytes_read
+            self.budget, self._logs = RunBudget(self.tag_folder), []
+            self._read_on()  # from nothing: a read from the start, which cannot be out of order
+        series = [s for one in self._logs for s in one.series()]
+        return series, [line for one in self._logs for line in one.notes()]
+
+    def _read_on(self) -> bool:
+        """Read what the logs gained since the last read; False when the result would not be what
+        a read from the start gives (and the logs must be read so)."""
+        kept = {(one.stage, one.log): one for one in self._logs}
+        found = stage_logs(self.tag_folder)
+        if not kept.keys() <= set(found):
+            return False  # a log went away: what it spent cannot be given back
+        self._logs = logs = [kept.get((stage, log)) or LogSeries(log, stage) for stage, log in found]
+        # whether each log's lines were read before: one after a log that gains lines means
+        # they are read in another order than a read from the start reads them
+        begun = [bool(one.lines.number) for one in logs]
+        out_of_order = False
+        try:
+            for index, one in enumerate(logs):
+                if one.read(self.budget) and any(begun[index + 1 :]):
+                    out_of_order = True
+        except LogReplaced:
+            return False
+        return not (out_of_order and self.budget.exhausted)
+
+
+def read_about(
+    experiment_dir: Path, parse: Callable[[Path], Any]
+) -> tuple[tuple[tuple[str, str], ...], list[str]]:
+    """The experiment's identity from its ``meta.json`` (read by ``parse``: a reader that reads
+    again and again keeps it) as (label, text) pairs: experiment, commit, branch, tree (clean /
+    uncommitted changes), dataset, created. Absent: nothing."""
     path = experiment_dir / "meta.json"
     if not path.is_file():
         return (), []
     try:
-        meta = read_json(path, "config")
+        meta = parse(path)
     except FileRefused as exc:
         return (), [str(exc)]
     if not isinstance(meta, dict):

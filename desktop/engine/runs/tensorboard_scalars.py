@@ -16,7 +16,8 @@ Bounded: :data:`MAX_FILES` files (the newest); across them :data:`MAX_RUN_BYTES`
 :data:`MAX_RUN_EVENTS` and :data:`MAX_RUN_FIELDS`, and the values and series left in the run's
 :class:`~.budget.RunBudget` (a value is every Summary.Value decoded: one event may hold a million,
 so counting events bounded nothing); and what :mod:`desktop.engine.files.tensorboard_events`
-bounds per file and tag.
+bounds per file and tag. A run still training is read on (:class:`KfScalars`): each read takes
+the frames its files gained, within what those budgets left.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from desktop.engine.files.tensorboard_events import (
     MAX_POINTS,
     MAX_TAGS,
     MB,
+    EventFile,
+    FileReplaced,
     Scalars,
-    read_event_file,
 )
 from desktop.engine.kempnerforge.config import find_config, read_toml
 from desktop.engine.kempnerforge.layout import resolve_checkpoint
@@ -52,6 +54,10 @@ MAX_RUN_BYTES = 32 * MB
 MAX_RUN_EVENTS = 2_000_000
 MAX_RUN_FIELDS = 3_000_000  # six a value: the run budget's 500,000
 _STARTED = re.compile(r"tfevents\.(\d{1,20})")  # events.out.tfevents.<start time>.<host>.<pid>.<n>
+
+
+class _ReadAgain(Exception):
+    """Reading on would not give what a read from the start gives: read from the start."""
 
 
 @dataclass(frozen=True)
@@ -73,59 +79,123 @@ def kf_curves(
     the run's ``budget`` (the timeline's, shared with the rest of the run; else one of its own)."""
     own = budget is None
     budget = RunBudget(run) if budget is None else budget
-    problems: list[str] = []
-    files: list[Path] = []
-    try:
-        folders = event_folders(run)
-    except PathRefused as exc:
-        folders = []
-        problems.append(f"{exc}; no TensorBoard scalars read")
-    for folder in folders:
-        found, line = event_files(folder)
-        files += found
-        problems += [line] if line else []
-    scalars = Scalars(max_tags=max_tags, max_points=max_points)
-    sources = _read(files, scalars, problems, budget)
-    if scalars.values_left_out:
-        problems.append(
-            f"{files[0].parent}: more than {max_tags} tags; "
-            f"{scalars.values_left_out:,} values of the others are left out"
-        )
-    curves = []
-    for tag, series in scalars.series.items():
-        if not budget.take_series((tag, "kempnerforge")):
-            continue
-        steps, _, values = series.points()
-        paths = sources.get(tag, [])
-        source = str(paths[0]) if len(paths) == 1 else str(files[0].parent)
-        if series.sampled:
-            problems.append(
-                f"{source}: {tag}: {series.logged:,} values, drawn as {len(steps):,} evenly spaced"
-            )
-        curves.append(LoggedCurve(tag, tuple(map(float, steps)), tuple(values), source))
+    curves, problems = KfScalars(run, max_points, max_tags).read(budget)
     return curves, problems + (budget.lines() if own else [])
 
 
-def _read(files: list[Path], scalars: Scalars, problems: list[str], run: RunBudget) -> dict[str, list[Path]]:
-    """Read ``files`` in order into ``scalars`` within the run's budgets; which files logged
-    each tag."""
-    sources: dict[str, list[Path]] = {}
-    budget, events, walked = MAX_RUN_BYTES, MAX_RUN_EVENTS, MAX_RUN_FIELDS
-    for path in files:
-        if min(budget, events, walked, run.values_left) <= 0:
-            problems.append(f"{path}: not read (a run's event files are read up to the limit)")
-            continue
-        before = {tag: s.logged for tag, s in scalars.series.items()}
-        read = read_event_file(path, scalars, min(budget, MAX_FILE_BYTES), events, run.values_left, walked)
-        budget -= read.bytes_read
-        events -= read.events
-        walked -= read.fields
-        run.take_values(read.values)  # within what was left: the file's own line says where it stopped
-        problems += read.problems
+class KfScalars:
+    """A KempnerForge run's scalars read on as it trains: each :meth:`read` reads the frames its
+    event files gained (:class:`~desktop.engine.files.tensorboard_events.EventFile`) and a new
+    event file (a resumed run), and gives what :func:`kf_curves` would give now.
+
+    A step logged again replaces what came after it, so the files must be read in their order:
+    reading on is that while the files grow in order (the newest file read, or a newer one, gains
+    frames). When an older file gains frames after a newer one was read, a file goes away, is
+    replaced or cut short, or the newest :data:`MAX_FILES` are other files, all are read again
+    from the start, once."""
+
+    def __init__(self, run: Path, max_points: int = MAX_POINTS, max_tags: int = MAX_TAGS) -> None:
+        self.run, self.max_points, self.max_tags = run, max_points, max_tags
+        self._dropped_bytes = 0  # read by files since read again from the start
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self.scalars = Scalars(max_tags=self.max_tags, max_points=self.max_points)
+        self._files: list[EventFile] = []
+        self._sources: dict[str, list[Path]] = {}  # which files logged each tag, in file order
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of event files read by every read so far."""
+        return self._dropped_bytes + sum(one.bytes_read for one in self._files)
+
+    def read(self, budget: RunBudget) -> tuple[list[LoggedCurve], list[str]]:
+        """The run's curves as they stand now, and the problem lines; the values read are spent
+        from the run's ``budget`` (its values then are what every read may read)."""
+        problems: list[str] = []
+        paths: list[Path] = []
+        try:
+            folders = event_folders(self.run)
+        except PathRefused as exc:
+            folders = []
+            problems.append(f"{exc}; no TensorBoard scalars read")
+        for folder in folders:
+            found, line = event_files(folder)
+            paths += found
+            problems += [line] if line else []
+        try:
+            lines, values = self._read_on(paths, budget.values_left)
+        except _ReadAgain:
+            self._dropped_bytes = self.bytes_read
+            self._fresh()
+            lines, values = self._read_on(paths, budget.values_left)  # from nothing: in order
+        budget.take_values(values)  # within what was left: a file's own line says where it stopped
+        return self._curves(paths, budget, problems + lines)
+
+    def _read_on(self, paths: list[Path], values_left: int) -> tuple[list[str], int]:
+        """Read what ``paths`` (oldest first) gained since the last read, within the run's budgets:
+        the problem lines and the values read in all; _ReadAgain when that would not be what a
+        read from the start gives."""
+        if [one.path for one in self._files] != paths[: len(self._files)]:
+            raise _ReadAgain  # a file went away, or an older one came
+        kept = self._files
+        self._files = files = kept + [EventFile(path, self.scalars) for path in paths[len(kept) :]]
+        begun = [one.done.events > 0 or one.stop is not None for one in files]
+        problems: list[str] = []
+        # what the run's budgets leave for each file: what the files before it did not take
+        bytes_left, events_left, fields_left = MAX_RUN_BYTES, MAX_RUN_EVENTS, MAX_RUN_FIELDS
+        values = values_left
+        for index, one in enumerate(files):
+            if min(bytes_left, events_left, fields_left, values) <= 0:
+                problems.append(f"{one.path}: not read (a run's event files are read up to the limit)")
+                continue
+            before = {tag: s.logged for tag, s in self.scalars.series.items()}
+            events = one.done.events
+            try:
+                one.read(min(bytes_left, MAX_FILE_BYTES), events_left, values, fields_left)
+            except FileReplaced:
+                raise _ReadAgain from None
+            if one.done.events != events and any(begun[index + 1 :]):
+                raise _ReadAgain  # an older file gained events after a newer one was read
+            bytes_left -= one.done.bytes_read
+            events_left -= one.done.events
+            fields_left -= one.done.fields
+            values -= one.done.values
+            problems += one.problems()
+            self._note_sources(one.path, before)
+        return problems, values_left - values
+
+    def _note_sources(self, path: Path, before: dict[str, int]) -> None:
+        """``path`` noted as a source of each tag it logged values of (``before``: their counts
+        before it was read)."""
+        for tag, series in self.scalars.series.items():
+            sources = self._sources.setdefault(tag, [])
+            if series.logged != before.get(tag, 0) and path not in sources:
+                sources.append(path)
+
+    def _curves(
+        self, paths: list[Path], budget: RunBudget, problems: list[str]
+    ) -> tuple[list[LoggedCurve], list[str]]:
+        """One curve per tag kept (each a series of the run's ``budget``), and the lines."""
+        scalars = self.scalars
+        if scalars.values_left_out:
+            problems.append(
+                f"{paths[0].parent}: more than {self.max_tags} tags; "
+                f"{scalars.values_left_out:,} values of the others are left out"
+            )
+        curves = []
         for tag, series in scalars.series.items():
-            if series.logged != before.get(tag, 0):
-                sources.setdefault(tag, []).append(path)
-    return sources
+            if not budget.take_series((tag, "kempnerforge")):
+                continue
+            steps, _, values = series.points()
+            sources = self._sources.get(tag, [])
+            source = str(sources[0]) if len(sources) == 1 else str(paths[0].parent)
+            if series.sampled:
+                problems.append(
+                    f"{source}: {tag}: {series.logged:,} values, drawn as {len(steps):,} evenly spaced"
+                )
+            curves.append(LoggedCurve(tag, tuple(map(float, steps)), tuple(values), source))
+        return curves, problems
 
 
 def event_folders(run: Path) -> list[Path]:

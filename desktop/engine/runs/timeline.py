@@ -32,12 +32,18 @@ the run is listed. A run is read under one :class:`~.budget.RunBudget` shared by
 files: saved steps, series, values (a meta's metrics and settings, a log's fields, TensorBoard
 values) and meta bytes are counted for the whole run, and what is past them is left out with one
 line each.
+
+A run still training is read again and again by one :class:`RunReader`: each read gives what
+:func:`timeline_of` would give then (``timeline_of`` is a reader's first read), reading only what
+the stage logs and event files gained since the last read and the metas not parsed as they are
+now, so an hours-long log is not read again whole for a point it gained.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,8 +57,8 @@ from desktop.engine.kempnerforge.layout import is_kf_target, run_dir, run_steps
 from desktop.engine.nanochat import checkpoint as ckpt
 from desktop.engine.nanochat.experiment_layout import is_stage_folder, is_tag_folder, stage_folders
 from desktop.engine.runs.budget import Problems, RunBudget
-from desktop.engine.runs.experiment_logs import Series, about_note, read_about, read_series, stage_logs
-from desktop.engine.runs.tensorboard_scalars import kf_curves
+from desktop.engine.runs.experiment_logs import Series, StageLogs, about_note, read_about
+from desktop.engine.runs.tensorboard_scalars import KfScalars
 
 # Stages in the order a run goes through them; the fork's extra phase folders map onto them.
 STAGES = ("base", "mid", "sft", "rl")
@@ -197,19 +203,98 @@ def timeline_of(target: Path) -> Timeline:
     """The timeline of the run ``target`` names: a nanochat ``<phase>_checkpoints/<tag>`` folder
     (its tag's other stages join it), an experiment's ``<name>/<tag>`` folder or one of its stage
     folders, or a KempnerForge run or step folder. NanoscopeError for a folder that is none."""
-    target = Path(target).expanduser()
-    if is_stage_folder(target) and is_tag_folder(target.parent):
-        return _experiment(target.parent)
-    if is_tag_folder(target):
-        return _experiment(target)
-    if is_kf_target(target):
-        return _kempnerforge(run_dir(target))
-    if ckpt.model_steps(target):
-        return _nanochat(target)
-    raise NanoscopeError(
-        f"{target}: not a training run (a nanochat <phase>_checkpoints/<tag> folder, an "
-        "experiment's <name>/<tag> folder, or a KempnerForge run)"
-    )
+    return RunReader(target).read()
+
+
+class RunReader:
+    """The run ``target`` names (as :func:`timeline_of` takes it) read again and again while it
+    trains: each :meth:`read` gives the whole timeline as it stands, what :func:`timeline_of`
+    gives at that moment, but reads only what the run's logs and event files gained since the
+    last read (:class:`~.experiment_logs.StageLogs`, :class:`~.tensorboard_scalars.KfScalars`)
+    and the metas it has not parsed as they are now (:class:`MetaCache`). The run's budgets
+    bound every read as they bound one: what the logs spent stays spent.
+
+    Not thread-safe: one reader is read by one thread at a time."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = Path(target).expanduser()
+        self.metas = MetaCache()
+        self._logs: StageLogs | None = None
+        self._scalars: KfScalars | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of stage logs and event files read by every read so far (metas: :attr:`metas`)."""
+        logs = self._logs.bytes_read if self._logs else 0
+        return logs + (self._scalars.bytes_read if self._scalars else 0)
+
+    def read(self) -> Timeline:
+        """The run's timeline now. NanoscopeError when the target is not (or no longer) a run."""
+        target = self.target
+        try:
+            if is_stage_folder(target) and is_tag_folder(target.parent):
+                return self._experiment(target.parent)
+            if is_tag_folder(target):
+                return self._experiment(target)
+            if is_kf_target(target):
+                return self._kempnerforge(run_dir(target))
+            if ckpt.model_steps(target):
+                return _nanochat(target, self.metas)
+        finally:
+            self.metas.forget_unused()
+        raise NanoscopeError(
+            f"{target}: not a training run (a nanochat <phase>_checkpoints/<tag> folder, an "
+            "experiment's <name>/<tag> folder, or a KempnerForge run)"
+        )
+
+    def _experiment(self, tag_folder: Path) -> Timeline:
+        if self._logs is None or self._logs.tag_folder != tag_folder:
+            self._logs = StageLogs(tag_folder)
+        return _experiment(tag_folder, self._logs, self.metas)
+
+    def _kempnerforge(self, run: Path) -> Timeline:
+        if self._scalars is None or self._scalars.run != run:
+            self._scalars = KfScalars(run)
+        return _kempnerforge(run, self._scalars, self.metas)
+
+
+class MetaCache:
+    """Metas (and the other small files a timeline parses whole) kept parsed by path, with the
+    ``st_mtime_ns`` and ``st_size`` they had: one rewritten is parsed again, the rest never.
+    What a parse raised is kept too (a meta that does not parse does not parse again). Kept only
+    while a read still asks for it, so a run's metas bound what is kept."""
+
+    def __init__(self) -> None:
+        self._kept: dict[Path, tuple[tuple[int, int], Any, Exception | None]] = {}
+        self._asked: set[Path] = set()
+        self.parsed = 0  # parses run, by every read
+
+    def parse(self, path: Path, parse: Callable[[Path], Any]) -> Any:
+        """What ``parse(path)`` gives (or raises), parsed again only when the file changed."""
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return parse(path)  # it says why it cannot be read
+        key = (stat.st_mtime_ns, stat.st_size)
+        self._asked.add(path)
+        kept = self._kept.get(path)
+        if kept is None or kept[0] != key:
+            kept = self._kept[path] = (key, *self._run(parse, path))
+        if kept[2] is not None:
+            raise kept[2].with_traceback(None)  # a fresh traceback each time, not a growing one
+        return kept[1]
+
+    def _run(self, parse: Callable[[Path], Any], path: Path) -> tuple[Any, Exception | None]:
+        self.parsed += 1
+        try:
+            return parse(path), None
+        except (FileRefused, NanoscopeError) as exc:  # what a meta's reader says of it
+            return None, exc
+
+    def forget_unused(self) -> None:
+        """Forget what the last read did not ask for (steps gone, a run left)."""
+        self._kept = {path: kept for path, kept in self._kept.items() if path in self._asked}
+        self._asked = set()
 
 
 def _stage_folders(folder: Path) -> list[tuple[str, Path]]:
@@ -228,7 +313,7 @@ def _stage_folders(folder: Path) -> list[tuple[str, Path]]:
     return [(stage, found[stage]) for stage in STAGES if stage in found]
 
 
-def _nanochat(folder: Path) -> Timeline:
+def _nanochat(folder: Path, metas: MetaCache) -> Timeline:
     points: list[Point] = []
     problems: list[str] = []
     stages: list[tuple[int, str]] = []
@@ -240,7 +325,7 @@ def _nanochat(folder: Path) -> Timeline:
         if not steps:
             continue
         stages.append((offset, stage))
-        previous = _stage_points(stage, directory, steps, offset, previous, points, problems, budget)
+        previous = _stage_points(stage, directory, steps, offset, previous, points, problems, budget, metas)
         offset += steps[-1]
     name = folder.name if len(stages) < 2 else f"{folder.name} ({' → '.join(s for _, s in stages)})"
     said = _said(folder, problems, budget)
@@ -256,6 +341,7 @@ def _stage_points(
     points: list[Point],
     problems: list[str],
     budget: RunBudget,
+    metas: MetaCache,
 ) -> dict[str, Any] | None:
     """The saved steps of one stage appended to ``points`` (x from ``offset``); returns the last
     step's config, which the next stage's first step is compared with. A step whose meta is
@@ -264,7 +350,7 @@ def _stage_points(
     for step in steps:
         try:
             meta_path = ckpt.meta_file(directory, step)
-            meta = _read_meta(meta_path, budget)
+            meta = _read_meta(meta_path, budget, metas)
         except NanoscopeError as exc:
             problems.append(str(exc))
             continue
@@ -290,13 +376,13 @@ def _stage_points(
     return previous
 
 
-def _read_meta(path: Path, budget: RunBudget) -> dict[str, Any]:
+def _read_meta(path: Path, budget: RunBudget, metas: MetaCache) -> dict[str, Any]:
     """The meta at ``path`` ({} past the run's meta budget); CheckpointError when unreadable."""
     try:
         size = _bytes_of(path)
     except FileRefused as exc:
         raise CheckpointError(str(exc)) from None
-    return ckpt.read_meta(path) if budget.take_meta(size) else {}
+    return metas.parse(path, ckpt.read_meta) if budget.take_meta(size) else {}
 
 
 def _bytes_of(path: Path) -> int:
@@ -307,20 +393,17 @@ def _bytes_of(path: Path) -> int:
         raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
 
 
-def _experiment(tag_folder: Path) -> Timeline:
+def _experiment(tag_folder: Path, logs: StageLogs, metas: MetaCache) -> Timeline:
     """An experiment's tag: its stages' saved steps chained as in the phase layout, its stage
     logs' records as curves on the same x-axis, its meta.json as ``about``."""
     points: list[Point] = []
-    problems: list[str] = []
     stages: list[tuple[int, str]] = []
     curves: list[Curve] = []
     logged: dict[str, list[Series]] = {}
-    budget = RunBudget(tag_folder)
-    for stage, log in stage_logs(tag_folder):
-        series, lines = read_series(log, stage, budget)
-        problems += lines
-        for one in series:
-            logged.setdefault(one.stage, []).append(one)
+    series, problems = logs.read()
+    budget = logs.budget.copy()  # the metas spend what the logs left, at every read
+    for one in series:
+        logged.setdefault(one.stage, []).append(one)
     saved = dict(stage_folders(tag_folder))
     offset = 0
     previous: dict[str, Any] | None = None
@@ -330,7 +413,7 @@ def _experiment(tag_folder: Path) -> Timeline:
         stages.append((offset, stage))
         steps = budget.take_steps(ckpt.model_steps(saved[stage])) if stage in saved else []
         previous = (
-            _stage_points(stage, saved[stage], steps, offset, previous, points, problems, budget)
+            _stage_points(stage, saved[stage], steps, offset, previous, points, problems, budget, metas)
             if steps
             else previous
         )
@@ -343,7 +426,7 @@ def _experiment(tag_folder: Path) -> Timeline:
             if steps
             else max((one.steps[-1] for one in logged.get(stage, []) if one.steps), default=0)
         )
-    about, lines = read_about(tag_folder.parent)
+    about, lines = read_about(tag_folder.parent, lambda path: metas.parse(path, _read_config))
     problems += lines
     name = f"{tag_folder.parent.name}/{tag_folder.name}"
     if len(stages) > 1:
@@ -367,7 +450,7 @@ def bpb_notes(points: list[Point]) -> tuple[str, ...]:
     return (BPB_NOTE,) if dates and min(dates) < BPB_FIX <= max(dates) else ()
 
 
-def _kempnerforge(run: Path) -> Timeline:
+def _kempnerforge(run: Path, scalars: KfScalars, metas: MetaCache) -> Timeline:
     points: list[Point] = []
     problems: list[str] = []
     budget = RunBudget(run)
@@ -376,7 +459,7 @@ def _kempnerforge(run: Path) -> Timeline:
         tokens = None
         try:
             # its bytes are the run's meta bytes: a step's metadata.json may weigh 64 MB
-            data = read_json(path, "config") if budget.take_meta(_bytes_of(path)) else {}
+            data = metas.parse(path, _read_config) if budget.take_meta(_bytes_of(path)) else {}
         except FileRefused as exc:
             if os.path.lexists(path):  # none at all: a step still being written, no tokens
                 problems.append(str(exc))
@@ -389,11 +472,16 @@ def _kempnerforge(run: Path) -> Timeline:
                 problems.append(f"{path}: tokens_seen is not a count; left out")
         size = sum(p.stat().st_size for p in (run / f"step_{step}").glob("*.distcp") if p.is_file())
         points.append(Point("kempnerforge", step, step, run, {}, tokens, size))
-    logged, lines = kf_curves(run, budget)
+    logged, lines = scalars.read(budget)
     problems += lines
     curves = tuple(Curve(c.name, "kempnerforge", c.xs, c.ys, c.source) for c in logged)
     stages = ((0, "kempnerforge"),) if points else ()
     return Timeline(run.name, tuple(points), _said(run, problems, budget), stages, curves=curves)
+
+
+def _read_config(path: Path) -> Any:
+    """A small JSON file whole (a KempnerForge step's metadata, an experiment's meta.json)."""
+    return read_json(path, "config")
 
 
 def _metrics(
