@@ -23,6 +23,7 @@ from desktop.engine.nanochat.experiment_layout import (
     is_stage_folder,
     tag_name,
 )
+from desktop.engine.runs.saving import SAVED, SaveWatch, StepState
 
 # Phase directory -> the short source name users type (base|mid|sft|rl), plus the fork's extras.
 PHASES = {
@@ -43,6 +44,8 @@ class CheckpointEntry:
     tag: str
     path: Path
     steps: list[int] = field(default_factory=list)
+    # steps being written, or that never finished (with a watch only): shown, not opened
+    unsaved: list[StepState] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -93,34 +96,59 @@ def run_tag(directory: Path) -> str:
     return tag_name(directory) if is_stage_folder(directory) else directory.name
 
 
-def discover(base: Path, extra_dirs: list[Path] | None = None) -> list[CheckpointEntry]:
+def discover(
+    base: Path, extra_dirs: list[Path] | None = None, saves: SaveWatch | None = None
+) -> list[CheckpointEntry]:
     """Every ``<phase>_checkpoints/<tag>/`` and every experiment's ``<name>/<tag>/<stage>/`` under
-    ``base``, plus any extra checkpoint folders."""
+    ``base``, plus any extra checkpoint folders.
+
+    With ``saves`` (a run being watched while it trains) a step is listed only once its files are
+    whole and settled; the others are the entry's ``unsaved`` (saving…, or incomplete and why).
+    Without it every step with a model file is listed, and opening one says what is wrong."""
     entries: list[CheckpointEntry] = []
+
+    def nanochat(source: str, tag: str, folder: Path) -> None:
+        if saves is None:
+            if steps := ckpt.model_steps(folder):
+                entries.append(CheckpointEntry(source, tag, folder, steps))
+            return
+        states = saves.nanochat(folder)
+        saved = [s.step for s in states if s.state == SAVED]
+        if saved:
+            entries.append(
+                CheckpointEntry(source, tag, folder, saved, [s for s in states if s.state != SAVED])
+            )
+
     for phase, source in PHASES.items():
         root = base / phase
         if not root.is_dir():
             continue
         for tag_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-            steps = ckpt.model_steps(tag_dir)
-            if steps:
-                entries.append(CheckpointEntry(source, tag_dir.name, tag_dir, steps))
+            nanochat(source, tag_dir.name, tag_dir)
     for stage, tag, folder in find_stage_folders(base):
-        entries.append(CheckpointEntry(stage, tag, folder, ckpt.model_steps(folder)))
+        nanochat(stage, tag, folder)
     for d in extra_dirs or []:
-        steps = ckpt.model_steps(d)
-        if steps and all(e.path != d for e in entries):
-            entries.append(CheckpointEntry("folder", d.name, d, steps))
+        if all(e.path != d for e in entries):
+            nanochat("folder", d.name, d)
     # Hugging Face folders in the watched folders (one "step": the folder holds one model).
     for d in find_hf_directories([base, *(extra_dirs or [])]):
-        if all(e.path != d for e in entries):
+        if all(e.path != d for e in entries) and (saves is None or saves.hf(d).state == SAVED):
             entries.append(CheckpointEntry("hf", display_name(d), d, [0]))
     entries.sort(key=lambda e: (SOURCE_ORDER.index(e.source), e.tag))
     # KempnerForge runs in the watched folders, with every complete step.
     for run, steps in find_runs([base, *(extra_dirs or [])]):
-        if all(e.path != run for e in entries):
-            entries.append(CheckpointEntry("kempnerforge", run.name, run, steps))
+        listed, unsaved = _kf_steps(run, steps, saves)
+        if listed and all(e.path != run for e in entries):
+            entries.append(CheckpointEntry("kempnerforge", run.name, run, listed, unsaved))
     return entries
+
+
+def _kf_steps(run: Path, steps: list[int], saves: SaveWatch | None) -> tuple[list[int], list[StepState]]:
+    """A KempnerForge run's steps to list, and (with a watch) those not saved yet."""
+    if saves is None:
+        return steps, []
+    states = saves.kempnerforge(run)
+    return [s.step for s in states if s.state == SAVED], [s for s in states if s.state != SAVED]
 
 
 def unlisted_problem(folder: Path) -> str:

@@ -18,6 +18,7 @@ from desktop.session.observable import Events
 StepKey = tuple[str, int]  # (stage, step)
 Said = tuple[str, int, str, str]  # (stage, step, prompt, text)
 MAX_COMPARED = 4  # panes the Compare screen holds
+SWEEP = "sweep"  # the source of a curve an evaluation drew (not a file's)
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class Flips:
 class RunSession:
     """Events:
     run_chosen(folder): a run was chosen; its timeline is wanted.
-    timeline_changed(): a new timeline, or none (``problem`` says why); the marks are cleared.
+    timeline_changed(): a new timeline, or none (``problem`` says why); the marks are cleared
+        (but for a run read again as it trains: then they stay).
+    steps_landed(points): the run, read again, has new saved steps (Point list, oldest first).
     marks_changed(): a step was marked or unmarked.
     samples_started(): a sample sweep began; what the last one said is gone.
     sample_added(stage, step, prompt, text): one step's continuation of one prompt.
@@ -47,6 +50,7 @@ class RunSession:
         self.events = Events(
             "run_chosen",
             "timeline_changed",
+            "steps_landed",
             "marks_changed",
             "samples_started",
             "sample_added",
@@ -74,6 +78,26 @@ class RunSession:
     def show_timeline(self, timeline: Timeline) -> None:
         self.timeline, self.problem, self.marked = timeline, "", []
         self.events.timeline_changed.emit()
+
+    def grow_timeline(self, timeline: Timeline) -> None:
+        """The chosen run read again while it trains: marks on steps still there stay, the
+        evaluations' curves are drawn on it again, and ``steps_landed`` names its new steps."""
+        before = self.timeline
+        if before is None:
+            self.show_timeline(timeline)
+            return
+        if timeline == replace(before, curves=tuple(c for c in before.curves if c.source != "sweep")):
+            return  # nothing new (the evaluations' curves are this session's, not the files')
+        known = {(p.stage, p.step) for p in before.points}
+        now = {(p.stage, p.step): p for p in timeline.points}
+        self.timeline, self.problem = timeline, ""
+        self.marked = [now[(p.stage, p.step)] for p in self.marked if (p.stage, p.step) in now]
+        for task, scores in self.scores.items():
+            self._draw_scores(task, scores)
+        self.events.timeline_changed.emit()
+        landed = [p for p in timeline.points if (p.stage, p.step) not in known]
+        if landed:
+            self.events.steps_landed.emit(landed)
 
     def show_problem(self, folder: Path, message: str) -> None:
         self.timeline, self.problem, self.marked = None, f"{Path(folder).name}: {message}", []
@@ -137,6 +161,10 @@ class RunSession:
         """Each step's score on ``task``: kept for the table and the report card, and drawn as a
         curve of the timeline (one segment per stage), replacing an earlier one of that task."""
         self.scores[task] = dict(scores)
+        self._draw_scores(task, scores)
+        self.events.scores_changed.emit(task)
+
+    def _draw_scores(self, task: str, scores: Mapping[StepKey, float]) -> None:
         if self.timeline is not None:
             points = self.timeline.points
             curves = [c for c in self.timeline.curves if c.name != task]
@@ -148,9 +176,8 @@ class RunSession:
                 )
                 if placed:
                     xs, ys = zip(*placed, strict=True)
-                    curves.append(Curve(task, stage, xs, ys, "sweep"))
+                    curves.append(Curve(task, stage, xs, ys, SWEEP))
             self.timeline = replace(self.timeline, curves=tuple(curves))
-        self.events.scores_changed.emit(task)
 
     def record_flips(
         self, earlier: StepKey, later: StepKey, lost: Sequence[int], gained: Sequence[int]

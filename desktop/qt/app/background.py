@@ -10,6 +10,7 @@ summary or timeline never replaces a newer one.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,10 @@ from desktop.engine.nanochat.checkpoint import (
     model_steps,
     read_meta,
 )
+from desktop.engine.runs.saving import SaveWatch
 from desktop.engine.runs.timeline import timeline_of
+from desktop.engine.runs.watched import run_files, watch_paths
+from desktop.qt.app.run_watcher import RunWatcher, fingerprint
 from desktop.qt.jobs.runner import Job, Run
 from desktop.store import HistoryStore
 
@@ -40,20 +44,25 @@ SEARCH_DEBOUNCE_S = 0.2
 
 class Background(QObject):
     """Signals (each emitted on the GUI thread):
-    checkpoints_found(list): CheckpointEntry list after a scan.
+    checkpoints_found(list): CheckpointEntry list after a scan (after a look the watcher asked
+        for, only when something changed).
+    runs_changed(): the watched folders or the chosen run's files changed (a look followed).
     summary_ready(object): CheckpointSummary for the picker's current selection.
     summary_listed(object): a CheckpointSummary asked for by ``summarize_many`` (one each).
     folder_opened(object): the FolderReport of a folder the user opened.
     timeline_ready(object) / timeline_failed(object, str): a run's Timeline, or why not.
+    timeline_grown(object, object): a run's folder and its Timeline, read again as it trains.
     search_results(list): SearchHit list for the latest query (older queries are dropped).
     """
 
     checkpoints_found = Signal(list)
+    runs_changed = Signal()
     summary_ready = Signal(object)
     search_results = Signal(list)
     summary_listed = Signal(object)
     folder_opened = Signal(object)
     timeline_ready = Signal(object)  # a Timeline
+    timeline_grown = Signal(object, object)  # the run's folder, its Timeline read again
     timeline_failed = Signal(object, str)  # the run's folder, one line
 
     def __init__(self, store: HistoryStore, parent: QObject | None = None) -> None:
@@ -76,22 +85,66 @@ class Background(QObject):
         # file open per checkpoint, so the picker's list is read once until a file changes.
         # Jobs' threads share it; at worst two of them read the same file.
         self._summaries: dict[tuple[Path, int], tuple[tuple[int, int], CheckpointSummary]] = {}
+        # Runs keep training while the window is open: the watcher says when their folders change,
+        # and the save watch (one scan at a time holds it) offers a step once its files settled.
+        self.saves = SaveWatch()
+        self._saves_lock = threading.Lock()
+        self.watcher = RunWatcher(self)
+        self.watcher.changed.connect(self.look_again)
+        self.watched_run: Path | None = None  # the Run tab's run: its logs are watched too
+        self._listed: list[CheckpointEntry] | None = None  # what the last scan reported
+        self._remote: list[CheckpointEntry] = []  # the servers' models, as last listed
 
-    def scan(self, base_dir: Path | None = None) -> None:
+    def scan(self, base_dir: Path | None = None, quiet: bool = False) -> None:
         """List the checkpoints under ``base_dir`` (default: nanochat's), the added folders and
-        the bundled demo; ``checkpoints_found`` reports them, then again with the servers' models."""
+        the bundled demo; ``checkpoints_found`` reports them, then again with the servers' models.
+        ``quiet``: report only if the list changed since the last scan (a look the watcher asked for)."""
         base, extra, servers = base_dir or nanochat_base_dir(), list(self.extra_dirs), list(self.servers)
-        self._scan.start(lambda run: self._scan_work(base, extra, servers, run))
+        self._scan.start(lambda run: self._scan_work(base, extra, servers, quiet, run))
 
-    def _scan_work(self, base_dir: Path, extra: list[Path], servers: list, run: Run) -> None:
-        entries = discover(base_dir, extra)
+    def look_again(self) -> None:
+        """The watched folders changed: list again, and say so (the Run tab reads its run again)."""
+        self.scan(quiet=True)
+
+    def _scan_work(self, base_dir: Path, extra: list[Path], servers: list, quiet: bool, run: Run) -> None:
+        with self._saves_lock:
+            entries = discover(base_dir, extra, self.saves)
+            pending = self.saves.pending()
         known = {e.path for e in entries}
         for demo in demo_runs():
             if demo not in known and (steps := model_steps(demo)):
                 entries.append(CheckpointEntry("demo", demo.name, demo, steps))
-        run.post(self.checkpoints_found.emit, entries)
-        if servers and not run.stopped():  # local checkpoints first: a slow server must not hold them back
-            run.post(self.checkpoints_found.emit, entries + [e for s in servers for e in s.entries()])
+        watched = watch_paths(base_dir, extra, entries)
+        if self.watched_run is not None:
+            watched += run_files(self.watched_run)
+        run.post(self._scanned, entries, watched, fingerprint(map(str, watched)), pending, quiet)
+        if servers and not quiet and not run.stopped():
+            # local checkpoints first: a slow server must not hold them back
+            run.post(self._served, entries, [e for s in servers for e in s.entries()])
+
+    def _scanned(self, entries: list, watched: list[Path], seen: dict, pending: bool, quiet: bool) -> None:
+        self.watcher.watch(watched, seen)
+        if pending:
+            self.watcher.look_again_in(self.saves.settle_s)
+        if not quiet:
+            self._remote = []  # the servers are asked again
+        listed = entries + self._remote  # a look the watcher asked for does not ask the servers
+        changed = listed != self._listed
+        self._listed = listed
+        if changed or not quiet:
+            self.checkpoints_found.emit(listed)
+        if quiet:
+            self.runs_changed.emit()
+
+    def _served(self, entries: list, remote: list) -> None:
+        self._remote = remote
+        self._listed = entries + remote
+        self.checkpoints_found.emit(self._listed)
+
+    def watch_run(self, run: Path | None) -> None:
+        """The Run tab shows ``run``: its log and event files are watched as well."""
+        self.watched_run = Path(run) if run is not None else None
+        self.scan(quiet=True)
 
     def summarize(self, path: Path, step: int) -> None:
         self._summary.start(lambda _run: self._summary_of(path, step), done=self.summary_ready.emit)
@@ -127,20 +180,25 @@ class Background(QObject):
         folder = Path(folder)
         self._folder.start(lambda _run: inspect_folder(folder), done=self.folder_opened.emit)
 
-    def read_timeline(self, run: Path) -> None:
+    def read_timeline(self, run: Path, again: bool = False) -> None:
         """A run's timeline, from its metas, off the GUI thread (``timeline_ready``, or
-        ``timeline_failed`` with one line)."""
+        ``timeline_failed`` with one line); ``again``: the run grew (``timeline_grown``)."""
         folder = Path(run)
         self._timeline.start(
-            lambda reading: self._timeline_work(folder, reading),
+            lambda reading: self._timeline_work(folder, again, reading),
             failed=lambda line: self.timeline_failed.emit(folder, line),
         )
 
-    def _timeline_work(self, folder: Path, run: Run) -> None:
+    def _timeline_work(self, folder: Path, again: bool, run: Run) -> None:
         try:
-            run.post(self.timeline_ready.emit, timeline_of(folder))
+            timeline = timeline_of(folder)
         except NanoscopeError as exc:
             run.post(self.timeline_failed.emit, folder, str(exc))
+            return
+        if again:
+            run.post(self.timeline_grown.emit, folder, timeline)
+        else:
+            run.post(self.timeline_ready.emit, timeline)
 
     def search(self, query: str) -> None:
         """Debounced: only the last query typed within SEARCH_DEBOUNCE_S runs."""

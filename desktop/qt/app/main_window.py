@@ -176,6 +176,7 @@ class MainWindow(QMainWindow):
         c, bg = self.controller, self.background
         if self.compare_view is not None:
             bg.checkpoints_found.connect(self.compare_view.set_entries)
+            bg.checkpoints_found.connect(self.compare_view.controller.runs_listed)
             self.tabs.currentChanged.connect(self._on_tab)
             compare = self.compare_view.controller
             compare.saved.connect(lambda _id: c.refresh_list())

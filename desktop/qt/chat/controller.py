@@ -25,6 +25,7 @@ from desktop.engine.params import SamplingParams
 from desktop.qt.model.slot import ModelSlot
 from desktop.session.compare.pane_run import Fork, fork_of
 from desktop.session.conversation import ConversationSession, continuation, refork, reply_message
+from desktop.session.following import Following
 from desktop.session.waiting import HeldMessage, ModelWait, target_name
 from desktop.store import HistoryStore, StreamingWriter
 from desktop.store.export import to_json, to_markdown
@@ -101,6 +102,8 @@ class ChatController(QObject):
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000)  # a stalled stream still reaches disk within a second
         self._flush_timer.timeout.connect(self._flush)
+        # "Latest of this run": new steps of the loaded run are announced, and followed if asked.
+        self.following = Following()
         # A message sent before the model is ready waits for it (desktop.session.waiting).
         self.waiting = ModelWait()
         self.waiting.events.changed.connect(self._on_waiting_changed)
@@ -152,7 +155,33 @@ class ChatController(QObject):
         """The first scan found nothing to load: a waiting message goes back to the box."""
         self._give_back(self.waiting.failed())
 
+    def follow(self, on: bool) -> None:
+        """Follow the loaded run's latest step (the Step list's "Latest"), or stay on this one."""
+        self.following.follow(on)
+
+    def runs_listed(self, entries: list) -> None:
+        """A scan listed the runs: a newer step of the loaded run is announced once, and a chat
+        that follows loads it now, or when the reply streaming ends (never in its middle)."""
+        landing = self.following.listed(
+            ((e.path, e.steps) for e in entries if e.source != "remote"), self.busy
+        )
+        if landing is None:
+            return
+        name = target_name(landing.folder, landing.step)
+        if landing.following:
+            then = "it answers from now on" if landing.load_now else "the next reply uses it"
+            self.notice.emit("info", f"{name} saved", f"This chat follows the latest step: {then}.")
+        else:
+            self.notice.emit(
+                "info",
+                f"{name} saved",
+                "Choose it in the Step list, or Latest to follow the run as it trains.",
+            )
+        if landing.load_now:
+            self.load_checkpoint(landing.folder, landing.step)
+
     def _on_loaded(self, info: ModelInfo) -> None:
+        self.following.loaded(Path(info.path), info.step)
         if not is_demo(Path(info.path)):
             self.settings.set("last_checkpoint", {"dir": info.path, "step": info.step})
         self.session.set_context_length(info.context_length)
@@ -486,6 +515,9 @@ class ChatController(QObject):
         if self.store.last_error:
             self.notice.emit("warning", "History not saved yet", self.store.last_error)
         self.reply_finished.emit(outcome)
+        folder, step = self.following.folder, self.following.reply_ended()
+        if folder is not None and step is not None and not self.busy:
+            self.load_checkpoint(folder, step)  # the step that landed during the reply
 
     def _flush(self) -> None:
         if self._writer is not None:

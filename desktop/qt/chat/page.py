@@ -123,7 +123,8 @@ class ChatPage(QWidget):
         bg.checkpoints_found.connect(self._autoload_once)
         bg.summary_ready.connect(self._on_summary)
         self.picker.selection_changed.connect(bg.summarize)
-        self.picker.load_requested.connect(c.load_checkpoint)
+        self.picker.load_requested.connect(self._load_picked)
+        bg.checkpoints_found.connect(c.runs_listed)
         self.picker.folder_chosen.connect(bg.open_folder)  # looked into off the GUI thread
         self.picker.picker_requested.connect(self._open_model_picker)
         self.model_picker.load_requested.connect(self.load_step)
@@ -251,7 +252,13 @@ class ChatPage(QWidget):
     def load_step(self, path: Path, step: int) -> None:
         """Chat with ``path`` at ``step``: the picker shows it while it loads (also Run's hand-off)."""
         self.picker.select(Path(path), step)
+        self.controller.follow(False)
         self.controller.load_checkpoint(Path(path), step)
+
+    def _load_picked(self, path: Path, step: int) -> None:
+        """The picker's Load: that step, or with "Latest" the newest one, followed as the run trains."""
+        self.controller.follow(self.picker.following())
+        self.controller.load_checkpoint(path, step)
 
     def _on_load_failed(self, _target: str, _reason: str) -> None:
         """The banner says why; the picker goes back to the model the replies still come from."""

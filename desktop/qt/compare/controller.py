@@ -219,6 +219,30 @@ class CompareController(QObject):
         self._update_busy()  # a stopped pane may have gone with the panes not needed
         return used
 
+    def follow(self, index: int, on: bool) -> None:
+        """Pane ``index`` follows its run's newest step ("Latest"), or stays on the one picked."""
+        self.session.panes[index].following.follow(on)
+
+    def runs_listed(self, entries: list) -> None:
+        """A scan listed the runs: each pane holding a run with a newer step says so once; a pane
+        that follows loads it now, or once the round streaming ends (never in its middle)."""
+        saved = [(e.path, e.steps) for e in entries if e.source != "remote"]
+        for i, state in enumerate(self.session.panes):
+            landing = state.following.listed(saved, self.busy)
+            if landing is None:
+                continue
+            title, message = landing.notice("This pane", "the pane's Step list")
+            self.notice.emit("info", f"Pane {LETTERS[i]}: {title}", message)
+            if landing.load_now:
+                self.load(i, landing.folder, landing.step)
+
+    def _load_waiting(self) -> None:
+        """The round ended: a following pane loads the step that landed during it."""
+        for i, state in enumerate(self.session.panes):
+            folder, step = state.following.folder, state.following.reply_ended()
+            if folder is not None and step is not None:
+                self.load(i, folder, step)
+
     def load(self, index: int, path: Path, step: int) -> None:
         """Load ``path`` at ``step`` into pane ``index`` (a reply in progress there is stopped first)."""
         pane = self.panes[index]
@@ -383,6 +407,7 @@ class CompareController(QObject):
         if (i := self.index_of(pane)) is None:
             return
         self.session.set_loaded(i, info)
+        self.session.panes[i].following.loaded(Path(info.path), info.step)
         self.pane_loaded.emit(i, info)
         self.memory.check()
 
@@ -426,6 +451,7 @@ class CompareController(QObject):
         self._update_busy()
         if not self.busy:
             self.scoring.report_same_model()  # after busy_changed, so the report is the last word
+            self._load_waiting()
 
     def _update_busy(self) -> None:
         if self.busy != self._busy:

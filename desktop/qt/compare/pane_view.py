@@ -29,7 +29,7 @@ from desktop.engine.messages import TokenEvent, TokenTrace
 from desktop.engine.params import KNOB
 from desktop.qt.chat.message_footer import RENEWED, SPECULATIVE_NOTE, drafted, speculative_line, step_line
 from desktop.qt.widgets import common, theme
-from desktop.qt.widgets.checkpoint_picker import entry_name, human_params
+from desktop.qt.widgets.checkpoint_picker import FOLLOW, entry_name, fill_steps, human_params
 from desktop.qt.widgets.fork_popup import ForkPopup
 from desktop.qt.widgets.token_view import TokenView, record_of, records_of
 from desktop.session.compare.pane_run import PaneRun
@@ -261,9 +261,16 @@ class ComparePane(QFrame):
         return next((e for e in self.entries if path is not None and Path(e.path) == Path(path)), None)
 
     def current(self) -> tuple[Path, int] | None:
-        """What the two lists show (the pane's pick, once the session has one)."""
+        """What the two lists show (the pane's pick, once the session has one); "Latest" is the
+        newest saved step."""
         path, step = self.checkpoint.currentData(), self.step.currentData()
+        if step == FOLLOW and (entry := self._entry(path)) is not None:
+            step = entry.steps[-1]
         return (Path(path), int(step)) if path is not None and step is not None else None
+
+    def following(self) -> bool:
+        """Whether the pane's Step list shows "Latest · follows the run"."""
+        return self.step.currentData() == FOLLOW
 
     def _fill(self, picked: Key | None) -> None:
         """Both lists from the entries, showing ``picked``: a checkpoint or step the scan did not
@@ -288,14 +295,7 @@ class ComparePane(QFrame):
 
     def _fill_steps_of(self, step: int | None) -> None:
         entry = self._entry(self.checkpoint.currentData())
-        steps = set(entry.steps) if entry is not None else set()
-        if step is not None:
-            steps.add(step)
-        ordered = sorted(steps, reverse=True)  # newest first
-        self.step.clear()
-        for s in ordered:
-            self.step.addItem(f"step {s:,}", s)
-        self.step.setCurrentIndex(ordered.index(step) if step is not None else 0)
+        fill_steps(self.step, entry, step, follow=step is not None and self.state.following.on)
 
     def _on_checkpoint_chosen(self) -> None:
         self.step.blockSignals(True)

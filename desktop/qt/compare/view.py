@@ -251,7 +251,9 @@ class CompareView(QWidget):
         self.controller.fork_pane(index, position, shared, self._system_prompt, token_id, text)
 
     def _pane_selection_changed(self, path: Path, step: int) -> None:
-        self.controller.select(self._sender_index(), path, step)
+        index = self._sender_index()
+        self.controller.follow(index, self.panes[index].following())
+        self.controller.select(index, path, step)
 
     def _pane_load_requested(self, path: Path, step: int) -> None:
         self.controller.load(self._sender_index(), path, step)

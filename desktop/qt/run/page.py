@@ -10,7 +10,7 @@ from pathlib import Path
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
-from desktop.engine.runs.timeline import Point
+from desktop.engine.runs.timeline import Point, Timeline
 from desktop.qt.app.background import Background
 from desktop.qt.run.report_task import RunReportTask
 from desktop.qt.run.sweep_task import BitsSweepTask, CoreSweepTask, GradedSweepTask, SampleSweepTask
@@ -40,14 +40,18 @@ class RunPage(QWidget):
         self.bits_sweep = BitsSweepTask(self)
         self.core_sweep = CoreSweepTask(self)
         self.run_report = RunReportTask(self.run_view.save_plots, self)
+        self._background = background
+        self._first_read = False  # a run's first read is under way
         self._connect(background)
 
     def _connect(self, bg: Background) -> None:
         session, view = self.session, self.run_view
         bg.checkpoints_found.connect(view.set_entries)
-        session.events.run_chosen.connect(bg.read_timeline)
-        bg.timeline_ready.connect(session.show_timeline)
-        bg.timeline_failed.connect(session.show_problem)
+        session.events.run_chosen.connect(self._read)
+        bg.runs_changed.connect(self._read_again)
+        bg.timeline_ready.connect(self._read_first)
+        bg.timeline_grown.connect(self._grown)
+        bg.timeline_failed.connect(self._failed)
         view.open_step.connect(self.open_step)
         view.compare_steps.connect(self.compare_steps)
         view.compare_question.connect(self.compare_question)
@@ -69,6 +73,29 @@ class RunPage(QWidget):
         self.graded_sweep.questions.connect(view.say_problems)
         self.graded_sweep.flipped.connect(session.record_flips)
         self.run_report.finished.connect(view.report_done)
+
+    def _read(self, folder: Path) -> None:
+        """A run was chosen: its timeline is read, and its logs watched as it trains."""
+        self._first_read = True  # until it lands, the last run's timeline is not read again
+        self._background.read_timeline(folder)
+        self._background.watch_run(folder)
+
+    def _read_first(self, timeline: Timeline) -> None:
+        self._first_read = False
+        self.session.show_timeline(timeline)
+
+    def _read_again(self) -> None:
+        """The watched folders changed: the run shown is read again (its new steps, its logs)."""
+        if self.session.run is not None and self.session.timeline is not None and not self._first_read:
+            self._background.read_timeline(self.session.run, again=True)
+
+    def _failed(self, folder: Path, message: str) -> None:
+        self._first_read = False
+        self.session.show_problem(folder, message)
+
+    def _grown(self, folder: Path, timeline: Timeline) -> None:
+        if self.session.run == Path(folder):
+            self.session.grow_timeline(timeline)
 
     def _write_report(self, folder: Path) -> None:
         inputs = self.session.report_inputs()

@@ -33,6 +33,12 @@ PRECISIONS = (
 LOOKING = "Looking for checkpoints…"  # until the first folder scan answers
 NONE_FOUND = "No checkpoints found: use Open folder… or train one with nanochat"
 CHOOSE = "Choose a checkpoint"
+FOLLOW = -1  # the Step list's "Latest": the newest saved step, followed as the run trains
+FOLLOW_TEXT = "Latest (follows)"
+FOLLOW_TIP = (
+    "The newest saved step; as the run trains, each new step is announced and answers the next "
+    "reply (a reply streaming finishes with its own step)"
+)
 MODEL_BUTTON_TEXT_PX = 220  # longer names are elided in the middle (the tooltip has the path)
 SOURCE_NAMES = {"base": "Base", "mid": "Mid", "sft": "SFT", "rl": "RL", "folder": "Folder", "demo": "Demo"}
 
@@ -68,6 +74,35 @@ def format_summary(info: dict) -> str:
     elif info.get("device"):
         parts.append(str(info["device"]))
     return "  ·  ".join(parts)
+
+
+def fill_steps(combo: QComboBox, entry, shown: int | None = None, follow: bool = False) -> None:
+    """A checkpoint's Step list: "Latest · follows the run" (a run with steps on disk), then its
+    saved steps newest first, among them those still saving or never finished, greyed, with why.
+    Shows "Latest" when ``follow``, else ``shown`` (added when the list lacks it: a step opened
+    from the Run tab), else the newest saved step."""
+    combo.clear()
+    steps = list(entry.steps) if entry is not None else []
+    if entry is not None and entry.source not in ("remote", "hf", "demo") and steps:
+        combo.addItem(FOLLOW_TEXT, FOLLOW)
+        combo.setItemData(0, FOLLOW_TIP, Qt.ItemDataRole.ToolTipRole)
+    unsaved = {s.step: s for s in getattr(entry, "unsaved", ()) if s.step != shown}
+    listed = set(steps) | set(unsaved) | ({shown} if shown is not None else set())
+    for step in sorted(listed, reverse=True):
+        if step in unsaved:
+            combo.addItem(unsaved[step].label(), None)
+            index = combo.count() - 1
+            combo.setItemData(index, unsaved[step].reason, Qt.ItemDataRole.ToolTipRole)
+            item = combo.model().item(index)  # type: ignore[attr-defined]  # a QStandardItemModel
+            item.setEnabled(False)
+        else:
+            latest = bool(steps) and step == steps[-1] and len(steps) > 1
+            combo.addItem(f"step {step:,}" + ("  (latest)" if latest else ""), step)
+    want = FOLLOW if follow and steps else shown
+    index = combo.findData(want) if want is not None else -1
+    if index < 0:  # the newest saved step
+        index = next((i for i in range(combo.count()) if combo.itemData(i) not in (None, FOLLOW)), 0)
+    combo.setCurrentIndex(index)
 
 
 def entry_name(entry) -> str:
@@ -176,12 +211,12 @@ class CheckpointPicker(QFrame):
 
     def set_entries(self, entries: list) -> None:
         """Replace the list; the previous selection is kept when it still exists."""
-        previous = self.current()
+        previous, follow = self.current(), self.following()
         self.entries = list(entries)
         if self._entry() is None:  # the folder shown is gone: show the first one
             self._path = Path(self.entries[0].path) if self.entries else None
         self._fill_steps(emit=False)
-        if previous is None or not self.select(*previous):
+        if previous is None or not self.select(previous[0], FOLLOW if follow else previous[1]):
             self._emit_selection()
         self._update_enabled(scanned=True)
 
@@ -196,11 +231,8 @@ class CheckpointPicker(QFrame):
         self.model_btn.setToolTip(
             f"{entry.path}\nPick another checkpoint (Ctrl+K)" if entry else "Pick a checkpoint (Ctrl+K)"
         )
-        steps = list(entry.steps) if entry else []
         self.step.blockSignals(True)
-        self.step.clear()
-        for s in reversed(steps):
-            self.step.addItem(f"step {s:,}" + ("  (latest)" if s == steps[-1] and len(steps) > 1 else ""), s)
+        fill_steps(self.step, entry)
         self.step.blockSignals(False)
         if emit:
             self._emit_selection()
@@ -211,11 +243,18 @@ class CheckpointPicker(QFrame):
             self.selection_changed.emit(*cur)
 
     def current(self) -> tuple[Path, int] | None:
+        """The folder and step chosen ("Latest": the newest saved step)."""
         entry, step = self._entry(), self.step.currentData()
-        return (Path(entry.path), int(step)) if entry is not None and step is not None else None
+        if entry is None or step is None or not entry.steps:
+            return None
+        return Path(entry.path), int(entry.steps[-1] if step == FOLLOW else step)
+
+    def following(self) -> bool:
+        """Whether "Latest · follows the run" is chosen."""
+        return self.step.currentData() == FOLLOW
 
     def select(self, path: Path, step: int) -> bool:
-        """Show ``path`` at ``step``; False when no entry has that path."""
+        """Show ``path`` at ``step`` (FOLLOW: "Latest"); False when no entry has that path."""
         entry = next((e for e in self.entries if Path(e.path) == Path(path)), None)
         if entry is None:
             return False

@@ -13,6 +13,7 @@ from typing import Any
 
 from desktop.engine.backend import ModelInfo
 from desktop.session.compare.pane_run import PaneRun
+from desktop.session.following import Following
 
 Key = tuple[Path, int]  # a checkpoint folder and its step
 NOT_LOADED = "Not loaded"
@@ -35,6 +36,7 @@ class PaneState:
     failed: str = ""  # why the last load failed ("" when it did not)
     overrides: dict[str, Any] = field(default_factory=dict)
     run: PaneRun = field(default_factory=PaneRun)
+    following: Following = field(default_factory=Following)  # "Latest": the run's newest step
 
     @property
     def loaded_key(self) -> Key | None:

@@ -65,7 +65,9 @@ def test_hostile_folders_neither_stop_the_app_nor_the_good_model(
         assert "unexpected" not in win.banner.message.text(), name
         assert win.picker.current() == (good, 5), name
         assert Path(win.controller.model_info.path) == good, name
-    assert listed >= 3  # most hostile folders are listed, and each one refuses
+    # Those whose files are whole are listed, and each one refuses; a meta that is no whole JSON or
+    # weights that are no regular file are not offered (a save may be writing them): Open folder… says why.
+    assert listed >= 2
 
     send(qtbot, win, "still there?")
     assert win.controller.model_info is not None and Path(win.controller.model_info.path) == good

@@ -13,6 +13,7 @@ from support.window import open_window, restart
 
 from desktop.qt.app.main_window import MainWindow
 from desktop.qt.compare.pane_view import ComparePane
+from desktop.qt.widgets.checkpoint_picker import FOLLOW
 
 pytestmark = pytest.mark.gui
 WAIT = 60000
@@ -89,7 +90,8 @@ def test_a_panes_button_says_load_or_unload_for_what_is_loaded(
 ):
     win = scanned(qtbot, windows, monkeypatch, nanochat_base)
     pane = win.compare_view.panes[0]
-    steps = [pane.step.itemData(i) for i in range(pane.step.count())]
+    steps = [pane.step.itemData(i) for i in range(pane.step.count()) if pane.step.itemData(i) != FOLLOW]
+    assert pane.step.itemData(0) == FOLLOW and pane.step.currentData() == steps[0]  # "Latest", then steps
     newest, older = steps[0], steps[1]
     assert pane.summary.text() == "Not loaded" and pane.load_btn.text() == "Load"
 
