@@ -60,6 +60,9 @@ from desktop.engine.runs.budget import Problems, RunBudget
 from desktop.engine.runs.experiment_logs import Series, StageLogs, about_note, read_about
 from desktop.engine.runs.tensorboard_scalars import KfScalars
 
+# A nanochat checkpoint folder's steps to list, ascending.
+StepsOf = Callable[[Path], list[int]]
+
 # Stages in the order a run goes through them; the fork's extra phase folders map onto them.
 STAGES = ("base", "mid", "sft", "rl")
 # base_train's loop_state numbers worth a curve (the rest are bookkeeping).
@@ -216,8 +219,11 @@ class RunReader:
 
     Not thread-safe: one reader is read by one thread at a time."""
 
-    def __init__(self, target: Path) -> None:
+    def __init__(self, target: Path, steps_of: StepsOf = ckpt.model_steps) -> None:
+        """``steps_of``: a nanochat folder's steps to list (a watched run: those whose save
+        settled, engine/runs/saving.py); by default every step with a model file."""
         self.target = Path(target).expanduser()
+        self.steps_of = steps_of
         self.metas = MetaCache()
         self._logs: StageLogs | None = None
         self._scalars: KfScalars | None = None
@@ -239,7 +245,7 @@ class RunReader:
             if is_kf_target(target):
                 return self._kempnerforge(run_dir(target))
             if ckpt.model_steps(target):
-                return _nanochat(target, self.metas)
+                return _nanochat(target, self.metas, self.steps_of)
         finally:
             self.metas.forget_unused()
         raise NanoscopeError(
@@ -250,7 +256,7 @@ class RunReader:
     def _experiment(self, tag_folder: Path) -> Timeline:
         if self._logs is None or self._logs.tag_folder != tag_folder:
             self._logs = StageLogs(tag_folder)
-        return _experiment(tag_folder, self._logs, self.metas)
+        return _experiment(tag_folder, self._logs, self.metas, self.steps_of)
 
     def _kempnerforge(self, run: Path) -> Timeline:
         if self._scalars is None or self._scalars.run != run:
@@ -297,7 +303,7 @@ class MetaCache:
         self._asked = set()
 
 
-def _stage_folders(folder: Path) -> list[tuple[str, Path]]:
+def _stage_folders(folder: Path, steps_of: StepsOf) -> list[tuple[str, Path]]:
     """(stage, folder) for each stage of ``folder`` 's tag in the same base dir, in run order;
     a folder outside a nanochat layout is a run of its own."""
     phase = PHASES.get(folder.parent.name)
@@ -307,21 +313,21 @@ def _stage_folders(folder: Path) -> list[tuple[str, Path]]:
     found: dict[str, Path] = {}
     for name, stage in PHASES.items():
         candidate = base / name / tag
-        if stage not in found and ckpt.model_steps(candidate):
+        if stage not in found and steps_of(candidate):
             found[stage] = candidate
     found.setdefault(phase, folder)
     return [(stage, found[stage]) for stage in STAGES if stage in found]
 
 
-def _nanochat(folder: Path, metas: MetaCache) -> Timeline:
+def _nanochat(folder: Path, metas: MetaCache, steps_of: StepsOf) -> Timeline:
     points: list[Point] = []
     problems: list[str] = []
     stages: list[tuple[int, str]] = []
     offset = 0
     previous: dict[str, Any] | None = None
     budget = RunBudget(folder)
-    for stage, directory in _stage_folders(folder):
-        steps = budget.take_steps(ckpt.model_steps(directory))
+    for stage, directory in _stage_folders(folder, steps_of):
+        steps = budget.take_steps(steps_of(directory))
         if not steps:
             continue
         stages.append((offset, stage))
@@ -393,7 +399,7 @@ def _bytes_of(path: Path) -> int:
         raise FileRefused(path, f"cannot read ({exc.strerror or exc})") from None
 
 
-def _experiment(tag_folder: Path, logs: StageLogs, metas: MetaCache) -> Timeline:
+def _experiment(tag_folder: Path, logs: StageLogs, metas: MetaCache, steps_of: StepsOf) -> Timeline:
     """An experiment's tag: its stages' saved steps chained as in the phase layout, its stage
     logs' records as curves on the same x-axis, its meta.json as ``about``."""
     points: list[Point] = []
@@ -411,7 +417,7 @@ def _experiment(tag_folder: Path, logs: StageLogs, metas: MetaCache) -> Timeline
         if stage not in saved and stage not in logged:
             continue
         stages.append((offset, stage))
-        steps = budget.take_steps(ckpt.model_steps(saved[stage])) if stage in saved else []
+        steps = budget.take_steps(steps_of(saved[stage])) if stage in saved else []
         previous = (
             _stage_points(stage, saved[stage], steps, offset, previous, points, problems, budget, metas)
             if steps

@@ -32,8 +32,8 @@ from desktop.engine.nanochat.checkpoint import (
     model_steps,
     read_meta,
 )
-from desktop.engine.runs.saving import SaveWatch
-from desktop.engine.runs.timeline import timeline_of
+from desktop.engine.runs.saving import SAVED, SaveWatch
+from desktop.engine.runs.timeline import RunReader
 from desktop.engine.runs.watched import run_files, watch_paths
 from desktop.qt.app.run_watcher import RunWatcher, fingerprint
 from desktop.qt.jobs.runner import Job, Run
@@ -94,6 +94,9 @@ class Background(QObject):
         self.watched_run: Path | None = None  # the Run tab's run: its logs are watched too
         self._listed: list[CheckpointEntry] | None = None  # what the last scan reported
         self._remote: list[CheckpointEntry] = []  # the servers' models, as last listed
+        # The Run tab's run, read again as it grows from where its logs stopped (one read at a time).
+        self._reader: RunReader | None = None
+        self._reader_lock = threading.Lock()
 
     def scan(self, base_dir: Path | None = None, quiet: bool = False) -> None:
         """List the checkpoints under ``base_dir`` (default: nanochat's), the added folders and
@@ -191,7 +194,10 @@ class Background(QObject):
 
     def _timeline_work(self, folder: Path, again: bool, run: Run) -> None:
         try:
-            timeline = timeline_of(folder)
+            with self._reader_lock:
+                if not again or self._reader is None or self._reader.target != folder:
+                    self._reader = RunReader(folder, self._saved_steps)
+                timeline = self._reader.read()
         except NanoscopeError as exc:
             run.post(self.timeline_failed.emit, folder, str(exc))
             return
@@ -199,6 +205,11 @@ class Background(QObject):
             run.post(self.timeline_grown.emit, folder, timeline)
         else:
             run.post(self.timeline_ready.emit, timeline)
+
+    def _saved_steps(self, folder: Path) -> list[int]:
+        """A nanochat folder's steps whose save settled: the timeline lists what the picker does."""
+        with self._saves_lock:
+            return [s.step for s in self.saves.nanochat(folder) if s.state == SAVED]
 
     def search(self, query: str) -> None:
         """Debounced: only the last query typed within SEARCH_DEBOUNCE_S runs."""
