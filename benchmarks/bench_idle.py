@@ -39,9 +39,12 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
-def idle_share(home: Path, wait_s: float, measure_s: float) -> float:
-    """The app's average share of one CPU over ``measure_s`` seconds, ``wait_s`` after its start."""
+def idle_share(home: Path, wait_s: float, measure_s: float, base_dir: Path | None = None) -> float:
+    """The app's average share of one CPU over ``measure_s`` seconds, ``wait_s`` after its start
+    (``base_dir``: the nanochat base dir it lists and watches; default the environment's)."""
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    if base_dir is not None:
+        env["NANOCHAT_BASE_DIR"] = str(base_dir)
     app = subprocess.Popen(
         [sys.executable, "-m", "desktop", "--home", str(home)],
         cwd=REPO,

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.files.bounded import FileRefused, open_regular
@@ -44,6 +45,7 @@ ZIP_END = b"PK\x05\x06"  # the zip end record: the last thing torch.save writes
 ZIP_START = b"PK\x03\x04"
 ZIP_END_BYTES = 22  # the end record without a comment (torch writes none)
 
+R = TypeVar("R")
 Stamp = tuple[tuple[str, int, int], ...]  # (file name, size, mtime_ns) of a step's files
 
 
@@ -300,3 +302,54 @@ def _hf_problem(folder: Path, _step: int) -> str:
 
 
 _HF = _Family("hf", lambda folder: [0] if (folder / CONFIG_NAME).exists() else [], _hf_stamp, _hf_problem)
+
+
+# ----- reading files that may be rewritten ------------------------------------------------------
+
+
+class StillWriting(NanoscopeError):
+    """A checkpoint's files kept changing while they were read: a save is writing them."""
+
+
+def files_stamp(target: Path, step: int | None) -> Stamp:
+    """The sizes and modification times of the files a load of ``target`` at ``step`` reads."""
+    target = Path(target)
+    if (target / CONFIG_NAME).exists():
+        return _hf_stamp(target, 0)
+    named = STEP_RE.fullmatch(target.name)
+    if named is not None and target.is_dir():  # a step folder of a run
+        return _kf_stamp(target.parent, int(named.group(1)))
+    if step is not None and (target / f"step_{step}").is_dir():
+        return _kf_stamp(target, step)
+    if step is None:
+        steps = _nanochat_steps(target)
+        step = steps[-1] if steps else None
+    return _stamp(_nanochat_files(target, step)) if step is not None else ()
+
+
+def read_unchanged(
+    read: Callable[[], R],
+    target: Path,
+    step: int | None,
+    wait: Callable[[float], object] = time.sleep,
+    attempts: int = 3,
+    settle_s: float = SETTLE_S,
+) -> R:
+    """``read()`` of ``target`` 's files; when it fails while the files changed under it (a save
+    rewriting them), it is tried again once they have had ``settle_s`` to settle, and after
+    ``attempts`` a :class:`StillWriting` says so: a file being written is never called corrupt.
+    ``wait``: how to wait (a worker's stop event's ``wait``, so closing the app is not held up)."""
+    for attempt in range(1, attempts + 1):
+        before = files_stamp(target, step)
+        try:
+            return read()
+        except NanoscopeError:
+            if files_stamp(target, step) == before:
+                raise  # nothing moved: what it says is about the files as they are
+            if attempt == attempts:
+                raise StillWriting(
+                    f"{Path(target).name}: its files changed while they were read (a save is writing "
+                    "them); try again once the save ends"
+                ) from None
+        wait(settle_s)
+    raise AssertionError("unreachable")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -32,7 +32,7 @@ from desktop.engine.nanochat.checkpoint import (
     model_steps,
     read_meta,
 )
-from desktop.engine.runs.saving import SAVED, SaveWatch
+from desktop.engine.runs.saving import SAVED, SaveWatch, files_stamp
 from desktop.engine.runs.timeline import RunReader
 from desktop.engine.runs.watched import run_files, watch_paths
 from desktop.qt.app.run_watcher import RunWatcher, fingerprint
@@ -174,7 +174,12 @@ class Background(QObject):
         cached = self._summaries.get((path, step))
         if cached is not None and cached[0] == stamp:
             return cached[1]
+        before = files_stamp(path, step)
         summary = summarize(path, step)
+        if summary.error and files_stamp(path, step) != before:  # rewritten while read: not corrupt
+            return replace(
+                summary, error=f"step {step:,} is being written; it is read again once its save ends"
+            )
         self._summaries[(path, step)] = (stamp, summary)
         return summary
 

@@ -30,6 +30,7 @@ from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.tokenizer_checks import EncodingCancelled
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
+from desktop.engine.runs.saving import read_unchanged
 from desktop.engine.text_lines import error_text, one_line
 
 logger = logging.getLogger(__name__)
@@ -154,7 +155,14 @@ class ModelWorker(QObject):
     def _on_load(self, target: str, options: LoadOptions) -> None:
         try:
             report = stoppable(self.progress.emit, self.closing, "the load was abandoned: the app is closing")
-            backend = self._open(Path(target), options, report)
+            # A save rewriting the files meanwhile (a run training beside the app) is waited out,
+            # never reported as a corrupt file.
+            backend = read_unchanged(
+                lambda: self._open(Path(target), options, report),
+                Path(target),
+                options.step,
+                self.closing.wait,
+            )
         # BaseException: a Rust panic in a tokenizer (pyo3's PanicException) is not an Exception,
         # and it must not take the worker's slot down without a word.
         except BaseException as exc:  # every failure is reported; the worker keeps running

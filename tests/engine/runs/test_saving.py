@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from desktop.engine.discovery import discover
-from desktop.engine.runs.saving import INCOMPLETE, SAVED, SAVING, SaveWatch
+from desktop.engine.errors import NanoscopeError
+from desktop.engine.nanochat import checkpoint as ckpt
+from desktop.engine.runs.saving import INCOMPLETE, SAVED, SAVING, SaveWatch, StillWriting, read_unchanged
 
 GOLDEN = Path(__file__).parents[2] / "golden"
 NANOCHAT = GOLDEN / "nanochat" / "E7" / "base_checkpoints" / "d2"
@@ -192,3 +194,55 @@ def test_a_hugging_face_folder_being_rewritten_is_not_offered_until_whole(tmp_pa
     clock.now += 1.0
     assert watch.hf(folder).state == SAVED
     assert [e.source for e in discover(tmp_path, saves=watch)] == ["hf"]
+
+
+class Writer:
+    """Writes a real file in ``parts`` pieces, one each time it is asked (a save in progress)."""
+
+    def __init__(self, source: Path, target: Path, parts: int) -> None:
+        self.data, self.target, self.parts, self.done = source.read_bytes(), target, parts, 0
+
+    def more(self, _seconds: float = 0.0) -> None:
+        self.done = min(self.parts, self.done + 1)
+        self.target.write_bytes(self.data[: len(self.data) * self.done // self.parts])
+
+
+def test_a_file_that_changes_while_it_is_read_is_read_again_not_called_corrupt(tmp_path):
+    folder = tmp_path / "d2"
+    folder.mkdir()
+    shutil.copyfile(NANOCHAT / "meta_000010.json", folder / "meta_000010.json")
+    model = folder / "model_000010.pt"
+    writer = Writer(NANOCHAT / "model_000010.pt", model, 3)
+    writer.more()
+    waits: list[float] = []
+
+    def read():
+        writer.more()  # the save goes on while the file is read
+        return ckpt.tensor_shapes(model)
+
+    shapes = read_unchanged(read, folder, 10, wait=waits.append)
+    assert shapes == ckpt.tensor_shapes(NANOCHAT / "model_000010.pt") and len(waits) == 1
+
+
+def test_a_file_cut_short_and_left_so_says_what_it_is(tmp_path):
+    folder = tmp_path / "d2"
+    folder.mkdir()
+    write_part(NANOCHAT / "model_000010.pt", folder / "model_000010.pt", 0.5)
+    with pytest.raises(NanoscopeError) as raised:
+        read_unchanged(
+            lambda: ckpt.tensor_shapes(folder / "model_000010.pt"), folder, 10, wait=lambda _s: None
+        )
+    assert not isinstance(raised.value, StillWriting)
+
+
+def test_a_file_that_never_stops_changing_is_said_to_be_written(tmp_path):
+    folder = tmp_path / "d2"
+    folder.mkdir()
+    writer = Writer(NANOCHAT / "model_000010.pt", folder / "model_000010.pt", 10)
+
+    def read():
+        writer.more()
+        return ckpt.tensor_shapes(folder / "model_000010.pt")
+
+    with pytest.raises(StillWriting, match="changed while they were read"):
+        read_unchanged(read, folder, 10, wait=lambda _s: None, attempts=3)
