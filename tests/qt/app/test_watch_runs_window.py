@@ -7,6 +7,7 @@ answers from the newest step, and a writer killed mid-save leaves its step shown
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from support.live_training import (
 from support.window import WAIT, send, start_with_base
 
 from desktop.engine.runs.saving import INCOMPLETE, SAVED, SaveWatch
+from desktop.engine.runs.timeline import RunReader
 from desktop.qt.app.main_window import MainWindow
 from desktop.qt.widgets.checkpoint_picker import FOLLOW
 
@@ -215,3 +217,90 @@ def test_a_kempnerforge_writer_killed_before_dcp_metadata_leaves_its_step_incomp
     assert [(s.step, s.reason) for s in entry.unsaved] == [
         (20, "step_20 has no .metadata yet (DCP writes it last)")
     ]
+
+
+def test_a_compare_pane_that_follows_answers_from_the_newest_step(
+    qtbot, windows, loop, monkeypatch, nanochat_run
+):
+    run, base = nanochat_run, nanochat_run.folder
+    folder = nanochat_checkpoints(base)
+    run.allow(10)
+    run.wait_saved(10)
+    win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
+    view, compare = win.compare_view, win.compare
+    win.tabs.setCurrentWidget(view)
+    pane = view.panes[0]
+    pane.checkpoint.setCurrentIndex(pane.checkpoint.findData(str(folder)))
+    pane.step.setCurrentIndex(pane.step.findData(FOLLOW))
+    with qtbot.waitSignal(compare.pane_loaded, timeout=WAIT):
+        qtbot.mouseClick(pane.load_btn, Qt.MouseButton.LeftButton)
+    assert compare.panes[0].loaded_key == (folder, 10) and pane.following()
+    said: list[tuple[str, str, str]] = []
+    compare.notice.connect(lambda *args: said.append(args))
+    with qtbot.waitSignal(compare.pane_loaded, timeout=WAIT) as loaded:
+        lands(qtbot, win, run, folder, 20)
+    assert loaded.args[1].step == 20 and pane.following()  # still "Latest", now step 20
+    assert said[0][:2] == ("info", "Pane A: base/d2 step 20 saved") and "follows" in said[0][2]
+    view.max_tokens.setValue(6)
+    with qtbot.waitSignal(compare.busy_changed, timeout=WAIT, check_params_cb=lambda busy: not busy):
+        view.input.editor.setPlainText("Once upon a time")
+        qtbot.keyClick(view.input.editor, Qt.Key.Key_Return)
+    assert compare.panes[0].run.model["step"] == 20  # the newest step answered
+    assert win.controller.model_info.step == 10  # the chat did not ask to follow: it stays
+
+
+EXPERIMENT = Path(__file__).parents[2] / "golden" / "nanochat-experiment" / "pr800" / "experiments" / "golden"
+
+
+def test_an_experiments_curves_grow_as_its_log_grows_and_its_stages_land(
+    qtbot, windows, loop, monkeypatch, tmp_path
+):
+    base = tmp_path / "base"
+    tag = base / "experiments" / "golden" / "d2"
+    shutil.copytree(
+        EXPERIMENT, base / "experiments" / "golden", ignore=shutil.ignore_patterns("sft*", "*_000060.*")
+    )
+    log = (EXPERIMENT / "d2" / "base_train.log").read_text().splitlines(keepends=True)
+    (tag / "base_train.log").write_text("".join(log[:37]))  # evaluated up to step 30, its save
+    win = start_with_base(qtbot, windows, monkeypatch, base)
+    folder = tag / "base"
+    choose_run(qtbot, win, folder)
+    timeline = win.run_page.session.timeline
+    assert [p.step for p in timeline.points] == [30] and len(timeline.line("val_bpb")) == 4
+
+    with open(tag / "base_train.log", "a") as f:  # training goes on: its log grows
+        f.write("".join(log[37:60]))
+    qtbot.waitUntil(lambda: len(win.run_page.session.timeline.line("val_bpb")) == 6, timeout=APPEARS_MS)
+    with open(tag / "base_train.log", "a") as f:
+        f.write("".join(log[60:]))
+    for name in ("model_000060.pt", "meta_000060.json"):  # save_checkpoint's order
+        shutil.copyfile(EXPERIMENT / "d2" / "base" / name, folder / name)
+    qtbot.waitUntil(lambda: run_tab_steps(win) == [30, 60], timeout=APPEARS_MS)
+    assert len(win.run_page.session.timeline.line("val_bpb")) == 7
+
+    shutil.copytree(EXPERIMENT / "d2" / "sft", tag / "sft")  # the next stage saves
+    shutil.copyfile(EXPERIMENT / "d2" / "sft.log", tag / "sft.log")
+    qtbot.waitUntil(lambda: run_tab_steps(win) == [30, 60, 150], timeout=APPEARS_MS)
+    timeline = win.run_page.session.timeline
+    assert [s for _, s in timeline.stages] == ["base", "sft"] and timeline.problems == ()
+    assert timeline == RunReader(folder).read()  # what a fresh read of the whole run says
+
+
+HF = Path(__file__).parents[2] / "golden" / "transformers" / "llama-sharded"
+
+
+def test_a_hugging_face_folder_appears_once_whole_and_not_while_being_written(
+    qtbot, windows, loop, monkeypatch, tmp_path
+):
+    base = tmp_path / "base"
+    base.mkdir()
+    win = start_with_base(qtbot, windows, monkeypatch, base)
+    target = base / "llama-sharded"
+    shutil.copytree(HF, target, ignore=shutil.ignore_patterns("model-00006-*"))
+    last = "model-00006-of-00006.safetensors"
+    data = (HF / last).read_bytes()
+    (target / last).write_bytes(data[: len(data) // 2])  # save_pretrained is writing its last shard
+    qtbot.waitUntil(win.background.saves.pending, timeout=WAIT)  # seen, and waited for
+    assert all(Path(e.path) != target for e in win.picker.entries)
+    (target / last).write_bytes(data)
+    qtbot.waitUntil(lambda: any(Path(e.path) == target for e in win.picker.entries), timeout=APPEARS_MS)
