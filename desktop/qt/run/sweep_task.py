@@ -3,6 +3,11 @@ time, on a job's thread (``qt/jobs/runner.py``); each result, the progress and t
 emitted as signals on the window's thread. Stop ends a sweep after the item in hand; one sweep of
 a kind runs at a time.
 
+A sweep started ``gentle`` (an evaluation that follows a run as it trains, in the background)
+runs on a thread at the lowest OS priority and, unless told not to mind the chat, waits before
+each step and between its items while the foreground holds background work (a reply streaming,
+the user typing: :mod:`desktop.engine.foreground`), saying so (``waiting``).
+
 * :class:`SampleSweepTask`: nanochat's base_train prompts (or the user's), greedy, 16 tokens.
 * :class:`GradedSweepTask`: multiple choice from the user's JSONL (nanochat's categorical method),
   or the bundled problems whose replies are checked.
@@ -14,6 +19,7 @@ a kind runs at a time.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -23,6 +29,7 @@ from desktop.config import paths
 from desktop.engine.backend import LoadOptions
 from desktop.engine.errors import NanoscopeError, is_out_of_memory
 from desktop.engine.files.bounded import FileRefused
+from desktop.engine.foreground import HELD, lower_this_threads_priority, wait_while_held
 from desktop.engine.runs import core_bundle
 from desktop.engine.runs.bits_per_byte import read_text
 from desktop.engine.runs.checked_answers import bundled_problems
@@ -50,30 +57,67 @@ SweepWork = Callable[[Run, LoadOptions], None]
 
 class SweepTask(QObject):
     """Signals: progress(done, total), kept(steps read back from the eval results store, of all
-    steps), finished(error: "" when it completed or was stopped)."""
+    steps), waiting(True while a gentle sweep waits for the foreground, then False),
+    finished(error: "" when it completed or was stopped)."""
 
     progress = Signal(int, int)
     kept = Signal(int, int)
+    waiting = Signal(bool)
     finished = Signal(str)
     job_name = "sweep"  # its thread's name
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._job = Job(self.job_name, self)
+        self._gentle = False  # the running sweep's: at the lowest priority, making way
+        self._mind_chat = True  # a gentle sweep waits while the foreground holds background work
+        self._wake = threading.Event()  # ends a wait for the foreground: a stop, or chat not minded
 
     def running(self) -> bool:
         return self._job.running()
 
     def stop(self, wait: float = 0.0) -> None:
+        self._job.stop()  # its Stop is set before the wait for the foreground is woken
+        self._wake.set()
         self._job.stop(wait)
 
-    def _launch(self, work: SweepWork) -> bool:
+    def mind_chat(self, mind: bool) -> None:
+        """Whether a gentle sweep waits while the user chats (read before each of its items)."""
+        self._mind_chat = mind
+        self._wake.set()
+
+    def _launch(self, work: SweepWork, gentle: bool = False) -> bool:
+        if self.running():
+            return False
+        self._gentle = gentle
         options = LoadOptions(base_dir=paths.nanochat_base_dir(), kernel_cache=paths.kernel_timings_file())
+
+        def main(run: Run) -> str:
+            if gentle:  # this run's thread, and the OpenMP workers it starts
+                lower_this_threads_priority()
+            self._step_aside(run)
+            return _outcome(work, run, options)
+
         return self._job.start(
-            lambda run: _outcome(work, run, options),
+            main,
             done=self.finished.emit,
             failed=lambda line: self.finished.emit(f"the sweep failed: {line}"),
         )
+
+    def _step_aside(self, run: Run) -> None:
+        """On the job's thread, between items: a gentle sweep waits while the foreground holds
+        background work (unless chat is not minded), ``waiting`` saying so; a stop ends the wait."""
+        if not (self._gentle and self._mind_chat and HELD) or run.cancel.is_set():
+            return
+        run.post(self.waiting.emit, True)
+        try:
+            while True:
+                self._wake.clear()  # before the checks: a stop after them still wakes the wait
+                if not (HELD and self._mind_chat) or run.cancel.is_set():
+                    return
+                wait_while_held(self._wake)
+        finally:
+            run.post(self.waiting.emit, False)
 
 
 def _outcome(work: SweepWork, run: Run, options: LoadOptions) -> str:
@@ -96,7 +140,9 @@ class SampleSweepTask(SweepTask):
     sample = Signal(str, int, str, str)
     job_name = "sample-sweep"
 
-    def start(self, points: Sequence[Point], prompts: Sequence[str] = SAMPLE_PROMPTS) -> bool:
+    def start(
+        self, points: Sequence[Point], prompts: Sequence[str] = SAMPLE_PROMPTS, gentle: bool = False
+    ) -> bool:
         if not points:
             return False
         points, prompts = list(points), list(prompts)
@@ -111,8 +157,9 @@ class SampleSweepTask(SweepTask):
             )
             for s in said:
                 run.post(self.sample.emit, s.stage, s.step, s.prompt, s.text)
+                self._step_aside(run)
 
-        return self._launch(work)
+        return self._launch(work, gentle)
 
 
 class GradedSweepTask(SweepTask):
@@ -129,7 +176,9 @@ class GradedSweepTask(SweepTask):
     flipped = Signal(object, object, list, list)
     job_name = "graded-sweep"
 
-    def start(self, points: Sequence[Point], data: Path | None, kind: str = "mc") -> bool:
+    def start(
+        self, points: Sequence[Point], data: Path | None, kind: str = "mc", gentle: bool = False
+    ) -> bool:
         if not points:
             return False
         points = list(points)
@@ -155,6 +204,7 @@ class GradedSweepTask(SweepTask):
                     read_back.add((a.stage, a.step))
                 run.post(self.answered.emit, a.stage, a.step, a.line, a.correct)
                 run.post(self.progress.emit, len(answers), count * len(points))
+                self._step_aside(run)
             scores = accuracy(answers)
             run.post(self.kept.emit, len(read_back), len(scores))
             run.post(self.scored.emit, task, scores)
@@ -163,7 +213,7 @@ class GradedSweepTask(SweepTask):
                 flips = what_flipped(answers, earlier, later)
                 run.post(self.flipped.emit, earlier, later, list(flips.lost), list(flips.gained))
 
-        return self._launch(work)
+        return self._launch(work, gentle)
 
 
 class BitsSweepTask(SweepTask):
@@ -173,7 +223,7 @@ class BitsSweepTask(SweepTask):
     scored = Signal(str, object)
     job_name = "bits-sweep"
 
-    def start(self, points: Sequence[Point], data: Path) -> bool:
+    def start(self, points: Sequence[Point], data: Path, gentle: bool = False) -> bool:
         if not points:
             return False
         points = list(points)
@@ -188,9 +238,10 @@ class BitsSweepTask(SweepTask):
                 scores[(r.stage, r.step)] = r.bits_per_byte
                 run.post(self.progress.emit, len(scores), len(points))
                 run.post(self.scored.emit, task, dict(scores))
+                self._step_aside(run)
             run.post(self.kept.emit, read_back, len(scores))
 
-        return self._launch(work)
+        return self._launch(work, gentle)
 
 
 class CoreSweepTask(SweepTask):
@@ -200,7 +251,9 @@ class CoreSweepTask(SweepTask):
     scored = Signal(str, object)
     job_name = "core-sweep"
 
-    def start(self, points: Sequence[Point], bundle: Path | None, lite: int | None) -> bool:
+    def start(
+        self, points: Sequence[Point], bundle: Path | None, lite: int | None, gentle: bool = False
+    ) -> bool:
         """``bundle``: the eval_bundle folder (None: ``$NANOCHAT_BASE_DIR/eval_bundle``);
         ``lite``: the first N examples of each task (None: all)."""
         if not points:
@@ -230,8 +283,9 @@ class CoreSweepTask(SweepTask):
                     run.post(self.scored.emit, title, core_bundle.core_scores(answers, tasks))
                 answers.append(r.result)
                 run.post(self.progress.emit, done, total)
+                self._step_aside(run)
             if answers:
                 run.post(self.scored.emit, title, core_bundle.core_scores(answers, tasks))
             run.post(self.kept.emit, len({(stage, step) for stage, step, _ in keeper.read_back}), len(points))
 
-        return self._launch(work)
+        return self._launch(work, gentle)

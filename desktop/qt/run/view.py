@@ -13,6 +13,12 @@ right joins the timeline as a curve, the table of steps by tasks, and "what flip
 first and last step lists the questions that changed, each a click from Compare. "Report…"
 writes the run's report card (Markdown and a PNG per curve) into a folder the user picks.
 
+"Evaluate new steps as they land" follows a run while it trains: each step that lands is
+evaluated as the user last evaluated (or as they pick then), in the background, one at a time,
+its row joining the table, its point the curve, and what flipped comparing it with the step
+before. "Pause" stops after the item in hand and keeps the steps waiting; it waits while the
+user chats unless "even while I chat" is checked.
+
 The state (the run, its timeline, the marks, what was said and scored) is a Qt-free
 :class:`~desktop.session.run.RunSession`: this view renders it and sends the user's intents to it.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyqtgraph as pg
@@ -28,6 +35,7 @@ import pyqtgraph.exporters
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (
     QApplication,
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QHeaderView,
@@ -47,7 +55,7 @@ from desktop.engine.runs.timeline import Point, Timeline
 from desktop.qt.run.evals import EvalResults
 from desktop.qt.run.parts import PlainLogAxis, against_tokens, point_tip, run_targets
 from desktop.qt.widgets import common, theme
-from desktop.session.run import RunSession
+from desktop.session.run import Evaluation, RunSession
 
 # What each evaluation reads: the file dialog's title and name filter.
 EVAL_FILES = {
@@ -107,17 +115,23 @@ class RunView(QWidget):
             "Evaluate each marked step (every step when none is marked), one checkpoint in memory "
             "at a time: multiple choice from a JSONL, or bits per byte of a text (docs/EVALS.md)"
         )
-        self.eval_menu = QMenu(self.eval_btn)
-        self.eval_menu.addAction("Multiple choice…", lambda: self._pick_eval_file("mc"))
-        self.eval_menu.addAction("Bits per byte…", lambda: self._pick_eval_file("bpb"))
-        self.eval_menu.addAction("Arithmetic and spelling", lambda: self.evaluate("answers", None))
-        self.eval_menu.addSeparator()
-        self.eval_menu.addAction(
-            f"CORE, lite ({CORE_LITE} per task)", lambda: self.evaluate("core-lite", None)
-        )
-        self.eval_menu.addAction("CORE, every example", lambda: self.evaluate("core", None))
-        self.eval_menu.addAction("CORE from an eval_bundle folder…", self._pick_bundle)
+        self.eval_menu = self._eval_choices(QMenu(self.eval_btn), self.evaluate)
         self.eval_btn.clicked.connect(self._on_eval_btn)
+        self.follow_box = QCheckBox("Evaluate new steps as they land")
+        self.follow_box.setToolTip(
+            "While the run trains, evaluate each step it saves as you last evaluated (or as you "
+            "pick now): in the background, one step at a time, at low priority"
+        )
+        self.follow_box.toggled.connect(self._on_follow_box)
+        self.follow_menu = self._eval_choices(QMenu(self.follow_box), self._follow, samples=True)
+        self.pause_btn = QPushButton("Pause")
+        self.pause_btn.setToolTip("Stop after the item in hand; the steps that landed wait")
+        self.pause_btn.clicked.connect(self._on_pause)
+        self.chat_too = QCheckBox("even while I chat")
+        self.chat_too.setToolTip(
+            "Go on evaluating while a reply streams or you type (else it waits: both share the CPU)"
+        )
+        self.chat_too.toggled.connect(self.session.follow_while_chatting)
         self.evaluating = ""  # the running evaluation's kind, "" when none runs
         self._started = 0.0  # when it started (for its estimate)
         self._idle_eval_btn()
@@ -142,6 +156,7 @@ class RunView(QWidget):
         for label, widget in (("Run", self.runs), ("Curve", self.curve), ("Against", self.axis)):
             flow.addWidget(common.group(QLabel(label), widget))
         flow.addWidget(common.group(self.sample_btn, self.eval_btn, self.report_btn, self.compare_btn))
+        flow.addWidget(common.group(self.follow_box, self.pause_btn, self.chat_too))
         self.plot = pg.PlotWidget(axisItems={"left": PlainLogAxis("left")})
         self.plot.showGrid(x=True, y=True, alpha=0.15)
         self.plot.setMenuEnabled(False)
@@ -164,6 +179,9 @@ class RunView(QWidget):
         events.sample_added.connect(self._show_sample)
         events.questions_changed.connect(self._show_evals)
         events.scores_changed.connect(self._on_scores)
+        events.follow_changed.connect(self._on_follow)
+        self._without_x = 0  # steps of the timeline drawn without a token count
+        self._on_follow()
         self.apply_theme()
 
     @property
@@ -217,6 +235,7 @@ class RunView(QWidget):
 
     def _show_sample(self, stage: str, step: int, prompt: str, text: str) -> None:
         """One step's continuation of one prompt, into its cell (prompts down, steps across)."""
+        self.results.show()
         column = f"{stage} {step}"
         if column not in self._columns:
             self.table.insertColumn(len(self._columns))
@@ -268,23 +287,39 @@ class RunView(QWidget):
         if self.evaluating:  # while one runs the button is its Stop
             self.eval_stopped.emit()
 
-    def _pick_eval_file(self, kind: str) -> None:
+    def _eval_choices(
+        self, menu: QMenu, then: Callable[[str, Path | None], None], samples: bool = False
+    ) -> QMenu:
+        """``menu`` filled with the evaluations, each calling ``then(kind, data)`` once chosen
+        (its file picked first, for those that read one)."""
+        if samples:
+            menu.addAction("Sample prompts", lambda: then("samples", None))
+        menu.addAction("Multiple choice…", lambda: self._pick_eval_file("mc", then))
+        menu.addAction("Bits per byte…", lambda: self._pick_eval_file("bpb", then))
+        menu.addAction("Arithmetic and spelling", lambda: then("answers", None))
+        menu.addSeparator()
+        menu.addAction(f"CORE, lite ({CORE_LITE} per task)", lambda: then("core-lite", None))
+        menu.addAction("CORE, every example", lambda: then("core", None))
+        menu.addAction("CORE from an eval_bundle folder…", lambda: self._pick_bundle(then))
+        return menu
+
+    def _pick_eval_file(self, kind: str, then: Callable[[str, Path | None], None]) -> None:
         title, pattern = EVAL_FILES[kind]
         path, _ = QFileDialog.getOpenFileName(self, title, "", pattern)
         if path:
-            self.evaluate(kind, Path(path))
+            then(kind, Path(path))
 
-    def _pick_bundle(self) -> None:
+    def _pick_bundle(self, then: Callable[[str, Path | None], None]) -> None:
         path = QFileDialog.getExistingDirectory(self, "nanochat's eval_bundle folder (core.yaml)")
         if path:
-            self.evaluate("core-lite", Path(path))
+            then("core-lite", Path(path))
 
     def evaluate(self, kind: str, data: Path | None) -> None:
         """Evaluate the marked steps (every step when none is marked): ``kind`` "mc" asks the
         questions in ``data``, "bpb" measures the text in it, "answers" checks the replies to
         the bundled arithmetic and spelling problems (no file), "core" and "core-lite" score
         nanochat's CORE on the eval_bundle folder ``data`` (None: the base dir's)."""
-        if self.timeline is None or not self.timeline.points or self.evaluating:
+        if self.timeline is None or not self.timeline.points or self.evaluating or self._following_now():
             return
         self.evaluating = kind
         self._started = time.monotonic()
@@ -294,7 +329,7 @@ class RunView(QWidget):
             self.status.setText("Reading nanochat's eval_bundle…")
         else:
             self.status.setText(f"Reading {data.name}…" if data else "Asking the bundled problems…")
-        self.eval_wanted.emit(kind, self.session.start_evaluation(), data)
+        self.eval_wanted.emit(kind, self.session.start_evaluation(kind, data), data)
 
     def say_problems(self, questions: list, problems: list) -> None:
         """The lines of the questions file that could not be read."""
@@ -328,6 +363,60 @@ class RunView(QWidget):
                 self.status.setText(
                     f"{self.status.text()} · {read_back} of {steps} steps read from kept results"
                 )
+
+    # ----- following the run as it trains ------------------------------------------------------
+
+    def _following_now(self) -> bool:
+        """Whether a step that landed is being evaluated (the Evaluate and Sample buttons wait)."""
+        follow = self.session.follow
+        return follow is not None and follow.in_hand is not None
+
+    def _on_follow_box(self, checked: bool) -> None:
+        """Following on: the evaluation run last follows, or (none run yet) the one picked now;
+        off: nothing follows (the step in hand stops after its item)."""
+        if not checked:
+            self.session.follow_run(None)
+        elif self.session.asked is not None:
+            self._follow(self.session.asked.kind, self.session.asked.data)
+        else:
+            self.follow_menu.exec(self.follow_box.mapToGlobal(self.follow_box.rect().bottomLeft()))
+            if self.session.follow is None:  # nothing picked
+                self._on_follow()
+
+    def _follow(self, kind: str, data: Path | None) -> None:
+        self.session.follow_run(Evaluation(kind, data))
+
+    def _on_pause(self) -> None:
+        follow = self.session.follow
+        if follow is not None:
+            self.session.pause_following(not follow.paused)
+
+    def _on_follow(self) -> None:
+        """Following changed: the controls and the status line say where it is."""
+        follow = self.session.follow
+        self.follow_box.blockSignals(True)
+        self.follow_box.setChecked(follow is not None)
+        self.follow_box.blockSignals(False)
+        if follow is not None:
+            self.follow_box.setToolTip(f"Following: {follow.evaluation.title()}")
+        self.pause_btn.setEnabled(follow is not None)
+        self.pause_btn.setText("Resume" if follow is not None and follow.paused else "Pause")
+        self.chat_too.blockSignals(True)
+        self.chat_too.setChecked(self.session.even_while_chatting)
+        self.chat_too.blockSignals(False)
+        busy = self._following_now()
+        for button in (self.eval_btn, self.sample_btn):
+            button.setEnabled(not busy)
+            button.setStatusTip("Waits for the step being evaluated as it landed" if busy else "")
+        if self.timeline is not None:
+            self._say(self.timeline, self._without_x)
+
+    def show_follow_progress(self, done: int, total: int) -> None:
+        follow = self.session.follow
+        if follow is None or follow.in_hand is None:
+            return
+        step = follow.in_hand.step
+        self.status.setText(f"Evaluating step {step} as it landed: {done} of {total} done")
 
     def report_done(self, message: str) -> None:
         self.report_btn.setEnabled(True)
@@ -411,7 +500,8 @@ class RunView(QWidget):
             self.plot.setXRange(min(0.0, min(xs)), max(xs) or 1.0, padding=0.05)
         self.plot.setLabel("left", metric if metric != STEPS else "")
         self.plot.setLabel("bottom", self.axis.currentText())
-        self._say(timeline, len(timeline.points) - len(placed))
+        self._without_x = len(timeline.points) - len(placed)
+        self._say(timeline, self._without_x)
 
     def _say(self, timeline: Timeline, without_x: int) -> None:
         parts = [f"{timeline.name}: {len(timeline.points)} saved steps"]
@@ -424,6 +514,8 @@ class RunView(QWidget):
         marked = self.session.marked
         if marked:
             parts.append(f"marked for Compare: {', '.join(str(p.step) for p in marked)}")
+        if following := self.session.follow_status():
+            parts.append(following)
         self.status.setText(" · ".join(parts))
         self.compare_btn.setEnabled(self.session.can_compare())
         self.compare_btn.setText(f"Compare {len(marked)}" if marked else "Compare")
@@ -455,7 +547,7 @@ class RunView(QWidget):
         if self.sweeping:
             self.samples_stopped.emit()
             return
-        if self.timeline is None or not self.timeline.points:
+        if self.timeline is None or not self.timeline.points or self._following_now():
             return
         points = self.session.start_samples()
         self.sweeping = True
