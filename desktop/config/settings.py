@@ -37,7 +37,8 @@ DEFAULT_SAMPLING: dict[str, Any] = {**CHAT_DEFAULTS.to_dict(), "seed_locked": Fa
 
 DEFAULTS: dict[str, Any] = {
     "window_geometry": None,  # base64 of QMainWindow.saveGeometry(), or None before the first close
-    "last_checkpoint": {"dir": None, "step": None},
+    # "follow": the chat followed the run's latest step ("Latest" in the Step list)
+    "last_checkpoint": {"dir": None, "step": None, "follow": False},
     "sampling": DEFAULT_SAMPLING,
     "sampling_presets": {},  # user preset name -> sampling values
     "theme": "system",
@@ -214,9 +215,18 @@ def normalize(key: str, value: Any) -> Any:
     if key == "window_geometry":
         return _optional(key, value, str)
     if key == "last_checkpoint":
-        if not isinstance(value, dict) or set(value) - {"dir", "step"}:
-            raise ValueError(f"setting {key!r} must be {{'dir': str|None, 'step': int|None}}, got {value!r}")
-        return {"dir": _optional(key, value.get("dir"), str), "step": _optional(key, value.get("step"), int)}
+        if not isinstance(value, dict) or set(value) - {"dir", "step", "follow"}:
+            raise ValueError(
+                f"setting {key!r} must be {{'dir': str|None, 'step': int|None, 'follow': bool}}, got {value!r}"
+            )
+        follow = value.get("follow", False)
+        if not isinstance(follow, bool):
+            raise ValueError(f"setting {key!r}: 'follow' must be true or false, got {follow!r}")
+        return {
+            "dir": _optional(key, value.get("dir"), str),
+            "step": _optional(key, value.get("step"), int),
+            "follow": follow,
+        }
     if key == "sampling":
         return _sampling(key, value)
     if key == "servers":

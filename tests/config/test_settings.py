@@ -47,7 +47,7 @@ def test_set_reports_change_and_save_round_trips() -> None:
     again = Settings()
     assert again.get("theme") == "dark"
     assert again.get("enter_sends") is False
-    assert again.get("last_checkpoint") == {"dir": "/ckpt/d20", "step": 650}
+    assert again.get("last_checkpoint") == {"dir": "/ckpt/d20", "step": 650, "follow": False}
     assert json.loads(s.path.read_text(encoding="utf-8"))["schema_version"] == settings.SCHEMA_VERSION
     assert not s.path.with_name("settings.json.tmp").exists()
 
@@ -92,6 +92,7 @@ def test_presets_hold_sampling_values() -> None:
         ("sampling", {"mystery": 1}),
         ("window_geometry", 12),
         ("last_checkpoint", {"dir": 3}),
+        ("last_checkpoint", {"dir": "/ckpt", "step": 1, "follow": "yes"}),
         ("sampling_presets", {"x": {"seed": "a"}}),
     ],
 )

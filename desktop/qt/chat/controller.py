@@ -183,7 +183,8 @@ class ChatController(QObject):
     def _on_loaded(self, info: ModelInfo) -> None:
         self.following.loaded(Path(info.path), info.step)
         if not is_demo(Path(info.path)):
-            self.settings.set("last_checkpoint", {"dir": info.path, "step": info.step})
+            last = {"dir": info.path, "step": info.step, "follow": self.following.on}
+            self.settings.set("last_checkpoint", last)
         self.session.set_context_length(info.context_length)
         held = self.waiting.arrived()  # first: a send from a model_loaded handler goes straight on
         self.model_loaded.emit(info)

@@ -25,7 +25,7 @@ from desktop.qt.chat.chat_view import ChatView
 from desktop.qt.chat.controller import ONE_WAITS, ChatController
 from desktop.qt.chat.history_sidebar import HistorySidebar
 from desktop.qt.chat.input_box import STOP_TIP, STOP_WAITING_TIP, InputBox
-from desktop.qt.widgets.checkpoint_picker import CheckpointPicker
+from desktop.qt.widgets.checkpoint_picker import FOLLOW, CheckpointPicker
 from desktop.qt.widgets.error_banner import ErrorBanner
 from desktop.qt.widgets.model_picker import ModelPicker
 from desktop.qt.widgets.sampling_panel import SamplingPanel
@@ -192,6 +192,12 @@ class ChatPage(QWidget):
             self.controller.no_model()
             return
         path, step = target
+        followed = next((e for e in entries if Path(e.path) == Path(path) and e.steps), None)
+        if last.get("follow") and followed is not None:  # it followed the run: its newest step now
+            self.picker.select(Path(path), FOLLOW)
+            self.controller.follow(True)
+            self.controller.load_checkpoint(Path(path), followed.steps[-1])
+            return
         if step is None:
             from desktop.engine.discovery import latest_step
 

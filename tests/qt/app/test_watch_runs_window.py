@@ -19,7 +19,7 @@ from support.live_training import (
     start_kf_training,
     start_nanochat_training,
 )
-from support.window import WAIT, send, start_with_base
+from support.window import WAIT, restart, send, start_with_base
 
 from desktop.engine.runs.saving import INCOMPLETE, SAVED, SaveWatch
 from desktop.engine.runs.timeline import RunReader
@@ -134,6 +134,11 @@ def test_a_nanochat_run_saving_steps_while_the_window_is_open(
     assert not (win.banner.level == "error" and win.banner.isVisible())
     meta = json.loads((folder / "meta_000030.json").read_text())
     assert meta["step"] == 30
+
+    again = restart(qtbot, windows, fake=False)  # the user quits and starts the app again
+    with qtbot.waitSignal(again.controller.model_loaded, timeout=WAIT) as loaded:
+        again.start()
+    assert loaded.args[0].step == 30 and again.picker.following() and again.controller.following.on
 
 
 def test_a_nanochat_writer_killed_mid_save_leaves_its_step_incomplete(
