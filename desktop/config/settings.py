@@ -216,9 +216,8 @@ def normalize(key: str, value: Any) -> Any:
         return _optional(key, value, str)
     if key == "last_checkpoint":
         if not isinstance(value, dict) or set(value) - {"dir", "step", "follow"}:
-            raise ValueError(
-                f"setting {key!r} must be {{'dir': str|None, 'step': int|None, 'follow': bool}}, got {value!r}"
-            )
+            shape = "{'dir': str|None, 'step': int|None, 'follow': bool}"
+            raise ValueError(f"setting {key!r} must be {shape}, got {value!r}")
         follow = value.get("follow", False)
         if not isinstance(follow, bool):
             raise ValueError(f"setting {key!r}: 'follow' must be true or false, got {follow!r}")
