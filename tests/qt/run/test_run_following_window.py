@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog
 from support.checkpoint_factory import write_checkpoint
 from support.live_training import nanochat_checkpoints, start_nanochat_training
 from support.window import start_with_base
@@ -111,9 +112,19 @@ def test_following_waits_while_the_user_chats_unless_told_not_to(qtbot, windows,
     win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
     view = show_run(qtbot, win, folder)
     task = f"bits per byte: {text.name}"
+    # Checked with no evaluation run yet, it asks which: closed without a choice, nothing follows.
+    monkeypatch.setattr(view.follow_menu, "exec", lambda *_args: None)
+    qtbot.mouseClick(view.follow_box, Qt.MouseButton.LeftButton)
+    assert not view.follow_box.isChecked() and view.session.follow is None
+    assert not view.pause_btn.isEnabled()
+    # Bits per byte… picked, and the text in the file dialog.
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *_args, **_kw: (str(text), ""))
+    choice = next(a for a in view.follow_menu.actions() if a.text() == "Bits per byte…")
+    monkeypatch.setattr(view.follow_menu, "exec", lambda *_args: choice.trigger())
+    follow(qtbot, view)
+    assert view.session.follow.evaluation == Evaluation("bpb", text)
     with qtbot.waitSignal(win.run_page.bits_sweep.finished, timeout=WAIT):
         view.evaluate("bpb", text)
-    follow(qtbot, view)
 
     with hold_background("a reply"):  # a reply streams in Chat
         land(base, 20)
