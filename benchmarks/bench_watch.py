@@ -129,7 +129,9 @@ def main() -> int:
             f"| the first look at every run (each step's files read once) | {first_look * 1e3:.0f} ms |",
             "",
             f"Each share is the app's CPU time over {measure_s:.0f} s, {wait_s:.0f} s after its start "
-            "(bench_idle's method), on a fresh home; the two runs differ only in the base dir.",
+            "(bench_idle's method), on a fresh home; the two runs differ only in the base dir. The OS "
+            "counts CPU time in 10 ms ticks, so shares this small are one or two ticks: the cost is "
+            "below what this can resolve, and the poll's and a look's own times say why.",
         ]
     )
     logger.info("%s", body)

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from desktop.engine.discovery import CheckpointEntry
+from desktop.engine.runs.saving import SAVING, StepState
 from desktop.engine.runs.timeline import Curve, Point, Timeline
 from desktop.session.observable import Events
 
@@ -107,6 +109,8 @@ class RunSession:
         self.folders: dict[StepKey, Path] = {}  # where each asked step's files are
         self.flips: Flips | None = None
         self.kept: tuple[int, int] = (0, 0)  # steps the running evaluation read back, of all
+        # The run's steps still being saved or never finished (as the last scan found them).
+        self.unsaved: list[StepState] = []
         self.asked: Evaluation | None = None  # the evaluation the user ran last
         self.asked_newest: Point | None = None  # the newest step it asked
         self.follow: Follow | None = None  # the evaluation that follows the run as it trains
@@ -125,6 +129,19 @@ class RunSession:
             self.follow = Follow(self.follow.evaluation, paused=self.follow.paused)
         self.events.timeline_changed.emit()
         self.events.follow_changed.emit()
+
+    def note_unsaved(self, entries: Sequence[CheckpointEntry]) -> None:
+        """The scan's list: which steps of the chosen run are being saved, or never finished."""
+        folders = {self.run, *(p.path for p in self.timeline.points)} if self.timeline else {self.run}
+        self.unsaved = sorted(
+            (s for e in entries if Path(e.path) in folders for s in e.unsaved), key=lambda s: s.step
+        )
+
+    def unsaved_line(self) -> str:
+        """What the status line says of them: "step 4,000 saving…", "step 1,500 incomplete: why"."""
+        return " · ".join(
+            s.label() if s.state == SAVING else f"{s.label()}: {s.reason}" for s in self.unsaved
+        )
 
     def grow_timeline(self, timeline: Timeline) -> None:
         """The chosen run read again while it trains: marks on steps still there stay, the

@@ -202,6 +202,9 @@ class RunView(QWidget):
         self.runs.blockSignals(False)
         if self.runs.currentData() != current:
             self._on_run()
+        self.session.note_unsaved(entries)
+        if self.timeline is not None and self.runs.currentData() == current:
+            self._say(self.timeline, self._without_x)
 
     def choose_run(self, folder: Path) -> None:
         index = self.runs.findData(Path(folder))
@@ -514,6 +517,8 @@ class RunView(QWidget):
         marked = self.session.marked
         if marked:
             parts.append(f"marked for Compare: {', '.join(str(p.step) for p in marked)}")
+        if unsaved := self.session.unsaved_line():
+            parts.append(unsaved)
         if following := self.session.follow_status():
             parts.append(following)
         self.status.setText(" · ".join(parts))

@@ -80,8 +80,11 @@ def follow_latest(qtbot, win: MainWindow, folder: Path) -> None:
 
 def choose_run(qtbot, win: MainWindow, folder: Path) -> None:
     win.tabs.setCurrentWidget(win.run_page)
-    win.run_page.run_view.choose_run(folder)
-    qtbot.waitUntil(lambda: bool(run_tab_steps(win)), timeout=WAIT)
+    view = win.run_page.run_view
+    view.choose_run(folder)
+    qtbot.waitUntil(
+        lambda: bool(run_tab_steps(win)) and not view.status.text().startswith("Reading"), timeout=WAIT
+    )
     win.tabs.setCurrentIndex(0)
 
 
@@ -168,6 +171,9 @@ def test_a_nanochat_writer_killed_mid_save_leaves_its_step_incomplete(
     unsaved = next(e for e in win.picker.entries if Path(e.path) == folder).unsaved
     assert [(s.step, s.state) for s in unsaved] == [(20, INCOMPLETE)]
     assert win.controller.model_info.step == 10 and witness.errors() == []
+    choose_run(qtbot, win, folder)  # the Run tab says so too
+    status = win.run_page.run_view.status.text()
+    assert "1 saved steps" in status and "step 20 · incomplete: model_000020.pt is cut short" in status
 
 
 def picker_labels(win: MainWindow) -> list[str]:
