@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from support import REPO
+from tools.golden.common import story_documents
 
 RUNNER = REPO / "tests" / "support" / "run_upstream.py"
 UPSTREAM = REPO / "tests" / "upstream"
@@ -237,32 +238,10 @@ def _start(
     return proc
 
 
-# The training text: a story told mostly in order (as the golden corpus's, tools/golden/common.py),
-# so a few dozen steps already lower the loss.
-STORY = (
-    "the small cat sat on the red mat.",
-    "a big dog ran to the old barn.",
-    "two blue birds sang in the tall tree.",
-    "one red fox hid under the green hat.",
-    "my old friend came home at night.",
-    "we ate bread and drank warm milk.",
-    "her little boat sailed on the lake.",
-    "his brown horse jumped over the wall.",
-)
-CLOSING = "and so it was the end."
-
-
 def story_texts(n: int, seed: int) -> list[str]:
-    """``n`` documents of 3 to 9 of the story's sentences, then its closing one."""
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(n):
-        i, sentences = rng.randrange(len(STORY)), []
-        for _ in range(rng.randint(3, 9)):
-            sentences.append(STORY[i])
-            i = (i + 1) % len(STORY) if rng.random() < 0.85 else rng.randrange(len(STORY))
-        docs.append(" ".join([*sentences, CLOSING]))
-    return docs
+    """``n`` documents of the golden corpus's story (tools/golden/common.py): told mostly in
+    order, so a few dozen steps already lower the loss."""
+    return story_documents(random.Random(seed), n)
 
 
 def prepare_nanochat_base(base_dir: Path) -> None:

@@ -97,6 +97,14 @@ def lands(qtbot, win: MainWindow, run, folder: Path, step: int) -> None:
     )
 
 
+def first_step_saved(qtbot, windows, monkeypatch, run) -> tuple[MainWindow, Path]:
+    """The run saves step 10, then the app starts on its base dir; the window and the run's folder."""
+    run.allow(10)
+    run.wait_saved(10)
+    win = start_with_base(qtbot, windows, monkeypatch, run.folder, fake=False)
+    return win, nanochat_checkpoints(run.folder)
+
+
 @pytest.fixture
 def nanochat_run(tmp_path) -> Iterator:
     run = start_nanochat_training(tmp_path / "base", steps=(10, 20, 30), hold=True)
@@ -107,11 +115,8 @@ def nanochat_run(tmp_path) -> Iterator:
 def test_a_nanochat_run_saving_steps_while_the_window_is_open(
     qtbot, windows, loop, monkeypatch, nanochat_run
 ):
-    run, base = nanochat_run, nanochat_run.folder
-    folder = nanochat_checkpoints(base)
-    run.allow(10)
-    run.wait_saved(10)
-    win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
+    run = nanochat_run
+    win, folder = first_step_saved(qtbot, windows, monkeypatch, run)
     witness = Witness(win, folder, "nanochat")
     assert win.picker.current() == (folder, 10)
     choose_run(qtbot, win, folder)
@@ -233,11 +238,8 @@ def test_a_kempnerforge_writer_killed_before_dcp_metadata_leaves_its_step_incomp
 def test_a_compare_pane_that_follows_answers_from_the_newest_step(
     qtbot, windows, loop, monkeypatch, nanochat_run
 ):
-    run, base = nanochat_run, nanochat_run.folder
-    folder = nanochat_checkpoints(base)
-    run.allow(10)
-    run.wait_saved(10)
-    win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
+    run = nanochat_run
+    win, folder = first_step_saved(qtbot, windows, monkeypatch, run)
     view, compare = win.compare_view, win.compare
     win.tabs.setCurrentWidget(view)
     pane = view.panes[0]
