@@ -7,7 +7,9 @@ Families and their writers (each a module here with ``main(argv) -> int``):
   (:mod:`tools.golden.experiment`);
 * ``fork``: the C++ fork's variants (:mod:`tools.golden.fork`);
 * ``kempnerforge``: a DCP run saved by KempnerForge's own checkpoint code (:mod:`tools.golden.kempnerforge`);
-* ``transformers``: ``save_pretrained`` folders (:mod:`tools.golden.transformers_models`).
+* ``transformers``: ``save_pretrained`` folders (:mod:`tools.golden.transformers_models`);
+* ``attention``: attention rows of the nanochat and fork cases, by each revision's own attention
+  code (:mod:`tools.golden.attention`; ``--src`` and ``--fork-src``).
 
 Each takes ``--src`` (a fetched mirror or checkout of the upstream, where it has one) and ``--out``
 (default ``tests/golden``), and records the exact commit of every upstream file it ran.
@@ -24,6 +26,7 @@ FAMILIES = {
     "fork": "tools.golden.fork",
     "kempnerforge": "tools.golden.kempnerforge",
     "transformers": "tools.golden.transformers_models",
+    "attention": "tools.golden.attention",
 }
 
 
