@@ -1,0 +1,196 @@
+"""``inspect`` and ``inspect_all``: the inside of a local model at a position of a token sequence
+(docs/INSIDE.md). torch is imported only when a pass runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from desktop.engine.errors import NanoscopeError
+from desktop.engine.inside.result import FORMAT, Attribution, Guess, Inside, LensLayer, Term
+
+if TYPE_CHECKING:
+    from desktop.engine.inside.nanochat import NanochatPass
+
+TOP = 5
+CACHE_FORMAT = "nanoscope-inside-cache/1"
+
+
+def _model_of(source: Any) -> tuple[Any, str, str]:
+    """(the nanochat ``GPT`` inside ``source``, family, era); one line where there is none."""
+    from desktop.engine.nanochat.model import GPT
+
+    if isinstance(source, GPT):
+        cfg = source.config
+        return source, "nanochat-fork" if cfg.is_fork else "nanochat", cfg.era
+    info = source.info() if callable(getattr(source, "info", None)) else None
+    if info is not None and (info.family == "remote" or not info.capabilities.token_ids):
+        raise NanoscopeError(
+            f"{info.name}: a served model has no inside to show (its weights are on the server)"
+        )
+    model = getattr(source, "model", None)
+    if isinstance(model, GPT):
+        return model, info.family if info is not None else "nanochat", model.config.era
+    if model is None and info is not None and getattr(source, "loaded", None) is not None:
+        raise NanoscopeError(f"{info.name}: the model is closed")
+    family = info.family if info is not None else type(source).__name__
+    raise NanoscopeError(f"{family}: no Inside view for this family yet (nanochat checkpoints have one)")
+
+
+def _check_ids(ids: Sequence[int], vocab: int, context: int) -> tuple[int, ...]:
+    if len(ids) == 0:
+        raise NanoscopeError("nothing to inspect: the prompt is empty")
+    bad = [i for i in ids if not 0 <= int(i) < vocab]
+    if bad:
+        raise NanoscopeError(f"token ids out of range for vocab {vocab}: {bad[:5]}")
+    if len(ids) > context:
+        raise NanoscopeError(f"{len(ids)} tokens: past the model's context of {context}")
+    return tuple(int(i) for i in ids)
+
+
+def _check_position(position: int, length: int) -> None:
+    if not 0 <= position < length:
+        raise NanoscopeError(f"position {position} is past the end: the tokens are at 0..{length - 1}")
+
+
+class InsideCache:
+    """One hooked forward pass over a whole sequence (a prompt and its reply), from which any
+    position's :class:`Inside` is computed on demand (milliseconds) and kept.
+
+    ``to_dict`` keeps the positions computed so far (not the tensors, which take hundreds of
+    MB for a long reply at depth 12); :meth:`saved` reads them back without the model."""
+
+    def __init__(self, run: NanochatPass, family: str, era: str) -> None:
+        self._run = run
+        self.ids = run.ids
+        self.family, self.era = family, era
+        self.readout, self.note = run.readout, run.note
+        self.exact = not run.note
+        self.n_layer, self.n_head = run.n_layer, run.n_head
+        self._done: dict[tuple[int, int], Inside] = {}
+
+    def lens_logits(self, position: int) -> tuple[Any, Any]:
+        """(n_layer, vocab) float32 tensors: the lens's logits before and after softcap."""
+        _check_position(position, len(self.ids))
+        return self._run.lens_logits(position)
+
+    def attention(self, position: int) -> list[list[list[float]]]:
+        """``[layer][head][j]`` for j in 0..position: see :attr:`Inside.attention`."""
+        _check_position(position, len(self.ids))
+        return [self._run.attention_rows(layer, position).tolist() for layer in range(self.n_layer)]
+
+    def at(self, position: int, produced: int | None = None) -> Inside:
+        """The inside at ``position`` (the predicting position: its output is the guess for
+        token ``position + 1``). ``produced``: the token to rank and attribute; None takes
+        ``ids[position + 1]``, or at the last position the model's own top token."""
+        import torch
+
+        _check_position(position, len(self.ids))
+        raw, capped = self._run.lens_logits(position)
+        if produced is None:
+            has_next = position + 1 < len(self.ids)
+            produced = self.ids[position + 1] if has_next else int(capped[-1].argmax())
+        if not 0 <= produced < capped.size(-1):
+            raise NanoscopeError(f"produced token {produced} is out of range for vocab {capped.size(-1)}")
+        key = (position, produced)
+        if key in self._done:
+            return self._done[key]
+        probs = torch.softmax(capped, dim=-1)
+        top_p, top_i = probs.topk(min(TOP, probs.size(-1)), dim=-1)
+        lens = tuple(
+            LensLayer(
+                layer=layer,
+                top=tuple(Guess(int(t), float(p)) for t, p in zip(top_i[layer], top_p[layer], strict=True)),
+                produced_rank=int((capped[layer] > capped[layer, produced]).sum()) + 1,
+                produced_prob=float(probs[layer, produced]),
+            )
+            for layer in range(self.n_layer)
+        )
+        terms, heads, scale = self._run.attribution(position, produced)
+        pre = float(raw[-1, produced])
+        total = sum(value for _, _, value in terms)
+        attribution = Attribution(
+            token=produced,
+            logit=float(capped[-1, produced]),
+            pre_softcap=pre,
+            softcap=self._run.softcap,
+            norm_scale=scale,
+            terms=tuple(Term(kind, layer, value) for kind, layer, value in terms),
+            heads=tuple(tuple(h) for h in heads),
+            residual=pre - total,
+        )
+        inside = Inside(
+            position=position,
+            token=self.ids[position],
+            produced=produced,
+            readout=self.readout,
+            exact=self.exact,
+            note=self.note,
+            lens=lens,
+            attention=tuple(tuple(tuple(row) for row in heads) for heads in self.attention(position)),
+            attribution=attribution,
+            family=self.family,
+            era=self.era,
+        )
+        self._done[key] = inside
+        return inside
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": CACHE_FORMAT,
+            "family": self.family,
+            "era": self.era,
+            "ids": list(self.ids),
+            "exact": self.exact,
+            "note": self.note,
+            "readout": self.readout,
+            "positions": [inside.to_dict() for inside in self._done.values()],
+        }
+
+    @staticmethod
+    def saved(d: dict[str, Any]) -> dict[tuple[int, int], Inside]:
+        """The positions a :meth:`to_dict` kept, by (position, produced) (ValueError on another format)."""
+        if d.get("format") != CACHE_FORMAT:
+            raise ValueError(f"not {CACHE_FORMAT}: {d.get('format')!r}")
+        out: dict[tuple[int, int], Inside] = {}
+        for item in d["positions"]:
+            inside = Inside.from_dict(item)
+            out[(inside.position, inside.produced)] = inside
+        return out
+
+
+def inspect_all(source: Any, ids: Sequence[int]) -> InsideCache:
+    """One hooked forward pass of ``source`` (a local Backend, or a nanochat ``GPT``) over
+    ``ids``; any position's :class:`Inside` then comes from :meth:`InsideCache.at`.
+
+    Raises :class:`NanoscopeError` (one line) for a served model, a family without an Inside
+    view yet, an empty sequence, ids outside the vocabulary, or more ids than the model's
+    context. Runs on the model's worker thread (never the GUI's)."""
+    from desktop.engine.inside.nanochat import record
+
+    model, family, era = _model_of(source)
+    cfg = model.config
+    checked = _check_ids(ids, cfg.vocab_size, cfg.rope_len)
+    return InsideCache(record(model, checked), family, era)
+
+
+def inspect(source: Any, ids: Sequence[int], position: int, produced: int | None = None) -> Inside:
+    """The inside of ``source`` at ``position`` of ``ids``, from one pass over
+    ``ids[: position + 1]``: at the last layer its lens is the model's own next-token
+    distribution there, bit for bit in exact (float32) mode.
+
+    ``produced`` (None: ``ids[position + 1]``, or the model's top token at the end) is the token
+    ranked in the lens and attributed. Errors as :func:`inspect_all`, and a position outside
+    ``0 .. len(ids) - 1``."""
+    if len(ids) == 0:
+        raise NanoscopeError("nothing to inspect: the prompt is empty")
+    _check_position(position, len(ids))
+    model, _family, _era = _model_of(source)
+    _check_ids(ids, model.config.vocab_size, len(ids))  # every id, the produced one too
+    cache = inspect_all(source, list(ids)[: position + 1])
+    if produced is None and position + 1 < len(ids):
+        produced = int(ids[position + 1])
+    return cache.at(position, produced)
+
+
+__all__ = ["CACHE_FORMAT", "FORMAT", "InsideCache", "inspect", "inspect_all"]
