@@ -19,6 +19,7 @@ from typing import Any
 from desktop import __version__
 from desktop.cli.evals import add_eval_parser, cmd_eval
 from desktop.cli.export import add_export_parser, cmd_export
+from desktop.cli.inspect import add_inspect_parser, cmd_inspect
 from desktop.cli.remote import add_server_args, list_served, open_served
 from desktop.cli.say import error, say, warn
 from desktop.cli.serve import add_serve_parser, cmd_serve
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_timeline_parser(sub)
     add_eval_parser(sub)
     add_serve_parser(sub, _add_model_args)
+    add_inspect_parser(sub, _add_model_args)
     return parser
 
 
@@ -456,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         "timeline": cmd_timeline,
         "eval": cmd_eval,
         "serve": lambda a: cmd_serve(a, open_model),
+        "inspect": lambda a: cmd_inspect(a, open_model),
     }
     with cli_logging():  # errors (and the GUI's whole run) also go to the log file
         try:
