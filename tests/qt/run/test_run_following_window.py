@@ -15,7 +15,12 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 from support.checkpoint_factory import write_checkpoint
-from support.live_training import nanochat_checkpoints, start_nanochat_training
+from support.live_training import (
+    kf_checkpoints,
+    nanochat_checkpoints,
+    start_kf_training,
+    start_nanochat_training,
+)
 from support.window import start_with_base
 
 from desktop.engine.foreground import hold_background
@@ -158,3 +163,35 @@ def test_following_waits_while_the_user_chats_unless_told_not_to(qtbot, windows,
         (r.stage, r.step): r.bits_per_byte for r in bpb_sweep(points, text.read_text(encoding="utf-8"))
     }
     assert view.session.scores[task] == pytest.approx(measured)
+
+
+@pytest.mark.slow
+def test_an_evaluation_follows_a_kempnerforge_run_saving_with_dcp(
+    qtbot, windows, loop, monkeypatch, tmp_path
+):
+    base = tmp_path / "base"
+    text = tmp_path / "text.txt"
+    text.write_text("the small cat sat on the red mat. a big dog ran to the old barn. " * 3, encoding="utf-8")
+    run = start_kf_training(base / "kf", steps=(10, 20, 30), hold=True)
+    try:
+        run.allow(10)
+        run.wait_saved(10)
+        win = start_with_base(qtbot, windows, monkeypatch, base, fake=False)
+        view = show_run(qtbot, win, kf_checkpoints(run.folder))
+        with qtbot.waitSignal(win.run_page.bits_sweep.finished, timeout=WAIT):
+            view.evaluate("bpb", text)
+        assert rows(view) == ["kempnerforge 10"]
+        follow(qtbot, view)
+        run.allow(20)
+        run.allow(30)
+        wanted = ["kempnerforge 10", "kempnerforge 20", "kempnerforge 30"]
+        qtbot.waitUntil(lambda: rows(view) == wanted and view.session.follow.in_hand is None, timeout=WAIT)
+        run.finish()
+        task = f"bits per byte: {text.name}"
+        direct = {
+            (r.stage, r.step): r.bits_per_byte for r in bpb_sweep(view.timeline.points, text.read_text())
+        }
+        assert view.session.scores[task] == direct
+        assert [x for x, _ in view.timeline.line(task)] == [10.0, 20.0, 30.0]
+    finally:
+        run.stop()
