@@ -39,6 +39,9 @@ class ModelSlot(QObject):
         failed(str): the current generation failed; one-line reason.
         scored(int, dict): a score request's id and result.
         score_failed(int, str): a score request's id and the reason.
+        inside_ready(int, object): an Inside request's id and its
+            :class:`~desktop.engine.inside.InsideCache` (``reply_start`` and ``labels`` added).
+        inside_failed(int, str): an Inside request's id and the one-line reason.
         config_needed(str, int): a KempnerForge run (and step) has no training TOML beside it;
             load it again with ``config=`` once the user picked one.
     """
@@ -54,6 +57,8 @@ class ModelSlot(QObject):
     scored = Signal(int, dict)
     score_failed = Signal(int, str)
     config_needed = Signal(str, int)
+    inside_ready = Signal(int, object)
+    inside_failed = Signal(int, str)
 
     _next_request = 0  # shared by every slot, so ids never repeat across them
 
@@ -73,6 +78,8 @@ class ModelSlot(QObject):
         self._new_config: Path | None = None  # a TOML the user picked, remembered once it loads
         self.request: int | None = None  # the generation in flight
         self._scores: set[int] = set()
+        self._insides: set[int] = set()
+        self.inside_passes = 0  # Inside passes asked of this slot's model (each one full pass)
         self._closed = False
         w = self.host.worker
         w.progress.connect(self.loading)
@@ -83,6 +90,8 @@ class ModelSlot(QObject):
         w.finished.connect(self._on_finished)
         w.failed.connect(self._on_failed)
         w.scored.connect(self._on_scored)
+        w.inside_ready.connect(self._on_inside_ready)
+        w.inside_failed.connect(self._on_inside_failed)
 
     @property
     def busy(self) -> bool:
@@ -147,6 +156,26 @@ class ModelSlot(QObject):
         request = self._new_id()
         self._scores.add(request)
         self.host.score(request, [m.copy_text() for m in conversation], reply_ids, top, skip)
+        return request
+
+    def inside(self, ids: list[int]) -> int:
+        """One hooked pass over ``ids`` on the model's thread, after the request in progress; the
+        cache comes through ``inside_ready`` (or ``inside_failed``) with the returned id."""
+        request = self._new_inside()
+        self.host.inside(request, ids)
+        return request
+
+    def reply_inside(self, conversation: list[Message], reply_ids: list[int]) -> int:
+        """As :meth:`inside`, over ``conversation`` rendered as the prompt and then ``reply_ids``
+        (the cache's ``reply_start`` says where the reply begins)."""
+        request = self._new_inside()
+        self.host.reply_inside(request, [m.copy_text() for m in conversation], reply_ids)
+        return request
+
+    def _new_inside(self) -> int:
+        request = self._new_id()
+        self._insides.add(request)
+        self.inside_passes += 1
         return request
 
     def stop(self) -> None:
@@ -219,3 +248,15 @@ class ModelSlot(QObject):
         if request_id in self._scores:
             self._scores.discard(request_id)
             self.scored.emit(request_id, result)
+
+    @Slot(int, object)
+    def _on_inside_ready(self, request_id: int, cache: object) -> None:
+        if request_id in self._insides:
+            self._insides.discard(request_id)
+            self.inside_ready.emit(request_id, cache)
+
+    @Slot(int, str)
+    def _on_inside_failed(self, request_id: int, reason: str) -> None:
+        if request_id in self._insides:
+            self._insides.discard(request_id)
+            self.inside_failed.emit(request_id, reason)

@@ -121,6 +121,10 @@ class ModelWorker(QObject):
         finished(int, dict): request id, generation stats (also after a stop).
         failed(int, str): request id, one-line reason (a generation or a score).
         scored(int, dict): request id, the backend's ``score`` result.
+        inside_ready(int, object): request id, an :class:`~desktop.engine.inside.InsideCache`
+            (``reply_start`` and ``labels`` added: where the reply begins in its ids, and how
+            every token of the vocabulary reads).
+        inside_failed(int, str): request id, one-line reason (a served model, another family).
     """
 
     progress = Signal(int, str)
@@ -131,12 +135,16 @@ class ModelWorker(QObject):
     finished = Signal(int, dict)
     failed = Signal(int, str)
     scored = Signal(int, dict)
+    inside_ready = Signal(int, object)
+    inside_failed = Signal(int, str)
 
     # Requests (emitted from the GUI thread, so they reach the slots queued).
     load_requested = Signal(str, object)
     generate_requested = Signal(int, object, object, object, object)
     score_requested = Signal(int, object, object, object)
     unload_requested = Signal()
+    inside_requested = Signal(int, object)
+    reply_inside_requested = Signal(int, object, object)
 
     def __init__(self, opener: Opener = default_opener) -> None:
         super().__init__()
@@ -150,6 +158,8 @@ class ModelWorker(QObject):
         self.generate_requested.connect(self._on_generate)
         self.score_requested.connect(self._on_score)
         self.unload_requested.connect(self._on_unload)
+        self.inside_requested.connect(self._on_inside)
+        self.reply_inside_requested.connect(self._on_reply_inside)
 
     @Slot(str, object)
     def _on_load(self, target: str, options: LoadOptions) -> None:
@@ -244,6 +254,45 @@ class ModelWorker(QObject):
             return
         self.scored.emit(request_id, result)
 
+    @Slot(int, object)
+    def _on_inside(self, request_id: int, ids: list[int]) -> None:
+        """One hooked pass over ``ids`` (docs/INSIDE.md), between the other requests."""
+        self._inside(request_id, lambda backend: (list(ids), len(ids)))
+
+    @Slot(int, object, object)
+    def _on_reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
+        """The pass over ``conversation`` rendered as a prompt (as a generation renders it), then
+        ``reply_ids``: the reply's ids as the model saw them."""
+
+        def ids_of(backend: Backend) -> tuple[list[int], int]:
+            prompt = backend.render(conversation, max(1, len(reply_ids))).require_ids()
+            return prompt + list(reply_ids), len(prompt)
+
+        self._inside(request_id, ids_of)
+
+    def _inside(self, request_id: int, ids_of: Callable[[Backend], tuple[list[int], int]]) -> None:
+        try:
+            from desktop.engine.inside import inspect_all
+
+            backend = self._require()
+            info = backend.info()
+            if info.family == "remote" or not info.capabilities.token_ids:
+                raise NanoscopeError(
+                    f"{info.name}: a served model has no inside to show (its weights are on the server)"
+                )
+            ids, reply_start = ids_of(backend)
+            cache: Any = inspect_all(backend, ids)
+            cache.reply_start = reply_start
+            vocab = int(getattr(backend, "model").config.vocab_size)  # noqa: B009 (a nanochat backend)
+            cache.labels = [backend.token_label(i) for i in range(vocab)]
+        except BaseException as exc:
+            if _fatal(exc):
+                raise
+            logger.warning("inside %d failed", request_id, exc_info=not isinstance(exc, NanoscopeError))
+            self.inside_failed.emit(request_id, describe_failure(exc))
+            return
+        self.inside_ready.emit(request_id, cache)
+
 
 class WorkerHost(QObject):
     """Creates the worker, moves it to a QThread, and shuts it down in order: stop, quit, wait."""
@@ -281,6 +330,14 @@ class WorkerHost(QObject):
         """Queue a teacher-forced score of ``reply_ids`` as the reply to ``conversation``."""
         options = {"top": top, "skip": list(skip) if skip is not None else None}
         self.worker.score_requested.emit(request_id, conversation, list(reply_ids), options)
+
+    def inside(self, request_id: int, ids: list[int]) -> None:
+        """Queue one hooked pass over ``ids`` (the Inside view's numbers)."""
+        self.worker.inside_requested.emit(request_id, list(ids))
+
+    def reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
+        """Queue one hooked pass over ``conversation``'s prompt and then ``reply_ids``."""
+        self.worker.reply_inside_requested.emit(request_id, conversation, list(reply_ids))
 
     def load(self, target: str, options: LoadOptions) -> None:
         self.worker.load_requested.emit(target, options)
