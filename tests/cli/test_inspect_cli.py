@@ -1,4 +1,5 @@
-"""``nanoscope inspect`` on a golden checkpoint nanochat's own code wrote (docs/INSIDE.md)."""
+"""``nanoscope inspect`` on a golden checkpoint nanochat's own code wrote, a Hugging Face folder
+transformers wrote and a KempnerForge run's step (docs/INSIDE.md)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import json
 import math
 
 import pytest
-from support.golden import CASES, manifest
+from support.golden import CASES, GOLDEN, manifest
 
 from desktop.cli import main as cli
 from desktop.engine.backend import LoadOptions
 from desktop.engine.inside import Inside, inspect
 from desktop.engine.nanochat.backend import NanochatBackend
+from desktop.engine.registry import open_backend
 
 CASE = next(c for c in CASES if c.name == "E7")
 DIRECTORY = CASE / "chatsft_checkpoints" / manifest(CASE)["tag"]
@@ -87,3 +89,49 @@ def test_a_served_model_has_no_inside(capsys):
     assert code != 0 and out == ""
     assert err.startswith("nanoscope: error: remote:gpu-box/d20: a served model has no inside to show")
     assert err.count("\n") == 1
+
+
+HF_CASE = GOLDEN / "transformers" / "nanochat"
+KF_CASE = GOLDEN / "kempnerforge" / "dense-gqa-qknorm"
+
+
+def test_a_hugging_face_folder_chat_json_is_the_engines_numbers(capsys):
+    argv = ["inspect", str(HF_CASE), "--device", "cpu", "--dtype", "float32"]
+    code = cli.main([*argv, "--chat", "What is 2+2?", "--max-tokens", "8", "--position", "-2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    d = json.loads(out)
+    ids = d["ids"]
+    assert d["family"] == d["era"] == "hf-nanochat" and d["exact"] is True
+    assert d["position"] == len(ids) - 2 and d["produced"] == ids[-1]
+    backend = open_backend(HF_CASE, LoadOptions(device="cpu", dtype="float32"))
+    try:
+        want = inspect(backend, ids, d["position"])
+    finally:
+        backend.close()
+    assert Inside.from_dict(d) == want
+    att = d["attribution"]
+    assert att["softcap"] == 15.0
+    assert abs(math.fsum(t["value"] for t in att["terms"]) + att["residual"] - att["pre_softcap"]) < 1e-4
+    assert len(d["lens"]) == 2 and len(d["attention"][0]) == 4
+
+
+def test_a_kempnerforge_step_human_table(capsys):
+    step = manifest(KF_CASE)["steps"][0]
+    argv = ["inspect", str(KF_CASE / "run"), "--step", str(step), "--device", "cpu", "--dtype", "float32"]
+    code = cli.main([*argv, "--tokens", "5,9,20,31,40,50", "--position", "4"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.splitlines()
+    assert f"step {step} (dense, float32, exact)" in lines[0]
+    assert lines[1].startswith("position 4 of 6 (prompt): token ") and "(id 50, came next)" in lines[1]
+    assert lines[2].startswith(
+        "read out: the residual stream each block returns, read out through the final RMSNorm"
+    )
+    assert [line.split()[0] for line in lines if line.startswith("  L") and "| rank" in line] == ["L0", "L1"]
+    names = [
+        line.split()[0]
+        for line in lines[lines.index(next(x for x in lines if x.startswith("attribution"))) + 1 :]
+    ]
+    assert names == ["embedding", "L0", "L0", "L1", "L1", "residual"]
+    assert "softcapped" not in next(x for x in lines if x.startswith("attribution"))

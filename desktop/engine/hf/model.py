@@ -206,8 +206,25 @@ class HFCausalLM:
             k_cache[:, pos : pos + T] = k.transpose(1, 2)
             v_cache[:, pos : pos + T] = v.transpose(1, 2)
             k, v = k_cache[:, : pos + T].transpose(1, 2), v_cache[:, : pos + T].transpose(1, 2)
-        y = sdpa_attention(q, k, v, FULL_WINDOW)
+        y = self._attend(q, k, v)
         return self._linear(y.transpose(1, 2).reshape(B, T, -1), layer.o, layer.o_bias)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of ``q`` (B, H, T, D) over ``k``/``v`` (B, Hkv, S, D) as the layer
+        uses them (after RoPE and QK-norm; GQA shared): a seam the Inside recorder wraps."""
+        return sdpa_attention(q, k, v, FULL_WINDOW)
+
+    def _block(
+        self,
+        h: torch.Tensor,
+        layer: Layer,
+        index: int,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache | None,
+    ) -> torch.Tensor:
+        """One decoder layer: the residual stream it gets to the one it returns."""
+        h = h + self._attention(self._rms(h, layer.input_norm), layer, index, rope, cache)
+        return h + self._mlp(self._rms(h, layer.post_norm), layer)
 
     def _mlp(self, x: torch.Tensor, layer: Layer) -> torch.Tensor:
         if layer.gate is not None:
@@ -247,8 +264,7 @@ class HFCausalLM:
         def rows(a: int, b: int) -> torch.Tensor:
             h, rope = cut(x, a, b, T), self._rotary(pos + a, b - a)
             for i, layer in enumerate(self.layers):
-                h = h + self._attention(self._rms(h, layer.input_norm), layer, i, rope, cache)
-                h = h + self._mlp(self._rms(h, layer.post_norm), layer)
+                h = self._block(h, layer, i, rope, cache)
             return self._rms(h, self.final_norm)
 
         logits = self._linear(prefill_rows(idx, step, cache, last_only, cancel, rows), self.head)

@@ -10,6 +10,7 @@ from desktop.engine.errors import NanoscopeError
 from desktop.engine.inside.result import FORMAT, Attribution, Guess, Inside, LensLayer, Term
 
 if TYPE_CHECKING:
+    from desktop.engine.inside.hf import StackPass
     from desktop.engine.inside.nanochat import NanochatPass
 
 TOP = 5
@@ -17,12 +18,19 @@ CACHE_FORMAT = "nanoscope-inside-cache/1"
 
 
 def _model_of(source: Any) -> tuple[Any, str, str]:
-    """(the nanochat ``GPT`` inside ``source``, family, era); one line where there is none."""
+    """(the model inside ``source``: a nanochat ``GPT``, a Hugging Face ``HFCausalLM`` or a
+    KempnerForge ``KFTransformer``, family, era); one line where there is none."""
+    from desktop.engine.hf.model import HFCausalLM
+    from desktop.engine.kempnerforge.model import KFTransformer
     from desktop.engine.nanochat.model import GPT
 
     if isinstance(source, GPT):
         cfg = source.config
         return source, "nanochat-fork" if cfg.is_fork else "nanochat", cfg.era
+    if isinstance(source, HFCausalLM):
+        return source, source.config.family, source.config.family
+    if isinstance(source, KFTransformer):
+        return source, "kempnerforge", "dense"
     info = source.info() if callable(getattr(source, "info", None)) else None
     if info is not None and (info.family == "remote" or not info.capabilities.token_ids):
         raise NanoscopeError(
@@ -31,10 +39,38 @@ def _model_of(source: Any) -> tuple[Any, str, str]:
     model = getattr(source, "model", None)
     if isinstance(model, GPT):
         return model, info.family if info is not None else "nanochat", model.config.era
+    if isinstance(model, HFCausalLM | KFTransformer) and info is not None:
+        return model, info.family, info.era
     if model is None and info is not None and getattr(source, "loaded", None) is not None:
         raise NanoscopeError(f"{info.name}: the model is closed")
     family = info.family if info is not None else type(source).__name__
-    raise NanoscopeError(f"{family}: no Inside view for this family yet (nanochat checkpoints have one)")
+    raise NanoscopeError(
+        f"{family}: no Inside view for this family yet "
+        "(nanochat checkpoints, Hugging Face folders and KempnerForge runs have one)"
+    )
+
+
+def _vocab_and_context(model: Any) -> tuple[int, int]:
+    cfg = model.config
+    return cfg.vocab_size, cfg.rope_len
+
+
+def _record(model: Any, ids: tuple[int, ...]) -> NanochatPass | StackPass:
+    """The family's recorder over ``ids`` (desktop/engine/inside/{nanochat,hf,kempnerforge}.py)."""
+    from desktop.engine.hf.model import HFCausalLM
+    from desktop.engine.kempnerforge.model import KFTransformer
+
+    if isinstance(model, HFCausalLM):
+        from desktop.engine.inside.hf import record as record_hf
+
+        return record_hf(model, ids)
+    if isinstance(model, KFTransformer):
+        from desktop.engine.inside.kempnerforge import record as record_kf
+
+        return record_kf(model, ids)
+    from desktop.engine.inside.nanochat import record
+
+    return record(model, ids)
 
 
 def _check_ids(ids: Sequence[int], vocab: int, context: int) -> tuple[int, ...]:
@@ -60,7 +96,7 @@ class InsideCache:
     ``to_dict`` keeps the positions computed so far (not the tensors, which take hundreds of
     MB for a long reply at depth 12); :meth:`saved` reads them back without the model."""
 
-    def __init__(self, run: NanochatPass, family: str, era: str) -> None:
+    def __init__(self, run: NanochatPass | StackPass, family: str, era: str) -> None:
         self._run = run
         self.ids = run.ids
         self.family, self.era = family, era
@@ -160,18 +196,16 @@ class InsideCache:
 
 
 def inspect_all(source: Any, ids: Sequence[int]) -> InsideCache:
-    """One hooked forward pass of ``source`` (a local Backend, or a nanochat ``GPT``) over
-    ``ids``; any position's :class:`Inside` then comes from :meth:`InsideCache.at`.
+    """One hooked forward pass of ``source`` (a local Backend, or a nanochat ``GPT``, a Hugging
+    Face ``HFCausalLM`` or a KempnerForge ``KFTransformer``) over ``ids``; any position's
+    :class:`Inside` then comes from :meth:`InsideCache.at`.
 
     Raises :class:`NanoscopeError` (one line) for a served model, a family without an Inside
     view yet, an empty sequence, ids outside the vocabulary, or more ids than the model's
     context. Runs on the model's worker thread (never the GUI's)."""
-    from desktop.engine.inside.nanochat import record
-
     model, family, era = _model_of(source)
-    cfg = model.config
-    checked = _check_ids(ids, cfg.vocab_size, cfg.rope_len)
-    return InsideCache(record(model, checked), family, era)
+    checked = _check_ids(ids, *_vocab_and_context(model))
+    return InsideCache(_record(model, checked), family, era)
 
 
 def inspect(source: Any, ids: Sequence[int], position: int, produced: int | None = None) -> Inside:
@@ -186,7 +220,7 @@ def inspect(source: Any, ids: Sequence[int], position: int, produced: int | None
         raise NanoscopeError("nothing to inspect: the prompt is empty")
     _check_position(position, len(ids))
     model, _family, _era = _model_of(source)
-    _check_ids(ids, model.config.vocab_size, len(ids))  # every id, the produced one too
+    _check_ids(ids, _vocab_and_context(model)[0], len(ids))  # every id, the produced one too
     cache = inspect_all(source, list(ids)[: position + 1])
     if produced is None and position + 1 < len(ids):
         produced = int(ids[position + 1])

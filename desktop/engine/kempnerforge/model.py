@@ -261,18 +261,33 @@ class KFTransformer:
         if cache is not None:
             start = cache.pos
             k, v = cache.update(layer, k, v)
+        out = self._attend(q, k, v, start, cache is None)
+        out = out.transpose(1, 2).contiguous().view(batch, seq_len, -1)
+        return self._linear(out, b.o)
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, fresh: bool
+    ) -> torch.Tensor:
+        """SDPA of ``q`` (B, H, T, D) at positions ``start ..`` over ``k``/``v`` (B, Hkv, S, D),
+        after QK-norm and RoPE, GQA by ``repeat_interleave``; ``fresh``: no cache. A seam the
+        Inside recorder wraps."""
+        seq_len = q.shape[2]
         if self.n_rep > 1:
             k = k.repeat_interleave(self.n_rep, dim=1)
             v = v.repeat_interleave(self.n_rep, dim=1)
         with self._sdpa_context():
             if start and seq_len > 1:
-                rows = torch.arange(start, start + seq_len, device=x.device).unsqueeze(1)
-                mask = torch.arange(start + seq_len, device=x.device).unsqueeze(0) <= rows
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None or seq_len > 1)
-        out = out.transpose(1, 2).contiguous().view(batch, seq_len, -1)
-        return self._linear(out, b.o)
+                rows = torch.arange(start, start + seq_len, device=q.device).unsqueeze(1)
+                mask = torch.arange(start + seq_len, device=q.device).unsqueeze(0) <= rows
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=fresh or seq_len > 1)
+
+    def _block(
+        self, x: torch.Tensor, blk: Block, i: int, cos: torch.Tensor, sin: torch.Tensor, cache: KFCache | None
+    ) -> torch.Tensor:
+        """One decoder block: the residual stream it gets to the one it returns."""
+        x = x + self._attention(self._norm(x, blk.attention_norm), blk, i, cos, sin, cache)
+        return x + self._mlp(self._norm(x, blk.mlp_norm), blk)
 
     def __call__(
         self,
@@ -304,8 +319,7 @@ class KFTransformer:
             x = cut(h, a, b, seq_len)
             cos, sin = self.cos[start + a : start + b], self.sin[start + a : start + b]
             for i, blk in enumerate(self.blocks):
-                x = x + self._attention(self._norm(x, blk.attention_norm), blk, i, cos, sin, cache)
-                x = x + self._mlp(self._norm(x, blk.mlp_norm), blk)
+                x = self._block(x, blk, i, cos, sin, cache)
             return self._norm(x, self.norm)
 
         last = last_only and seq_len * self.config.vocab_size > FULL_LOGITS_LIMIT
