@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,9 +93,11 @@ def lands(qtbot, win: MainWindow, run, folder: Path, step: int) -> None:
     """Let the writer save ``step``; it is in the picker and the Run tab within APPEARS_MS."""
     run.allow(step)
     run.wait_saved(step)  # the runner marks it once save_checkpoint (or DCP's finish) returned
+    saved = time.monotonic()
     qtbot.waitUntil(
         lambda: step in steps_listed(win, folder) and step in run_tab_steps(win), timeout=APPEARS_MS
     )
+    print(f"step {step} listed {time.monotonic() - saved:.2f} s after its save ended")
 
 
 def first_step_saved(qtbot, windows, monkeypatch, run) -> tuple[MainWindow, Path]:
