@@ -255,3 +255,99 @@ class ConversationSession:
     def _emit_changed(self) -> None:
         self.events.changed.emit(self.messages, list(self.places))
         self.events.context.emit(*self.context_used())
+
+
+class ReplyInside:
+    """A reply's Inside view numbers (issue #45, docs/INSIDE.md): its whole sequence (prompt then
+    reply ids, as the model saw them), the live :class:`~desktop.engine.inside.InsideCache` of
+    the pass over it while this session holds one, and the positions computed so far, which are
+    kept with the reply in history (``meta["inside"]``) and shown again without the model.
+
+    Positions are predicting positions: reply token ``i`` was guessed at ``reply_start + i - 1``."""
+
+    def __init__(
+        self,
+        ids: Sequence[int],
+        reply_start: int,
+        header: dict[str, Any],
+        labels: dict[int, str] | Sequence[str] | None = None,
+        saved: dict[tuple[int, int], Any] | None = None,
+        live: Any = None,
+    ) -> None:
+        self.ids = tuple(int(i) for i in ids)
+        self.reply_start = reply_start
+        self.header = header  # family, era, exact, note, readout
+        self._labels = labels if labels is not None else {}
+        self.saved: dict[tuple[int, int], Any] = dict(saved or {})
+        self.live = live
+        self.changed = False  # positions computed since it was last saved
+
+    @classmethod
+    def of_cache(cls, cache: Any) -> ReplyInside:
+        """From a fresh pass (the worker adds ``reply_start`` and ``labels`` to the cache)."""
+        header = {k: getattr(cache, k) for k in ("family", "era", "exact", "note", "readout")}
+        return cls(cache.ids, int(cache.reply_start), header, list(cache.labels), live=cache)
+
+    @classmethod
+    def of_meta(cls, d: Any) -> ReplyInside | None:
+        """What :meth:`to_meta` kept in a reply's meta; None for anything else."""
+        from desktop.engine.inside import InsideCache
+
+        try:
+            saved = InsideCache.saved(d)
+            labels = {int(k): str(v) for k, v in d.get("labels", {}).items()}
+            header = {k: d[k] for k in ("family", "era", "exact", "note", "readout")}
+            return cls(d["ids"], int(d["reply_start"]), header, labels, saved)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    def label(self, token: int) -> str:
+        labels = self._labels
+        if isinstance(labels, dict):
+            return labels.get(token, f"#{token}")
+        return labels[token] if 0 <= token < len(labels) else f"#{token}"
+
+    def position_of(self, reply_index: int) -> int:
+        """The predicting position of the reply's token ``reply_index`` (a prompt's last token
+        predicts the reply's first)."""
+        return self.reply_start + reply_index - 1
+
+    def produced_at(self, position: int) -> int | None:
+        return self.ids[position + 1] if 0 <= position < len(self.ids) - 1 else None
+
+    def at(self, position: int) -> Any:
+        """The :class:`~desktop.engine.inside.Inside` at ``position`` (what came next as the
+        produced token), from what was kept or from the live pass; None where neither has it."""
+        if not 0 <= position < len(self.ids):
+            return None
+        produced = self.produced_at(position)
+        if produced is not None and (position, produced) in self.saved:
+            return self.saved[(position, produced)]
+        if produced is None:
+            kept = [v for (p, _), v in self.saved.items() if p == position]
+            if kept and self.live is None:
+                return kept[0]
+        if self.live is None:
+            return None
+        inside = self.live.at(position, produced)
+        self.saved[(position, inside.produced)] = inside
+        self.changed = True
+        return inside
+
+    def to_meta(self) -> dict[str, Any]:
+        """The positions computed, with the labels of every token they show (``nanoscope-inside-cache/1``
+        with ``reply_start`` and ``labels`` added)."""
+        from desktop.engine.inside import CACHE_FORMAT
+
+        shown = set(self.ids)
+        for inside in self.saved.values():
+            shown.update(g.token for layer in inside.lens for g in layer.top)
+            shown.add(inside.produced)
+        return {
+            "format": CACHE_FORMAT,
+            **self.header,
+            "ids": list(self.ids),
+            "positions": [inside.to_dict() for inside in self.saved.values()],
+            "reply_start": self.reply_start,
+            "labels": {str(t): self.label(t) for t in sorted(shown)},
+        }
