@@ -179,3 +179,21 @@ def test_bad_input_is_one_readable_line(opened):
         with pytest.raises(NanoscopeError) as err:
             call()
         assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("dtype", ["fast", "int8"])
+def test_approximate_modes_compute_and_say_so(dtype):
+    try:
+        backend = open_backend(CASES[0] / "run", LoadOptions(device="cpu", dtype=dtype))
+    except NanoscopeError as exc:  # int8 needs an x86 CPU
+        pytest.skip(str(exc))
+    try:
+        if backend.model.kernel_kind not in ("fp16", "int8") and backend.model.compute_dtype == torch.float32:
+            pytest.skip(f"{dtype} runs float32 kernels on this machine")
+        inside = inspect(backend, sequence(backend)[:50], 40)
+        assert not inside.exact and inside.note and "\n" not in inside.note
+        att = inside.attribution
+        assert abs(math.fsum(t.value for t in att.terms) + att.residual - att.pre_softcap) < 1e-4
+        assert abs(sum(inside.attention[0][0]) - 1) < 1e-3
+    finally:
+        backend.close()
