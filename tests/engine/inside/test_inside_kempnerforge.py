@@ -197,3 +197,24 @@ def test_approximate_modes_compute_and_say_so(dtype):
         assert abs(sum(inside.attention[0][0]) - 1) < 1e-3
     finally:
         backend.close()
+
+
+def test_a_head_held_in_a_kernels_own_form_is_attributed_through_its_product():
+    """Fast and int8 modes free a packed head's fp32 matrix: the attribution then takes the
+    head's row through the model's own product (as nanochat's does), to the same numbers."""
+    backend = open_cpu(CASES[0] / "run")
+    try:
+        ids = sequence(backend)[:50]
+        want = inspect(backend, ids, 40).attribution
+        model = backend.model
+        head = model.output
+        kept = head.clone()
+        model._products[id(head)] = lambda x: torch.nn.functional.linear(x, kept)
+        head.set_(torch.empty(0, dtype=head.dtype).untyped_storage())  # as own_products frees it
+        got = inspect(backend, ids, 40).attribution
+        assert [t.name for t in got.terms] == [t.name for t in want.terms]
+        for a, b in zip(got.terms, want.terms, strict=True):
+            assert a.value == pytest.approx(b.value, abs=1e-5)
+        assert abs(got.residual) < 1e-4
+    finally:
+        backend.close()
