@@ -36,7 +36,8 @@ class LensLayer:
 class Term:
     """One path's push on the produced token's pre-softcap logit (docs/INSIDE.md, Attribution).
 
-    ``kind``: "embedding", "smear", "bigram", "attn", "value_embed", "mlp", "engram", "backout".
+    ``kind``: "embedding", "smear", "bigram", "attn", "value_embed", "mlp", "engram", "backout",
+    or "final_norm_bias" (a LayerNorm's bias: KempnerForge runs that use one).
     ``layer``: the block it was written in (-1 for paths before the first block)."""
 
     kind: str
