@@ -15,14 +15,14 @@ layer's attention and MLP outputs, read out through a final norm and an output h
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from desktop.engine.hf.model import FULL_WINDOW, HFCausalLM
-from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
+from desktop.engine.inside.recording import Patches, approximate_note
 
 
 @dataclass
@@ -36,37 +36,6 @@ class Layer:
     k: torch.Tensor | None = None  # (Hkv, T, D), before GQA's sharing
     y: torch.Tensor | None = None  # (H, T, D): each head's output before the projection
     window: int = FULL_WINDOW
-
-
-def approximate_note(model: Any) -> str:
-    """Why ``model``'s numbers are not its float32 bits, in one line, or ""."""
-    if model.kernel_kind in APPROXIMATE_KINDS:
-        kind = model.kernel_kind
-        return f"{kind} mode: its products round otherwise than float32; these numbers are close, not exact"
-    if model.compute_dtype != torch.float32:
-        name = str(model.compute_dtype).removeprefix("torch.")
-        return f"{name} activations: these numbers are close, not exact"
-    return ""
-
-
-class Patches:
-    """Instance attributes set for one pass and put back after it."""
-
-    def __init__(self) -> None:
-        self._saved: list[tuple[Any, str, bool, Any]] = []
-
-    def set(self, obj: Any, name: str, value: Callable[..., Any]) -> None:
-        had = name in obj.__dict__
-        self._saved.append((obj, name, had, obj.__dict__.get(name)))
-        object.__setattr__(obj, name, value)
-
-    def restore(self) -> None:
-        for obj, name, had, old in reversed(self._saved):
-            if had:
-                object.__setattr__(obj, name, old)
-            else:
-                object.__delattr__(obj, name)
-        self._saved.clear()
 
 
 def run_recorded(

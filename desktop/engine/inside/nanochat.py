@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from desktop.engine.kernels.gemv import APPROXIMATE_KINDS
+from desktop.engine.inside.recording import Patches, approximate_note
 from desktop.engine.kernels.rms_norm import rms_norm as norm
 from desktop.engine.nanochat.model import GPT
 
@@ -66,43 +66,12 @@ def readout_of(model: GPT) -> str:
     return "; ".join(parts)
 
 
-def approximate_note(model: GPT) -> str:
-    """Why ``model``'s numbers are not nanochat's float32 bits, in one line, or ""."""
-    if model.kernel_kind in APPROXIMATE_KINDS:
-        kind = model.kernel_kind
-        return f"{kind} mode: its products round otherwise than float32; these numbers are close, not exact"
-    if model.compute_dtype != torch.float32:
-        name = str(model.compute_dtype).removeprefix("torch.")
-        return f"{name} activations: these numbers are close, not exact"
-    return ""
-
-
-class _Patches:
-    """Instance attributes set for one pass and put back after it."""
-
-    def __init__(self) -> None:
-        self._saved: list[tuple[Any, str, bool, Any]] = []
-
-    def set(self, obj: Any, name: str, value: Callable[..., Any]) -> None:
-        had = name in obj.__dict__
-        self._saved.append((obj, name, had, obj.__dict__.get(name)))
-        object.__setattr__(obj, name, value)
-
-    def restore(self) -> None:
-        for obj, name, had, old in reversed(self._saved):
-            if had:
-                object.__setattr__(obj, name, old)
-            else:
-                object.__delattr__(obj, name)
-        self._saved.clear()
-
-
 def record(model: GPT, ids: Sequence[int]) -> NanochatPass:
     """One forward pass of ``model`` over ``ids`` with every block's parts recorded."""
     cfg = model.config
     layers = [_Layer() for _ in range(cfg.n_layer)]
     got: dict[str, torch.Tensor | None] = {}
-    patches = _Patches()
+    patches = Patches()
 
     def trunk(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         def wrapped(idx, x, bigram, rope, cache, scalars):  # type: ignore[no-untyped-def]
