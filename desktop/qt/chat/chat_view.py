@@ -27,6 +27,7 @@ from desktop.engine.messages import Message, TokenEvent
 from desktop.qt.chat.message_widget import MessageWidget
 from desktop.qt.chat.waiting_block import WaitingBlock
 from desktop.qt.widgets import icons, theme
+from desktop.qt.widgets.fork_popup import ForkPopup
 from desktop.qt.widgets.token_records import TokenRecord, records_of
 
 BATCH = 40  # message widgets built at once
@@ -71,6 +72,7 @@ class ChatView(QWidget):
     edit_requested = Signal(int, str)
     branch_requested = Signal(int, int)
     fork_requested = Signal(int, int, int, str, bool)
+    inside_requested = Signal(int, int)  # message index, token index (issue #45)
     continue_requested = Signal(int)
     copy_requested = Signal(str)
 
@@ -271,6 +273,7 @@ class ChatView(QWidget):
         w.branch_requested.connect(self._on_branch)
         w.fork_requested.connect(self._on_fork)
         w.continue_requested.connect(self._on_continue)
+        w.inside_requested.connect(lambda token, w=w: self.inside_requested.emit(w.index, token))
         if self.raw_mode and not streaming:
             w.set_raw_tokens(self._raw_of(w.message))
         w.set_draft_colours(self.draft_colours)
@@ -292,6 +295,16 @@ class ChatView(QWidget):
 
     def _on_fork(self, position: int, token_id: int, text: str, race: bool) -> None:
         self.fork_requested.emit(self._sender_index(), position, token_id, text, race)
+
+    def open_popup(self) -> ForkPopup | None:
+        """The token popup open now, if any."""
+        return next((w.popup for w in self.widgets if w.popup is not None and w.popup.isVisible()), None)
+
+    def say_inside(self, line: str) -> None:
+        """One line about the Inside view in the open token popup (why there is none)."""
+        popup = self.open_popup()
+        if popup is not None:
+            popup.say_inside(line)
 
     def _on_continue(self) -> None:
         self.continue_requested.emit(self._sender_index())

@@ -86,6 +86,7 @@ class MessageWidget(QFrame):
     edit_submitted = Signal(str)
     branch_requested = Signal(int)
     fork_requested = Signal(int, int, str, bool)
+    inside_requested = Signal(int)  # the Inside view at this token index (issue #45)
     continue_requested = Signal()
 
     def __init__(
@@ -397,10 +398,12 @@ class MessageWidget(QFrame):
             refusal = STREAMING_FORK
         if self.popup is not None:
             self.popup.close()
-        self.popup = ForkPopup(index, self.raw_view.tokens[index], refusal, race=True, parent=self)
+        token, inside = self.raw_view.tokens[index], self.message.role == "assistant"
+        self.popup = ForkPopup(index, token, refusal, race=True, parent=self, inside=inside)
         self.popup.chosen.connect(
             lambda token, text, race: self.fork_requested.emit(index, token, text, race)
         )
+        self.popup.inside_requested.connect(lambda: self.inside_requested.emit(index))
         self.popup.show_at(where)
 
     # ----- actions ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from desktop.qt.chat.history_sidebar import HistorySidebar
 from desktop.qt.chat.input_box import STOP_TIP, STOP_WAITING_TIP, InputBox
 from desktop.qt.widgets.checkpoint_picker import FOLLOW, CheckpointPicker
 from desktop.qt.widgets.error_banner import ErrorBanner
+from desktop.qt.widgets.inside_view import InsideView
 from desktop.qt.widgets.model_picker import ModelPicker
 from desktop.qt.widgets.sampling_panel import SamplingPanel
 from desktop.session.sampling import SamplingState
@@ -59,6 +60,7 @@ class ChatPage(QWidget):
         self.picker = CheckpointPicker()
         self.model_picker = ModelPicker(self)  # Ctrl+K
         self._open_after_scan: Path | None = None  # a folder just opened, to load once listed
+        self.inside_view: InsideView | None = None  # the Inside view open (issue #45)
         self.chat = ChatView()
         self.input = InputBox()
         self.sidebar = HistorySidebar()
@@ -147,6 +149,9 @@ class ChatPage(QWidget):
         self.chat.branch_requested.connect(c.switch_branch)
         self.chat.continue_requested.connect(lambda i: c.continue_reply(i, *self.request()))
         self.chat.copy_requested.connect(lambda text: QApplication.clipboard().setText(text))
+        self.chat.inside_requested.connect(c.inside_at)
+        c.inside_ready.connect(self._show_inside)
+        c.inside_failed.connect(self.chat.say_inside)
         c.conversation_changed.connect(self.chat.set_messages)
         c.reply_started.connect(self.chat.begin_assistant)
         c.reply_event.connect(self.chat.append_event)
@@ -383,6 +388,22 @@ class ChatPage(QWidget):
             self.notice.emit(
                 "info", "Not sent yet", "the reply is still coming; your message stays in the box"
             )
+
+    def _show_inside(self, source, position: int) -> None:
+        """A reply's Inside view at ``position``, in its own window (one at a time)."""
+        popup = self.chat.open_popup()
+        if popup is not None:
+            popup.close()
+        if self.inside_view is not None:
+            self.inside_view.close()
+            self.inside_view.deleteLater()
+        view = InsideView(source, position)
+        view.setParent(self, Qt.WindowType.Window)
+        reply_id = self.controller.reply_id_of(source)
+        if reply_id is not None:
+            view.position_changed.connect(lambda _p: self.controller.save_inside(reply_id))
+        self.inside_view = view
+        view.show()
 
     def toggle_raw(self) -> None:
         self.chat.set_raw_mode(not self.chat.raw_mode)

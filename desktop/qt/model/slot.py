@@ -158,11 +158,12 @@ class ModelSlot(QObject):
         self.host.score(request, [m.copy_text() for m in conversation], reply_ids, top, skip)
         return request
 
-    def inside(self, ids: list[int]) -> int:
+    def inside(self, ids: list[int], reply_start: int | None = None) -> int:
         """One hooked pass over ``ids`` on the model's thread, after the request in progress; the
-        cache comes through ``inside_ready`` (or ``inside_failed``) with the returned id."""
+        cache comes through ``inside_ready`` (or ``inside_failed``) with the returned id. Its
+        ``reply_start`` is ``reply_start`` (None: the end of ``ids``)."""
         request = self._new_inside()
-        self.host.inside(request, ids)
+        self.host.inside(request, ids, -1 if reply_start is None else reply_start)
         return request
 
     def reply_inside(self, conversation: list[Message], reply_ids: list[int]) -> int:

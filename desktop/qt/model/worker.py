@@ -143,7 +143,7 @@ class ModelWorker(QObject):
     generate_requested = Signal(int, object, object, object, object)
     score_requested = Signal(int, object, object, object)
     unload_requested = Signal()
-    inside_requested = Signal(int, object)
+    inside_requested = Signal(int, object, int)
     reply_inside_requested = Signal(int, object, object)
 
     def __init__(self, opener: Opener = default_opener) -> None:
@@ -254,10 +254,11 @@ class ModelWorker(QObject):
             return
         self.scored.emit(request_id, result)
 
-    @Slot(int, object)
-    def _on_inside(self, request_id: int, ids: list[int]) -> None:
-        """One hooked pass over ``ids`` (docs/INSIDE.md), between the other requests."""
-        self._inside(request_id, lambda backend: (list(ids), len(ids)))
+    @Slot(int, object, int)
+    def _on_inside(self, request_id: int, ids: list[int], reply_start: int) -> None:
+        """One hooked pass over ``ids`` (docs/INSIDE.md), between the other requests; the reply
+        begins at ``reply_start`` (-1: past the end)."""
+        self._inside(request_id, lambda backend: (list(ids), len(ids) if reply_start < 0 else reply_start))
 
     @Slot(int, object, object)
     def _on_reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
@@ -331,9 +332,9 @@ class WorkerHost(QObject):
         options = {"top": top, "skip": list(skip) if skip is not None else None}
         self.worker.score_requested.emit(request_id, conversation, list(reply_ids), options)
 
-    def inside(self, request_id: int, ids: list[int]) -> None:
+    def inside(self, request_id: int, ids: list[int], reply_start: int = -1) -> None:
         """Queue one hooked pass over ``ids`` (the Inside view's numbers)."""
-        self.worker.inside_requested.emit(request_id, list(ids))
+        self.worker.inside_requested.emit(request_id, list(ids), reply_start)
 
     def reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
         """Queue one hooked pass over ``conversation``'s prompt and then ``reply_ids``."""

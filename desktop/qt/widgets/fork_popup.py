@@ -42,6 +42,7 @@ class ForkPopup(QFrame):
     """
 
     chosen = Signal(int, str, bool)
+    inside_requested = Signal()
 
     def __init__(
         self,
@@ -50,9 +51,11 @@ class ForkPopup(QFrame):
         refusal: str = "",
         race: bool = False,
         parent: QWidget | None = None,
+        inside: bool = False,
     ) -> None:
         """``refusal``: why no fork can be made here ("" when it can); ``race``: offer "Race in
-        Compare" (Chat does; a Compare pane races in place)."""
+        Compare" (Chat does; a Compare pane races in place); ``inside``: offer the "Inside"
+        button (what each layer and head did at this token, issue #45)."""
         super().__init__(parent, Qt.WindowType.Popup)
         self.setObjectName("ForkPopup")
         self.setAccessibleName(f"Token {index} alternatives")
@@ -66,7 +69,21 @@ class ForkPopup(QFrame):
         heading = QLabel(title)
         heading.setObjectName("PopupTitle")
         heading.setTextFormat(Qt.TextFormat.PlainText)
-        lay.addWidget(heading)
+        top = QHBoxLayout()
+        top.addWidget(heading, 1)
+        self.inside_btn = QPushButton("Inside")
+        self.inside_btn.setToolTip("What each layer predicted and each head looked at, at this token")
+        self.inside_btn.setAccessibleName("Inside the model at this token")
+        self.inside_btn.setVisible(inside)
+        self.inside_btn.clicked.connect(self._ask_inside)
+        top.addWidget(self.inside_btn)
+        lay.addLayout(top)
+        self.inside_note = QLabel()
+        self.inside_note.setObjectName("Muted")
+        self.inside_note.setWordWrap(True)
+        self.inside_note.setMaximumWidth(360)
+        self.inside_note.setVisible(False)
+        lay.addWidget(self.inside_note)
         self.note = QLabel(refusal or "Fork the reply here with:")
         self.note.setObjectName("Muted")
         self.note.setWordWrap(True)
@@ -110,6 +127,18 @@ class ForkPopup(QFrame):
         self.race.setVisible(race)
         self.race.setEnabled(not refusal)
         lay.addWidget(self.race)
+
+    def _ask_inside(self) -> None:
+        self.say_inside("Looking inside the model…")
+        self.inside_btn.setEnabled(False)
+        self.inside_requested.emit()
+
+    def say_inside(self, line: str) -> None:
+        """One line about the Inside view here (computing, or why there is none)."""
+        self.inside_note.setText(line)
+        self.inside_note.setVisible(bool(line))
+        self.inside_btn.setEnabled(True)
+        self.adjustSize()
 
     def _write(self) -> None:
         text = self.own.text()

@@ -1,0 +1,116 @@
+"""Inside the model at a reply's token, through the real window, as a user does it (issue #45):
+send to the bundled demo (a nanochat checkpoint), open the raw tokens, click a reply token, then
+Inside; pick a layer and a head, hover an earlier token, click it to move there; restart: the
+same token's Inside view opens again from history, without the model and without a new pass."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
+from PySide6.QtGui import QMouseEvent
+from PySide6.QtWidgets import QApplication, QWidget
+from support.window import WAIT, action, restart, send, start_with_base
+
+from desktop.engine.inside import InsideCache
+from desktop.qt.app.main_window import MainWindow
+from desktop.qt.widgets.token_view import TokenView
+
+pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("This plugin does not support")]
+DEMO_BASE = Path(__file__).resolve().parents[3] / "resources" / "demo"
+LONG = 60000
+
+
+def click_token(qtbot, view: TokenView, index: int) -> None:
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=view.token_point(index))
+
+
+def hover(widget: QWidget, point: QPoint) -> None:
+    """The mouse moved over ``point`` of ``widget`` (no button held)."""
+    event = QMouseEvent(
+        QEvent.Type.MouseMove,
+        QPointF(point),
+        QPointF(widget.mapToGlobal(point)),
+        Qt.MouseButton.NoButton,
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(widget, event)
+
+
+def open_inside(qtbot, win: MainWindow, index: int):
+    """Click reply token ``index`` in the raw view, then the popup's Inside button."""
+    widget = win.chat.widgets[-1]
+    click_token(qtbot, widget.raw_view, index)
+    popup = widget.popup
+    assert popup is not None and popup.inside_btn.isVisible()
+    qtbot.mouseClick(popup.inside_btn, Qt.MouseButton.LeftButton)
+    return popup
+
+
+def test_inside_a_reply_token_then_an_earlier_one_then_again_after_a_restart(
+    qtbot, windows, loop, monkeypatch
+):
+    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
+    win.sampling.set_values({**win.sampling.values(), "temperature": 0.0, "max_tokens": 12})
+    send(qtbot, win, "Hello there")
+    action(win, "Raw tokens").trigger()
+    reply = win.controller.path[-1][1]
+    i = 3
+    assert len(reply.tokens) > i and reply.tokens.logprobs[i] is not None
+
+    # Click a reply token, then Inside: one pass, off the GUI thread, then the view.
+    with qtbot.waitSignal(win.controller.inside_ready, timeout=LONG) as ready:
+        open_inside(qtbot, win, i)
+    source, position = ready.args
+    assert win.controller.slot.inside_passes == 1
+    view = win.chat_page.inside_view
+    assert view is not None and view.isVisible() and view.position == position
+    assert position == source.reply_start + i - 1 and source.ids[position + 1] == reply.tokens.ids[i]
+
+    # The lens's last layer is the model's own distribution: the reply's probability of its token.
+    inside = view.inside
+    assert inside.produced == reply.tokens.ids[i]
+    assert inside.lens[-1].produced_prob == pytest.approx(math.exp(reply.tokens.logprobs[i][0]), rel=1e-3)
+    assert view.lens.rowCount() == len(inside.lens)
+    assert view.lens.item(len(inside.lens) - 1, 7).text() == f"{inside.lens[-1].produced_prob:.4f}"
+
+    # Pick a layer and a head in the grid, hover an earlier token: its weight, as the engine says.
+    layer, head = len(inside.attention) - 1, len(inside.attention[0]) - 1
+    qtbot.mouseClick(view.grid, Qt.MouseButton.LeftButton, pos=view.grid.cell(layer, head).center())
+    assert (view.layer, view.head) == (layer, head)
+    j = position - 2
+    hover(view.tokens, view.tokens.chip(j).center())
+    want = inside.attention[layer][head][j]
+    assert f"weight {want:.4f}" in view.tokens.toolTip()
+    assert view.weight(j) == want
+
+    # Click it: the view moves to that token's own position, from the same pass.
+    with qtbot.waitSignal(view.position_changed) as moved:
+        qtbot.mouseClick(view.tokens, Qt.MouseButton.LeftButton, pos=view.tokens.chip(j).center())
+    assert moved.args == [j] and view.inside.position == j and view.inside.produced == source.ids[j + 1]
+    assert win.controller.slot.inside_passes == 1
+
+    # Both positions are kept with the reply in history.
+    conv_id, reply_id = win.controller.conv_id, win.controller.path[-1][0]
+    stored = dict(win.controller.store.active_path(conv_id))[reply_id].meta["inside"]
+    kept = InsideCache.saved(stored)
+    assert {p for p, _ in kept} == {position, j}
+
+    # Restart (no model loaded this time): the same token's Inside opens from history.
+    win = restart(qtbot, windows, fake=False)
+    win.controller.open_conversation(conv_id)
+    action(win, "Raw tokens").trigger()
+    qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
+    with qtbot.waitSignal(win.controller.inside_ready, timeout=WAIT) as again:
+        open_inside(qtbot, win, i)
+    assert again.args[1] == position and win.controller.slot.inside_passes == 0
+    view = win.chat_page.inside_view
+    assert view is not None and view.inside.lens == inside.lens and view.inside.attention == inside.attention
+
+    # A token never looked at needs the model, which is not loaded: the popup says so in one line.
+    popup = open_inside(qtbot, win, i + 2)
+    qtbot.waitUntil(lambda: "not loaded" in popup.inside_note.text(), timeout=WAIT)
+    assert win.controller.slot.inside_passes == 0
