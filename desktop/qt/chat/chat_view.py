@@ -11,6 +11,7 @@ a "jump to bottom" button, and scrolling back down (or the button) resumes it.
 
 from __future__ import annotations
 
+import shiboken6
 from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
@@ -83,6 +84,7 @@ class ChatView(QWidget):
         self.siblings: list[tuple[int, int]] = []
         self.widgets: list[MessageWidget] = []
         self.streaming: MessageWidget | None = None
+        self._inside_popup: ForkPopup | None = None  # the token popup that last asked for Inside
         self.raw_mode = False
         self.draft_colours = False  # the raw views colour drafts, not probabilities
         self._first = 0  # index of the oldest message that has a widget
@@ -273,7 +275,7 @@ class ChatView(QWidget):
         w.branch_requested.connect(self._on_branch)
         w.fork_requested.connect(self._on_fork)
         w.continue_requested.connect(self._on_continue)
-        w.inside_requested.connect(lambda token, w=w: self.inside_requested.emit(w.index, token))
+        w.inside_requested.connect(lambda token, w=w: self._ask_inside(w, token))
         if self.raw_mode and not streaming:
             w.set_raw_tokens(self._raw_of(w.message))
         w.set_draft_colours(self.draft_colours)
@@ -296,12 +298,17 @@ class ChatView(QWidget):
     def _on_fork(self, position: int, token_id: int, text: str, race: bool) -> None:
         self.fork_requested.emit(self._sender_index(), position, token_id, text, race)
 
+    def _ask_inside(self, w: MessageWidget, token: int) -> None:
+        self._inside_popup = w.popup
+        self.inside_requested.emit(w.index, token)
+
     def open_popup(self) -> ForkPopup | None:
-        """The token popup open now, if any."""
-        return next((w.popup for w in self.widgets if w.popup is not None and w.popup.isVisible()), None)
+        """The token popup that last asked for an Inside view, if it is still there."""
+        popup = self._inside_popup
+        return popup if popup is not None and shiboken6.isValid(popup) else None
 
     def say_inside(self, line: str) -> None:
-        """One line about the Inside view in the open token popup (why there is none)."""
+        """One line about the Inside view in the token popup that asked (why there is none)."""
         popup = self.open_popup()
         if popup is not None:
             popup.say_inside(line)

@@ -585,8 +585,7 @@ class ChatController(QObject):
         family = str(meta.get("family") or "")
         if family == "remote" or (info is not None and info.family == "remote"):
             return "a served model has no inside to show (its weights are on the server)"
-        if family and not family.startswith("nanochat"):
-            return f"{family}: no Inside view for this family yet (nanochat checkpoints have one)"
+        # other families: the pass says in one line whether it has an Inside view yet
         made = f"{Path(str(meta.get('checkpoint', ''))).name} step {meta.get('step')}"
         if info is None or self.slot.is_loading:
             return f"the model that wrote this reply ({made}) is not loaded: load it to look inside"

@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import QEvent, QPoint, QPointF, Qt
 from PySide6.QtGui import QMouseEvent
 from PySide6.QtWidgets import QApplication, QWidget
-from support.window import WAIT, action, restart, send, start_with_base
+from support.window import WAIT, action, load_fake, open_window, restart, send, start_with_base
 
 from desktop.engine.inside import InsideCache
 from desktop.qt.app.main_window import MainWindow
@@ -114,3 +114,24 @@ def test_inside_a_reply_token_then_an_earlier_one_then_again_after_a_restart(
     popup = open_inside(qtbot, win, i + 2)
     qtbot.waitUntil(lambda: "not loaded" in popup.inside_note.text(), timeout=WAIT)
     assert win.controller.slot.inside_passes == 0
+
+
+def test_a_model_without_an_inside_view_says_so_in_the_popup(qtbot, windows):
+    win = open_window(qtbot)
+    windows.append(win)
+    load_fake(qtbot, win)
+    send(qtbot, win, "hi")
+    action(win, "Raw tokens").trigger()
+    with qtbot.waitSignal(win.controller.inside_failed, timeout=WAIT) as failed:
+        popup = open_inside(qtbot, win, 1)
+    line = failed.args[0]
+    assert line and "\n" not in line and popup.inside_note.text() == line
+    assert win.chat_page.inside_view is None
+
+    # A reply a served model wrote: no pass is asked for.
+    reply = win.controller.path[-1][1]
+    reply.meta["family"] = "remote"
+    passes = win.controller.slot.inside_passes
+    with qtbot.waitSignal(win.controller.inside_failed, timeout=WAIT) as failed:
+        open_inside(qtbot, win, 1)
+    assert "served model" in failed.args[0] and win.controller.slot.inside_passes == passes
