@@ -94,7 +94,8 @@ class LensStrip(QWidget):
             p.setPen(QPen(QColor(c.success if first else c.border), 2 if first else 1))
             p.drawRoundedRect(r, 3, 3)
             p.setPen(QColor(c.on_accent if prob > 0.55 else c.text))
-            p.drawText(r, Qt.AlignmentFlag.AlignCenter, f"{prob:.2f}")
+            rank = self.ranks[layer] if layer < len(self.ranks) else 0
+            p.drawText(r, Qt.AlignmentFlag.AlignCenter, f"p {prob:.2f} · rank {rank}")
             p.setPen(QColor(c.success if first else c.muted))
             label = f"L{layer}" + (" ★" if first else "")
             p.drawText(QRect(r.left(), r.bottom() + 1, r.width(), 12), Qt.AlignmentFlag.AlignCenter, label)
