@@ -571,6 +571,10 @@ class ChatController(QObject):
         if why:
             self.inside_failed.emit(why)
             return
+        for request, (asked_reply, _at) in self._inside_asked.items():
+            if asked_reply == reply_id:  # its pass is under way: show this token when it ends
+                self._inside_asked[request] = (reply_id, at)
+                return
         reply_ids = [ev.id for ev in events if not ev.continues]
         prompt = self._prompt_ids.get(reply_id)
         if prompt is not None:

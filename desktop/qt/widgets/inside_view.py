@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QPoint, QRect, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QPoint, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QMouseEvent, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
     QFrame,
@@ -482,6 +482,12 @@ class InsideView(QFrame):
         labels = [self._label(t) for t in self.source.ids[: self.position + 1]]
         self.head_label.setText(f"Layer {layer}, head {head}: its weights from position {self.position}")
         self.tokens.set_tokens(labels, row, self.source.reply_start, self.position)
+
+    def changeEvent(self, event: QEvent) -> None:
+        """A theme switch re-renders the tables' baked colours (the painted parts follow)."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and self.inside is not None:
+            self.show_position(self.position)
 
     def weight(self, j: int) -> float:
         """The chosen head's weight on token ``j`` as shown."""

@@ -8,6 +8,8 @@ import json
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QApplication
 from support.golden import GOLDEN, manifest
 
 from desktop.engine.backend import LoadOptions
@@ -72,3 +74,27 @@ def test_kept_positions_open_without_the_model_and_others_say_so(qtbot, source):
     assert view.tokens.labels[:20] == [view._label(t) for t in source.ids[:20]]
     assert not view.show_position(5)
     assert "not computed" in view.missing.text() and view.content.isHidden()
+
+
+def test_approximate_numbers_say_so_and_a_theme_switch_redraws(qtbot, source):
+    from dataclasses import replace
+
+    from desktop.qt.widgets import palette, theme
+
+    reply = ReplyInside.of_cache(source)
+    exact = reply.at(20)
+    fast = replace(exact, exact=False, note="fast (16-bit) mode: the numbers are approximate")
+    reply.saved[(20, exact.produced)] = fast
+    view = InsideView(reply, 20)
+    qtbot.addWidget(view)
+    assert "approximate: fast (16-bit) mode" in view.note.text() and view.note.isVisibleTo(view)
+    before = view.attribution.item(0, 1).foreground().color().name()
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    theme.apply_theme(app, "dark")
+    try:
+        qtbot.waitUntil(lambda: view.attribution.item(0, 1).foreground().color().name() != before)
+        want = palette.DARK.success if exact.attribution.terms[0].value >= 0 else palette.DARK.error
+        assert view.attribution.item(0, 1).foreground().color().name() == QColor(want).name()
+    finally:
+        theme.apply_theme(app, "light")
