@@ -284,8 +284,8 @@ class ModelWorker(QObject):
             ids, reply_start = ids_of(backend)
             cache: Any = inspect_all(backend, ids)
             cache.reply_start = reply_start
-            vocab = int(getattr(backend, "model").config.vocab_size)  # noqa: B009 (a nanochat backend)
-            cache.labels = [backend.token_label(i) for i in range(vocab)]
+            # how every token reads, for the lens's guesses (the GUI thread never asks the backend)
+            cache.labels = [backend.token_label(i) for i in range(int(info.vocab_size or 0))]
         except BaseException as exc:
             if _fatal(exc):
                 raise
