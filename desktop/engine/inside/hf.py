@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from desktop.engine.hf.model import FULL_WINDOW, HFCausalLM
-from desktop.engine.inside.recording import Patches, approximate_note
+from desktop.engine.inside.recording import Patches, approximate_note, attention_rows
 
 
 @dataclass
@@ -175,21 +175,11 @@ class StackPass:
     # -- attention ------------------------------------------------------------------------------
 
     def attention_rows(self, layer: int, position: int) -> torch.Tensor:
-        """(H, position + 1) float32: the weights from ``position`` to every token up to it,
-        from the q and k the model used (query head h reads KV head h // (H / Hkv))."""
+        """(H, position + 1) float32: the weights from ``position`` to every token up to it, from
+        the q and k the model used (:func:`.recording.attention_rows`)."""
         rec = self.layers[layer]
         assert rec.q is not None and rec.k is not None
-        H, Hkv = rec.q.size(0), rec.k.size(0)
-        D = rec.q.size(-1)
-        start = max(0, position - rec.window)
-        with torch.inference_mode():
-            q = rec.q[:, position].float().view(Hkv, H // Hkv, D)
-            k = rec.k[:, start : position + 1].float()
-            scores = torch.einsum("gqd,gnd->gqn", q, k) * D**-0.5
-            weights = scores.softmax(-1).reshape(H, -1)
-            row = torch.zeros(H, position + 1)
-            row[:, start:] = weights
-        return row
+        return attention_rows(rec.q, rec.k, rec.window, position)
 
     # -- attribution ----------------------------------------------------------------------------
 

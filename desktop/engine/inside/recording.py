@@ -40,3 +40,20 @@ class Patches:
             else:
                 object.__delattr__(obj, name)
         self._saved.clear()
+
+
+def attention_rows(q_all: torch.Tensor, k_all: torch.Tensor, window: int, position: int) -> torch.Tensor:
+    """(H, position + 1) float32: the weights from ``position`` to every token up to it, from the
+    q (H, T, D) and k (Hkv, T, D) the model used (query head h reads KV head h // (H / Hkv)); zero
+    outside a sliding ``window``."""
+    H, Hkv = q_all.size(0), k_all.size(0)
+    D = q_all.size(-1)
+    start = max(0, position - window)
+    with torch.inference_mode():
+        q = q_all[:, position].float().view(Hkv, H // Hkv, D)  # query heads under their KV head
+        k = k_all[:, start : position + 1].float()  # (Hkv, n, D)
+        scores = torch.einsum("gqd,gnd->gqn", q, k) * D**-0.5
+        weights = scores.softmax(-1).reshape(H, -1)
+        row = torch.zeros(H, position + 1)
+        row[:, start:] = weights
+    return row
