@@ -38,6 +38,7 @@ from desktop.session.compare.analysis import (
     effective_params,
     sweep_steps,
 )
+from desktop.session.compare.inside import ASKING, NOT_LOADED, SERVED, STILL, CompareInside
 from desktop.session.compare.pane_run import Fork
 from desktop.session.compare.panes import Key, key_of
 from desktop.session.compare.session import CompareSession
@@ -96,6 +97,7 @@ class CompareController(QObject):
     saved = Signal(int)
     notice = Signal(str, str, str)
     same_model_reported = Signal(int, int, object)  # pane a, pane b, same_model.SameModelReport
+    inside_changed = Signal(object)  # the CompareInside shown (a column answered, or a new one)
 
     def __init__(
         self,
@@ -113,6 +115,7 @@ class CompareController(QObject):
         self.scheduling = scheduling
         self.panes: list[Pane] = []
         self._busy = False
+        self.inside: CompareInside | None = None  # the Inside view across steps (issue #45)
         self.memory = MemoryCheck(settings, self._picked, self)
         self.memory.checked.connect(self.memory_checked)
         self.scoring = Scoring(self, self)
@@ -189,6 +192,8 @@ class CompareController(QObject):
         pane.failed.connect(partial(self._pane_failed, pane))
         pane.scored.connect(self.scoring.done)
         pane.score_failed.connect(lambda request, reason: self.scoring.done(request, {"error": reason}))
+        pane.inside_ready.connect(self._on_inside_ready)
+        pane.inside_failed.connect(self._on_inside_failed)
         self.panes.insert(index, pane)
         self.pane_added.emit(index)
 
@@ -480,6 +485,45 @@ class CompareController(QObject):
     def same_model(self, a: int, b: int, text: str, shared: SamplingParams) -> bool:
         """Run panes ``a`` and ``b`` greedy on ``text``; ``same_model_reported`` follows."""
         return self.scoring.same_model(a, b, text, shared)
+
+    # ----- Inside across steps (#45) ---------------------------------------------------------
+
+    def inside_at(self, token: int) -> CompareInside:
+        """Reply token ``token`` in every pane: each pane with a reply asks its own model (off the
+        GUI thread) for the Inside at that token of its own reply; ``inside_changed`` follows
+        now and as each pass ends."""
+        inside = CompareInside(token)
+        self.inside = inside
+        for i, pane in enumerate(self.panes):
+            run = pane.run
+            step = run.model.get("step", pane.info.step if pane.info is not None else None)
+            col = inside.column_for(run.trace, LETTERS[i], step)
+            if col.line:
+                continue
+            info = pane.info
+            if run.running:
+                col.line = STILL
+            elif run.model.get("family") == "remote" or (info is not None and info.family == "remote"):
+                col.line = SERVED
+            elif info is None or pane.is_loading:
+                col.line = NOT_LOADED
+            elif str(run.model.get("checkpoint", info.path)) != str(info.path) or step != info.step:
+                col.line = "the model loaded is not the one that wrote this reply: load it to look inside"
+            else:
+                col.line = ASKING
+                inside.asked[i] = pane.reply_inside(self.messages, list(run.trace.ids))
+        self.inside_changed.emit(inside)
+        return inside
+
+    def _on_inside_ready(self, request: int, cache: Any) -> None:
+        from desktop.session.conversation import ReplyInside
+
+        if self.inside is not None and self.inside.ready(request, ReplyInside.of_cache(cache)) is not None:
+            self.inside_changed.emit(self.inside)
+
+    def _on_inside_failed(self, request: int, reason: str) -> None:
+        if self.inside is not None and self.inside.failed(request, reason) is not None:
+            self.inside_changed.emit(self.inside)
 
     # ----- history and export ----------------------------------------------------------------
 

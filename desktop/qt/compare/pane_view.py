@@ -131,6 +131,7 @@ class ComparePane(QFrame):
     remove_requested = Signal()
     overrides_changed = Signal(dict)
     fork_requested = Signal(int, int, str)  # token position, alternative id (-1: text), text
+    inside_requested = Signal(int)  # token position: every pane's Inside view there (#45)
 
     _styled_for: theme.Colors | None = None  # the palette the style sheet was built for
 
@@ -405,8 +406,9 @@ class ComparePane(QFrame):
         refusal = "The panes are still replying: fork once they are done." if self.busy else ""
         if self.popup is not None:
             self.popup.close()
-        self.popup = ForkPopup(index, self.view.tokens[index], refusal, parent=self)
+        self.popup = ForkPopup(index, self.view.tokens[index], refusal, parent=self, inside=True)
         self.popup.chosen.connect(lambda token, text, _race: self.fork_requested.emit(index, token, text))
+        self.popup.inside_requested.connect(lambda: self.inside_requested.emit(index))
         self.popup.show_at(where)
 
     def begin(self, said: TokenTrace | None = None) -> None:

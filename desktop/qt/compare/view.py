@@ -36,7 +36,9 @@ from desktop.qt.compare.pane_view import ComparePane
 from desktop.qt.widgets import theme
 from desktop.qt.widgets.checkpoint_picker import entry_name
 from desktop.qt.widgets.error_banner import ErrorBanner
+from desktop.qt.widgets.inside_compare import InsideCompareWindow
 from desktop.session.compare.analysis import LETTERS, MAX_PANES, MIN_PANES, DiffSpan
+from desktop.session.compare.inside import CompareInside
 
 PANE_MIN_WIDTH = 270  # two panes fit an 800 px window; more scroll sideways there
 
@@ -54,6 +56,7 @@ class CompareView(QWidget):
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
         self.controller = controller
         self.panes: list[ComparePane] = []
+        self.inside_window: InsideCompareWindow | None = None  # the Inside view across steps (#45)
         self.entries: list = []
         self._scanned = False  # until the first scan answers, panes say they are looking
         self._system_prompt = ""
@@ -140,6 +143,7 @@ class CompareView(QWidget):
         c.notice.connect(self._on_notice)
         c.saved.connect(self._on_saved)
         c.same_model_reported.connect(self._on_same_model)
+        c.inside_changed.connect(self._on_inside)
         self.same_btn.clicked.connect(self.check_same_model)
         self.speed.currentIndexChanged.connect(self._on_speed)
 
@@ -221,6 +225,7 @@ class CompareView(QWidget):
         pane.remove_requested.connect(self._pane_remove_requested)
         pane.overrides_changed.connect(self._pane_overrides_changed)
         pane.fork_requested.connect(self._pane_fork_requested)
+        pane.inside_requested.connect(self._pane_inside_requested)
         pane.show_state(self.controller.session.panes[index])
         self._pick_shown(index)
         self._relabel()
@@ -249,6 +254,20 @@ class CompareView(QWidget):
         index = self._sender_index()
         shared = self.shared_params()
         self.controller.fork_pane(index, position, shared, self._system_prompt, token_id, text)
+
+    def _pane_inside_requested(self, position: int) -> None:
+        self.controller.inside_at(position)
+
+    def _on_inside(self, state: CompareInside) -> None:
+        """The Inside view across steps, in its own window (one at a time)."""
+        for pane in self.panes:
+            if pane.popup is not None:
+                pane.popup.close()
+        if self.inside_window is None:
+            self.inside_window = InsideCompareWindow()
+            self.inside_window.setParent(self, Qt.WindowType.Window)
+        self.inside_window.show_state(state)
+        self.inside_window.show()
 
     def _pane_selection_changed(self, path: Path, step: int) -> None:
         index = self._sender_index()
