@@ -9,9 +9,27 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QTableWidget, QVBoxLayout, QWidget
 
 from desktop.qt.widgets.inside_view import InsideView
+
+
+class _ColumnInside(InsideView):
+    """An InsideView in a narrow column: its tables scroll sideways, and are tall enough that
+    the scroll bar hides no row."""
+
+    def _fill_lens(self) -> None:
+        super()._fill_lens()
+        _room_for_bar(self.lens)
+
+    def _fill_attribution(self) -> None:
+        super()._fill_attribution()
+        _room_for_bar(self.attribution)
+
+
+def _room_for_bar(table: QTableWidget) -> None:
+    table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOn)
+    table.setFixedHeight(table.height() + table.horizontalScrollBar().sizeHint().height())
 
 
 class InsideColumnView(QFrame):
@@ -34,7 +52,7 @@ class InsideColumnView(QFrame):
         self.line.setObjectName("Muted")
         self.line.setWordWrap(True)
         self.lay.addWidget(self.line)
-        self.view: InsideView | None = None
+        self.view: _ColumnInside | None = None
         self._source: Any = None
         self.stretch = QWidget()
         self.lay.addWidget(self.stretch, 1)
@@ -48,7 +66,7 @@ class InsideColumnView(QFrame):
             if self.view is None or self._source is not col.source:
                 if self.view is not None:
                     self.view.deleteLater()
-                self.view = InsideView(col.source, col.position)
+                self.view = _ColumnInside(col.source, col.position)
                 self.lay.insertWidget(2, self.view, 1)
                 self._source = col.source
             self.view.show_position(col.position)
@@ -67,6 +85,11 @@ class InsideCompareWindow(QWidget):
         outer.setSpacing(6)
         self.title = QLabel()
         self.title.setWordWrap(True)
+        self.title.setTextFormat(Qt.TextFormat.PlainText)
+        font = self.title.font()
+        font.setBold(True)
+        font.setPointSizeF(font.pointSizeF() * 1.25)
+        self.title.setFont(font)
         outer.addWidget(self.title)
         hint = QLabel(
             "Each pane's own reply at this token, under its own step: where the lens first puts "
@@ -97,7 +120,7 @@ class InsideCompareWindow(QWidget):
                 column.deleteLater()
             self.columns = []
             self.state = state
-        self.title.setText(f"Reply token {state.token + 1} in every pane")
+        self.title.setText(f"Inside the model at reply token {state.token + 1}, in every pane")
         while len(self.columns) < len(state.columns):
             column = InsideColumnView()
             self.row.addWidget(column, 1)

@@ -83,3 +83,27 @@ def test_inside_in_compare_is_one_column_per_step_each_from_its_own_reply(qtbot,
         target = Path(SHOTS) if SHOTS else tmp_path
         assert window.grab().save(str(target / f"inside-compare-{mode}.png"))
     theme.apply_theme(app, "light")
+
+
+def test_a_column_without_an_inside_says_why_in_one_line():
+    from desktop.engine.messages import TokenEvent, TokenTrace
+    from desktop.session.compare.inside import NO_IDS, NO_REPLY, CompareInside
+
+    def trace(ids: list[int]) -> TokenTrace:
+        t = TokenTrace()
+        for i in ids:
+            t.add(TokenEvent(i, f"t{i}", False, "text", logprob=-0.5))
+        return t
+
+    state = CompareInside(token=2)
+    long = state.column_for(trace([5, 6, 7]), "A", 300)
+    short = state.column_for(trace([5, 6]), "B", 1700)
+    served = state.column_for(trace([-1, -1, -1]), "C", None)
+    empty = state.column_for(TokenTrace(), "D", 2400)
+    assert (long.line, long.token_id, long.token_logprob) == ("", 7, -0.5)
+    assert short.line == "its reply has no token 3 (it is 2 tokens long)"
+    assert served.line == NO_IDS and empty.line == NO_REPLY
+    assert [c.heading for c in state.columns] == ["A · step 300", "B · step 1,700", "C", "D · step 2,400"]
+    state.asked = {0: 11}
+    assert state.failed(12, "no") is None and state.failed(11, "the pass failed") == 0
+    assert long.line == "the pass failed" and state.done
