@@ -84,6 +84,17 @@ def test_inside_in_compare_is_one_column_per_step_each_from_its_own_reply(qtbot,
         assert window.grab().save(str(target / f"inside-compare-{mode}.png"))
     theme.apply_theme(app, "light")
 
+    # Pane C's model freed: its column says so in one line; A and B look again at token 0.
+    compare.unload(2)
+    qtbot.mouseClick(pane_a.view.viewport(), Qt.MouseButton.LeftButton, pos=pane_a.view.token_point(0))
+    assert pane_a.popup is not None
+    qtbot.mouseClick(pane_a.popup.inside_btn, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: compare.inside is not state and compare.inside.done, timeout=WAIT)
+    assert "not loaded" in window.columns[2].line.text() and window.columns[2].view is None
+    for column, slot in zip(window.columns[:2], compare.panes[:2], strict=True):
+        assert column.view is not None and column.view.inside.produced == slot.run.trace.ids[0]
+    assert window.columns[0].view.position == window.columns[0].view.source.reply_start - 1
+
 
 def test_a_column_without_an_inside_says_why_in_one_line():
     from desktop.engine.messages import TokenEvent, TokenTrace
