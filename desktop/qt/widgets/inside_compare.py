@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QTableWidget, QVBoxLayout, QWidget
 
 from desktop.qt.widgets.inside_view import InsideView
@@ -33,7 +33,13 @@ def _room_for_bar(table: QTableWidget) -> None:
 
 
 class InsideColumnView(QFrame):
-    """One pane's column: its heading, then its Inside view or its one line."""
+    """One pane's column: its heading, then its Inside view or its one line.
+
+    Signals:
+        position_changed(int): a token clicked in this column's view moved it to that position.
+    """
+
+    position_changed = Signal(int)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -67,6 +73,7 @@ class InsideColumnView(QFrame):
                 if self.view is not None:
                     self.view.deleteLater()
                 self.view = _ColumnInside(col.source, col.position)
+                self.view.position_changed.connect(self.position_changed)
                 self.lay.insertWidget(2, self.view, 1)
                 self._source = col.source
             self.view.show_position(col.position)
@@ -123,7 +130,16 @@ class InsideCompareWindow(QWidget):
         self.title.setText(f"Inside the model at reply token {state.token + 1}, in every pane")
         while len(self.columns) < len(state.columns):
             column = InsideColumnView()
+            column.position_changed.connect(self.move_to)
             self.row.addWidget(column, 1)
             self.columns.append(column)
         for view, col in zip(self.columns, state.columns, strict=False):
             view.show_column(col)
+
+    def move_to(self, position: int) -> None:
+        """A token clicked in one column: every column shows that position of its own sequence
+        (the panes share the prompt, so an earlier position is the same token in each)."""
+        for column in self.columns:
+            view = column.view
+            if view is not None and view.position != position and 0 <= position < len(view.source.ids):
+                view.show_position(position)

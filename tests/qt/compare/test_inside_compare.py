@@ -75,6 +75,15 @@ def test_inside_in_compare_is_one_column_per_step_each_from_its_own_reply(qtbot,
             same += 1
     assert same == len([p for p in compare.panes if len(p.run.trace) > token]) >= 1
 
+    # A prompt token clicked in column B's attention row: every column moves to that position.
+    b = window.columns[1].view
+    assert b is not None
+    qtbot.mouseClick(b.tokens, Qt.MouseButton.LeftButton, pos=b.tokens.chip(3).center())
+    assert [c.view.position for c in window.columns if c.view is not None] == [3] * same
+    for column in window.columns:  # back to the reply token for the screenshots
+        if column.view is not None:
+            column.view.show_position(column.view.source.position_of(token))
+
     app = QApplication.instance()
     window.resize(1500, 900)
     for mode in ("light", "dark"):
