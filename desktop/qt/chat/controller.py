@@ -22,15 +22,10 @@ from desktop.config.settings import Settings
 from desktop.engine.backend import ModelInfo, Prompt, ReplyStart, StreamOptions
 from desktop.engine.messages import Message, TokenEvent
 from desktop.engine.params import SamplingParams
+from desktop.qt.chat.inside_task import ChatInside
 from desktop.qt.model.slot import ModelSlot
 from desktop.session.compare.pane_run import Fork, fork_of
-from desktop.session.conversation import (
-    ConversationSession,
-    ReplyInside,
-    continuation,
-    refork,
-    reply_message,
-)
+from desktop.session.conversation import ConversationSession, continuation, refork, reply_message
 from desktop.session.following import Following
 from desktop.session.waiting import HeldMessage, ModelWait, target_name
 from desktop.store import HistoryStore, StreamingWriter
@@ -67,8 +62,6 @@ class ChatController(QObject):
         waiting_changed(str, str, int): the message waiting for the model ("" none), what it
             waits for, and the load's percentage; message_returned(str, str): one given back
             (load failed, no model, Stop) with its prefill, for the input box.
-        inside_ready(object, int): a reply's Inside numbers (a ReplyInside) and the position
-            to show (issue #45); inside_failed(str): why there is none, in one line.
     """
 
     conversation_changed = Signal(list, list)
@@ -86,8 +79,6 @@ class ChatController(QObject):
     notice_withdrawn = Signal(str)
     waiting_changed = Signal(str, str, int)
     message_returned = Signal(str, str)
-    inside_ready = Signal(object, int)
-    inside_failed = Signal(str)
 
     def __init__(
         self,
@@ -130,12 +121,8 @@ class ChatController(QObject):
         s.token.connect(self._on_token)
         s.finished.connect(self._on_finished)
         s.failed.connect(self._on_failed)
-        s.inside_ready.connect(self._on_inside_ready)
-        s.inside_failed.connect(self._on_inside_failed)
-        # Inside (#45): per reply id, its numbers (a live pass while this model holds one)
-        self._insides: dict[int, ReplyInside] = {}
-        self._inside_asked: dict[int, tuple[int, int]] = {}  # request id: (reply id, reply token)
-        self._prompt_ids: dict[int, tuple[int, ...]] = {}  # reply id: its prompt as generated
+        # Inside (#45): the replies' Inside views, from the model's own thread or history.
+        self.inside = ChatInside(store, self.slot, self.session, self)
 
     # ----- model -----------------------------------------------------------------------------
 
@@ -183,22 +170,12 @@ class ChatController(QObject):
         )
         if landing is None:
             return
-        name = target_name(landing.folder, landing.step)
-        if landing.following:
-            then = "it answers from now on" if landing.load_now else "the next reply uses it"
-            self.notice.emit("info", f"{name} saved", f"This chat follows the latest step: {then}.")
-        else:
-            self.notice.emit(
-                "info",
-                f"{name} saved",
-                "Choose it in the Step list, or Latest to follow the run as it trains.",
-            )
+        self.notice.emit("info", *landing.notice("This chat", "the Step list"))
         if landing.load_now:
             self.load_checkpoint(landing.folder, landing.step)
 
     def _on_loaded(self, info: ModelInfo) -> None:
-        for kept in self._insides.values():
-            kept.live = None  # the pass was the model's before this one
+        self.inside.model_changed()
         self.following.loaded(Path(info.path), info.step)
         if not is_demo(Path(info.path)):
             last = {"dir": info.path, "step": info.step, "follow": self.following.on}
@@ -479,7 +456,7 @@ class ChatController(QObject):
     def _on_context(self, prompt: Prompt) -> None:
         self.session.set_prompt(prompt.tokens, prompt.context_length)
         if prompt.ids is not None and self.session.reply_id is not None:
-            self._prompt_ids[self.session.reply_id] = tuple(prompt.ids)
+            self.inside.prompt_seen(self.session.reply_id, prompt.ids)
         if prompt.dropped_turns:
             self.notice.emit(
                 "info",
@@ -539,100 +516,6 @@ class ChatController(QObject):
         folder, step = self.following.folder, self.following.reply_ended()
         if folder is not None and step is not None and not self.busy:
             self.load_checkpoint(folder, step)  # the step that landed during the reply
-
-    # ----- Inside (#45) -----------------------------------------------------------------------
-
-    def inside_at(self, index: int, token: int) -> None:
-        """The Inside view of the reply at ``index`` at its token ``token``: from what this
-        session or history kept, else from one pass of the model over the whole conversation
-        (off the GUI thread; ``inside_ready`` or ``inside_failed`` follows)."""
-        if not 0 <= index < len(self.path) or self.path[index][1].role != "assistant":
-            return
-        reply_id, reply = self.path[index]
-        if self.session.reply_id == reply_id:
-            self.inside_failed.emit("the reply is still being written: its Inside view comes when it ends")
-            return
-        events = reply.tokens.events(len(reply.tokens))
-        if not 0 <= token < len(events) or events[token].continues:
-            return
-        if events[token].id < 0:
-            self.inside_failed.emit("this reply has no token ids: a served model has no inside to show")
-            return
-        at = sum(1 for ev in events[:token] if not ev.continues)
-        known = self._insides.get(reply_id)
-        if known is None and isinstance(reply.meta.get("inside"), dict):
-            known = ReplyInside.of_meta(reply.meta["inside"])
-            if known is not None:
-                self._insides[reply_id] = known
-        if known is not None and known.at(known.position_of(at)) is not None:
-            self._show_inside(reply_id, known, known.position_of(at))
-            return
-        why = self._why_no_inside(reply.meta)
-        if why:
-            self.inside_failed.emit(why)
-            return
-        for request, (asked_reply, _at) in self._inside_asked.items():
-            if asked_reply == reply_id:  # its pass is under way: show this token when it ends
-                self._inside_asked[request] = (reply_id, at)
-                return
-        reply_ids = [ev.id for ev in events if not ev.continues]
-        prompt = self._prompt_ids.get(reply_id)
-        if prompt is not None:
-            request = self.slot.inside([*prompt, *reply_ids], len(prompt))
-        else:  # a reply from history: its conversation rendered again, as a generation renders it
-            request = self.slot.reply_inside([m for _, m in self.path[:index]], reply_ids)
-        self._inside_asked[request] = (reply_id, at)
-
-    def _why_no_inside(self, meta: dict[str, Any]) -> str:
-        """Why the model loaded now cannot give this reply's Inside view ("" when it can)."""
-        info = self.slot.info
-        family = str(meta.get("family") or "")
-        if family == "remote" or (info is not None and info.family == "remote"):
-            return "a served model has no inside to show (its weights are on the server)"
-        # other families: the pass says in one line whether it has an Inside view yet
-        made = f"{Path(str(meta.get('checkpoint', ''))).name} step {meta.get('step')}"
-        if info is None or self.slot.is_loading:
-            return f"the model that wrote this reply ({made}) is not loaded: load it to look inside"
-        if str(meta.get("checkpoint", "")) != str(info.path) or meta.get("step") != info.step:
-            return f"the model loaded is not the one that wrote this reply ({made}): load it to look inside"
-        return ""
-
-    def _on_inside_ready(self, request: int, cache: Any) -> None:
-        asked = self._inside_asked.pop(request, None)
-        if asked is None:
-            return
-        reply_id, at = asked
-        inside = ReplyInside.of_cache(cache)
-        for kept in self._insides.values():
-            kept.live = None  # one pass held at a time: hundreds of MB for a long reply
-        old = self._insides.get(reply_id)
-        if old is not None:
-            inside.saved = {**old.saved, **inside.saved}
-        self._insides[reply_id] = inside
-        self._show_inside(reply_id, inside, inside.position_of(at))
-
-    def _on_inside_failed(self, request: int, reason: str) -> None:
-        if self._inside_asked.pop(request, None) is not None:
-            self.inside_failed.emit(reason)
-
-    def _show_inside(self, reply_id: int, inside: ReplyInside, position: int) -> None:
-        self.inside_ready.emit(inside, position)
-        self.save_inside(reply_id)
-
-    def save_inside(self, reply_id: int) -> None:
-        """Keep the positions computed with the reply in history (its meta), once they change."""
-        inside = self._insides.get(reply_id)
-        if inside is None or not inside.changed:
-            return
-        for mid, message in self.path:
-            if mid == reply_id:
-                message.meta["inside"] = inside.to_meta()
-                self.store.update_message(mid, message, complete=True)
-                inside.changed = False
-                return
-
-    def reply_id_of(self, inside: ReplyInside) -> int | None:
-        return next((rid for rid, kept in self._insides.items() if kept is inside), None)
 
     def _flush(self) -> None:
         if self._writer is not None:

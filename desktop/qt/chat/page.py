@@ -149,9 +149,9 @@ class ChatPage(QWidget):
         self.chat.branch_requested.connect(c.switch_branch)
         self.chat.continue_requested.connect(lambda i: c.continue_reply(i, *self.request()))
         self.chat.copy_requested.connect(lambda text: QApplication.clipboard().setText(text))
-        self.chat.inside_requested.connect(c.inside_at)
-        c.inside_ready.connect(self._show_inside)
-        c.inside_failed.connect(self.chat.say_inside)
+        self.chat.inside_requested.connect(c.inside.at)
+        c.inside.inside_ready.connect(self._show_inside)
+        c.inside.inside_failed.connect(self.chat.say_inside)
         c.conversation_changed.connect(self.chat.set_messages)
         c.reply_started.connect(self.chat.begin_assistant)
         c.reply_event.connect(self.chat.append_event)
@@ -399,9 +399,9 @@ class ChatPage(QWidget):
             self.inside_view.deleteLater()
         view = InsideView(source, position)
         view.setParent(self, Qt.WindowType.Window)
-        reply_id = self.controller.reply_id_of(source)
+        reply_id = self.controller.inside.reply_id_of(source)
         if reply_id is not None:
-            view.position_changed.connect(lambda _p: self.controller.save_inside(reply_id))
+            view.position_changed.connect(lambda _p: self.controller.inside.save(reply_id))
         self.inside_view = view
         view.show()
 

@@ -62,7 +62,7 @@ def test_inside_a_reply_token_then_an_earlier_one_then_again_after_a_restart(
     assert len(reply.tokens) > i and reply.tokens.logprobs[i] is not None
 
     # Click a reply token, then Inside: one pass, off the GUI thread, then the view.
-    with qtbot.waitSignal(win.controller.inside_ready, timeout=LONG) as ready:
+    with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=LONG) as ready:
         open_inside(qtbot, win, i)
     source, position = ready.args
     assert win.controller.slot.inside_passes == 1
@@ -104,7 +104,7 @@ def test_inside_a_reply_token_then_an_earlier_one_then_again_after_a_restart(
     win.controller.open_conversation(conv_id)
     action(win, "Raw tokens").trigger()
     qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
-    with qtbot.waitSignal(win.controller.inside_ready, timeout=WAIT) as again:
+    with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=WAIT) as again:
         open_inside(qtbot, win, i)
     assert again.args[1] == position and win.controller.slot.inside_passes == 0
     view = win.chat_page.inside_view
@@ -122,7 +122,7 @@ def test_a_model_without_an_inside_view_says_so_in_the_popup(qtbot, windows):
     load_fake(qtbot, win)
     send(qtbot, win, "hi")
     action(win, "Raw tokens").trigger()
-    with qtbot.waitSignal(win.controller.inside_failed, timeout=WAIT) as failed:
+    with qtbot.waitSignal(win.controller.inside.inside_failed, timeout=WAIT) as failed:
         popup = open_inside(qtbot, win, 1)
     line = failed.args[0]
     assert line and "\n" not in line and popup.inside_note.text() == line
@@ -132,6 +132,6 @@ def test_a_model_without_an_inside_view_says_so_in_the_popup(qtbot, windows):
     reply = win.controller.path[-1][1]
     reply.meta["family"] = "remote"
     passes = win.controller.slot.inside_passes
-    with qtbot.waitSignal(win.controller.inside_failed, timeout=WAIT) as failed:
+    with qtbot.waitSignal(win.controller.inside.inside_failed, timeout=WAIT) as failed:
         open_inside(qtbot, win, 1)
     assert "served model" in failed.args[0] and win.controller.slot.inside_passes == passes

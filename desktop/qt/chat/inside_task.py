@@ -1,0 +1,140 @@
+"""A chat's Inside views (issue #45), for the chat controller: one pass of the reply's model over
+the whole conversation, on the model's own thread, then any token's numbers from it; the positions
+seen are kept with the reply in history, so it opens again after a restart without the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from desktop.qt.model.slot import ModelSlot
+from desktop.session.conversation import ConversationSession, ReplyInside
+from desktop.store import HistoryStore
+
+
+class ChatInside(QObject):
+    """Signals: inside_ready(object, int): a reply's Inside numbers (a ReplyInside) and the
+    position to show; inside_failed(str): why there is none, in one line."""
+
+    inside_ready = Signal(object, int)
+    inside_failed = Signal(str)
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        slot: ModelSlot,
+        session: ConversationSession,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.store, self.slot, self.session = store, slot, session
+        self._kept: dict[int, ReplyInside] = {}  # reply id: its numbers (a live pass while held)
+        self._asked: dict[int, tuple[int, int]] = {}  # request id: (reply id, reply token)
+        self._prompt_ids: dict[int, tuple[int, ...]] = {}  # reply id: its prompt as generated
+        slot.inside_ready.connect(self._ready)
+        slot.inside_failed.connect(self._failed)
+
+    def prompt_seen(self, reply_id: int, ids: Sequence[int]) -> None:
+        """The exact ids a reply's prompt was fed as (its pass is then the generation's own)."""
+        self._prompt_ids[reply_id] = tuple(ids)
+
+    def model_changed(self) -> None:
+        """Another model loaded: the passes held were the last one's."""
+        for kept in self._kept.values():
+            kept.live = None
+
+    def at(self, index: int, token: int) -> None:
+        """The Inside view of the reply at ``index`` at its token ``token``: from what this
+        session or history kept, else from one pass of the model over the whole conversation
+        (off the GUI thread; ``inside_ready`` or ``inside_failed`` follows)."""
+        if not 0 <= index < len(self.session.path) or self.session.path[index][1].role != "assistant":
+            return
+        reply_id, reply = self.session.path[index]
+        if self.session.reply_id == reply_id:
+            self.inside_failed.emit("the reply is still being written: its Inside view comes when it ends")
+            return
+        events = reply.tokens.events(len(reply.tokens))
+        if not 0 <= token < len(events) or events[token].continues:
+            return
+        if events[token].id < 0:
+            self.inside_failed.emit("this reply has no token ids: a served model has no inside to show")
+            return
+        at = sum(1 for ev in events[:token] if not ev.continues)
+        known = self._kept.get(reply_id)
+        if known is None and isinstance(reply.meta.get("inside"), dict):
+            known = ReplyInside.of_meta(reply.meta["inside"])
+            if known is not None:
+                self._kept[reply_id] = known
+        if known is not None and known.at(known.position_of(at)) is not None:
+            self._show(reply_id, known, known.position_of(at))
+            return
+        why = self._why_not(reply.meta)
+        if why:
+            self.inside_failed.emit(why)
+            return
+        for request, (asked_reply, _at) in self._asked.items():
+            if asked_reply == reply_id:  # its pass is under way: show this token when it ends
+                self._asked[request] = (reply_id, at)
+                return
+        reply_ids = [ev.id for ev in events if not ev.continues]
+        prompt = self._prompt_ids.get(reply_id)
+        if prompt is not None:
+            request = self.slot.inside([*prompt, *reply_ids], len(prompt))
+        else:  # a reply from history: its conversation rendered again, as a generation renders it
+            request = self.slot.reply_inside([m for _, m in self.session.path[:index]], reply_ids)
+        self._asked[request] = (reply_id, at)
+
+    def _why_not(self, meta: dict[str, Any]) -> str:
+        """Why the model loaded now cannot give this reply's Inside view ("" when it can)."""
+        info = self.slot.info
+        family = str(meta.get("family") or "")
+        if family == "remote" or (info is not None and info.family == "remote"):
+            return "a served model has no inside to show (its weights are on the server)"
+        # other families: the pass says in one line whether it has an Inside view yet
+        made = f"{Path(str(meta.get('checkpoint', ''))).name} step {meta.get('step')}"
+        if info is None or self.slot.is_loading:
+            return f"the model that wrote this reply ({made}) is not loaded: load it to look inside"
+        if str(meta.get("checkpoint", "")) != str(info.path) or meta.get("step") != info.step:
+            return f"the model loaded is not the one that wrote this reply ({made}): load it to look inside"
+        return ""
+
+    def _ready(self, request: int, cache: Any) -> None:
+        asked = self._asked.pop(request, None)
+        if asked is None:
+            return
+        reply_id, at = asked
+        inside = ReplyInside.of_cache(cache)
+        for kept in self._kept.values():
+            kept.live = None  # one pass held at a time: hundreds of MB for a long reply
+        old = self._kept.get(reply_id)
+        if old is not None:
+            inside.saved = {**old.saved, **inside.saved}
+        self._kept[reply_id] = inside
+        self._show(reply_id, inside, inside.position_of(at))
+
+    def _failed(self, request: int, reason: str) -> None:
+        if self._asked.pop(request, None) is not None:
+            self.inside_failed.emit(reason)
+
+    def _show(self, reply_id: int, inside: ReplyInside, position: int) -> None:
+        self.inside_ready.emit(inside, position)
+        self.save(reply_id)
+
+    def save(self, reply_id: int) -> None:
+        """Keep the positions computed with the reply in history (its meta), once they change."""
+        inside = self._kept.get(reply_id)
+        if inside is None or not inside.changed:
+            return
+        for mid, message in self.session.path:
+            if mid == reply_id:
+                message.meta["inside"] = inside.to_meta()
+                self.store.update_message(mid, message, complete=True)
+                inside.changed = False
+                return
+
+    def reply_id_of(self, inside: ReplyInside) -> int | None:
+        return next((rid for rid, kept in self._kept.items() if kept is inside), None)
