@@ -347,7 +347,7 @@ class ReplyInside:
             "format": CACHE_FORMAT,
             **self.header,
             "ids": list(self.ids),
-            "positions": [inside.to_dict() for inside in self.saved.values()],
+            "positions": [inside.to_dict(packed=True) for inside in self.saved.values()],
             "reply_start": self.reply_start,
             "labels": {str(t): self.label(t) for t in sorted(shown)},
         }

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
     from desktop.engine.inside.hf import StackPass
     from desktop.engine.inside.nanochat import NanochatPass
 
+logger = logging.getLogger(__name__)
 TOP = 5
 CACHE_FORMAT = "nanoscope-inside-cache/1"
 
@@ -172,6 +174,7 @@ class InsideCache:
         return inside
 
     def to_dict(self) -> dict[str, Any]:
+        """The positions computed so far, attention rows packed as history keeps them."""
         return {
             "format": CACHE_FORMAT,
             "family": self.family,
@@ -180,17 +183,22 @@ class InsideCache:
             "exact": self.exact,
             "note": self.note,
             "readout": self.readout,
-            "positions": [inside.to_dict() for inside in self._done.values()],
+            "positions": [inside.to_dict(packed=True) for inside in self._done.values()],
         }
 
     @staticmethod
     def saved(d: dict[str, Any]) -> dict[tuple[int, int], Inside]:
-        """The positions a :meth:`to_dict` kept, by (position, produced) (ValueError on another format)."""
+        """The positions a :meth:`to_dict` kept, by (position, produced) (ValueError on another
+        format). A damaged position is left out (logged), and the others kept."""
         if d.get("format") != CACHE_FORMAT:
             raise ValueError(f"not {CACHE_FORMAT}: {d.get('format')!r}")
         out: dict[tuple[int, int], Inside] = {}
         for item in d["positions"]:
-            inside = Inside.from_dict(item)
+            try:
+                inside = Inside.from_dict(item)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                logger.warning("a kept Inside position is damaged, left out: %s", exc)
+                continue
             out[(inside.position, inside.produced)] = inside
         return out
 

@@ -420,10 +420,10 @@ class InsideView(QFrame):
             f"Position {position} of {len(ids)} ({where}): {self._quoted(inside.token)} "
             f"predicts {self._quoted(inside.produced)} ({came})"
         )
-        era = f"{inside.family} {inside.era}".strip()
-        self.note.setVisible(not inside.exact or bool(era))
+        kind = inside.kind
+        self.note.setVisible(not inside.exact or bool(kind))
         self.note.setText(
-            (f"{era} · " if era else "")
+            (f"{kind} · " if kind else "")
             + ("exact (float32)" if inside.exact else f"approximate: {inside.note}")
         )
         c = theme.colors()
