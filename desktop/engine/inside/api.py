@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from desktop.engine.errors import NanoscopeError
 from desktop.engine.inside.result import FORMAT, Attribution, Guess, Inside, LensLayer, Term
+from desktop.engine.inside.yielding import PassYielded, Stop
+from desktop.engine.kernels.memory import available_ram, human
 
 if TYPE_CHECKING:
     from desktop.engine.inside.hf import StackPass
@@ -17,6 +19,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 TOP = 5
 CACHE_FORMAT = "nanoscope-inside-cache/1"
+# What a pass keeps per token and layer, in rows of the model's width: the stream, attention's
+# and the MLP's outputs, q, k, each head's output, and a value-embedding layer's two more.
+ROWS_KEPT = 8
 
 
 def _model_of(source: Any) -> tuple[Any, str, str]:
@@ -57,7 +62,35 @@ def _vocab_and_context(model: Any) -> tuple[int, int]:
     return cfg.vocab_size, cfg.rope_len
 
 
-def _record(model: Any, ids: tuple[int, ...]) -> NanochatPass | StackPass:
+def kept_bytes(model: Any, length: int) -> int:
+    """About what a pass over ``length`` tokens keeps (:data:`ROWS_KEPT` rows a token and layer)."""
+    import torch
+
+    from desktop.engine.hf.model import HFCausalLM
+    from desktop.engine.kempnerforge.model import KFTransformer
+
+    cfg = model.config
+    if isinstance(model, HFCausalLM):
+        depth, width = cfg.n_layer, max(cfg.hidden_size, cfg.n_head * cfg.head_dim)
+    elif isinstance(model, KFTransformer):
+        depth, width = cfg.n_layers, cfg.dim
+    else:
+        depth, width = cfg.n_layer, cfg.n_embd
+    item = torch.empty((), dtype=model.compute_dtype).element_size()
+    return depth * width * length * ROWS_KEPT * item
+
+
+def _check_memory(model: Any, length: int, share: float) -> None:
+    """One line, before the pass, when it would keep more than ``share`` of the free RAM."""
+    need, free = kept_bytes(model, length), available_ram()
+    if free is not None and need > share * free:
+        raise NanoscopeError(
+            f"the Inside pass over {length} tokens would keep about {human(need)}, "
+            f"more than {share:.0%} of the {human(free)} of memory free"
+        )
+
+
+def _record(model: Any, ids: tuple[int, ...], stop: Stop | None) -> NanochatPass | StackPass:
     """The family's recorder over ``ids`` (desktop/engine/inside/{nanochat,hf,kempnerforge}.py)."""
     from desktop.engine.hf.model import HFCausalLM
     from desktop.engine.kempnerforge.model import KFTransformer
@@ -65,14 +98,14 @@ def _record(model: Any, ids: tuple[int, ...]) -> NanochatPass | StackPass:
     if isinstance(model, HFCausalLM):
         from desktop.engine.inside.hf import record as record_hf
 
-        return record_hf(model, ids)
+        return record_hf(model, ids, stop)
     if isinstance(model, KFTransformer):
         from desktop.engine.inside.kempnerforge import record as record_kf
 
-        return record_kf(model, ids)
+        return record_kf(model, ids, stop)
     from desktop.engine.inside.nanochat import record
 
-    return record(model, ids)
+    return record(model, ids, stop)
 
 
 def _check_ids(ids: Sequence[int], vocab: int, context: int) -> tuple[int, ...]:
@@ -203,17 +236,23 @@ class InsideCache:
         return out
 
 
-def inspect_all(source: Any, ids: Sequence[int]) -> InsideCache:
+def inspect_all(
+    source: Any, ids: Sequence[int], stop: Stop | None = None, memory_share: float = 0.5
+) -> InsideCache:
     """One hooked forward pass of ``source`` (a local Backend, or a nanochat ``GPT``, a Hugging
     Face ``HFCausalLM`` or a KempnerForge ``KFTransformer``) over ``ids``; any position's
     :class:`Inside` then comes from :meth:`InsideCache.at`.
 
     Raises :class:`NanoscopeError` (one line) for a served model, a family without an Inside
-    view yet, an empty sequence, ids outside the vocabulary, or more ids than the model's
-    context. Runs on the model's worker thread (never the GUI's)."""
+    view yet, an empty sequence, ids outside the vocabulary, more ids than the model's context,
+    or a pass that would keep more than ``memory_share`` of the free RAM (:func:`kept_bytes`).
+    ``stop`` is asked before each block; when it says True the pass ends with
+    :class:`PassYielded` (a prepared pass giving way to the user's next request). Runs on the
+    model's worker thread (never the GUI's)."""
     model, family, era = _model_of(source)
     checked = _check_ids(ids, *_vocab_and_context(model))
-    return InsideCache(_record(model, checked), family, era)
+    _check_memory(model, len(checked), memory_share)
+    return InsideCache(_record(model, checked, stop), family, era)
 
 
 def inspect(source: Any, ids: Sequence[int], position: int, produced: int | None = None) -> Inside:
@@ -235,4 +274,4 @@ def inspect(source: Any, ids: Sequence[int], position: int, produced: int | None
     return cache.at(position, produced)
 
 
-__all__ = ["CACHE_FORMAT", "FORMAT", "InsideCache", "inspect", "inspect_all"]
+__all__ = ["CACHE_FORMAT", "FORMAT", "InsideCache", "PassYielded", "inspect", "inspect_all", "kept_bytes"]

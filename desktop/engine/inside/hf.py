@@ -23,6 +23,7 @@ import torch
 
 from desktop.engine.hf.model import FULL_WINDOW, HFCausalLM
 from desktop.engine.inside.recording import Patches, approximate_note, attention_rows
+from desktop.engine.inside.yielding import Stop, check
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Layer:
 
 
 def run_recorded(
-    model: Any, ids: Sequence[int], n_layer: int
+    model: Any, ids: Sequence[int], n_layer: int, stop: Stop | None = None
 ) -> tuple[list[Layer], torch.Tensor, torch.Tensor]:
     """The model's own ``model(ids, None, last_only=True)`` with its ``_block``, ``_attention``,
     ``_attend`` and ``_mlp`` recorded: (the layers, the stream the first layer got, the model's
@@ -53,6 +54,7 @@ def run_recorded(
     block, attention, attend, mlp = model._block, model._attention, model._attend, model._mlp
 
     def block_wrapped(h, layer, index, *args):  # type: ignore[no-untyped-def]
+        check(stop)
         if index == 0:
             got["x0"] = h[0]
         current[0] = index
@@ -275,7 +277,7 @@ class HFPass(StackPass):
         return self.model.layers[layer].o
 
 
-def record(model: HFCausalLM, ids: Sequence[int]) -> HFPass:
+def record(model: HFCausalLM, ids: Sequence[int], stop: Stop | None = None) -> HFPass:
     """One forward pass of ``model`` over ``ids`` with every layer's parts recorded."""
-    layers, x0, last = run_recorded(model, ids, model.config.n_layer)
+    layers, x0, last = run_recorded(model, ids, model.config.n_layer, stop)
     return HFPass(model, tuple(ids), layers, x0, last)

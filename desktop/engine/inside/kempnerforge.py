@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from desktop.engine.inside.hf import StackPass, run_recorded
+from desktop.engine.inside.yielding import Stop
 from desktop.engine.kempnerforge.model import KFTransformer
 
 
@@ -50,7 +51,7 @@ class KFPass(StackPass):
         return True
 
 
-def record(model: KFTransformer, ids: Sequence[int]) -> KFPass:
+def record(model: KFTransformer, ids: Sequence[int], stop: Stop | None = None) -> KFPass:
     """One forward pass of ``model`` over ``ids`` with every block's parts recorded."""
-    layers, x0, last = run_recorded(model, ids, model.config.n_layers)
+    layers, x0, last = run_recorded(model, ids, model.config.n_layers, stop)
     return KFPass(model, tuple(ids), layers, x0, last)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from desktop.engine.inside.recording import Patches, approximate_note, attention_rows
+from desktop.engine.inside.yielding import Stop, check
 from desktop.engine.kernels.rms_norm import rms_norm as norm
 from desktop.engine.nanochat.model import GPT
 
@@ -66,8 +67,9 @@ def readout_of(model: GPT) -> str:
     return "; ".join(parts)
 
 
-def record(model: GPT, ids: Sequence[int]) -> NanochatPass:
-    """One forward pass of ``model`` over ``ids`` with every block's parts recorded."""
+def record(model: GPT, ids: Sequence[int], stop: Stop | None = None) -> NanochatPass:
+    """One forward pass of ``model`` over ``ids`` with every block's parts recorded; ``stop``
+    is asked before each block (:func:`~desktop.engine.inside.recording.check`)."""
     cfg = model.config
     layers = [_Layer() for _ in range(cfg.n_layer)]
     got: dict[str, torch.Tensor | None] = {}
@@ -86,6 +88,7 @@ def record(model: GPT, ids: Sequence[int]) -> NanochatPass:
 
         def block_forward(original, rec=rec):  # type: ignore[no-untyped-def]
             def wrapped(x, rope, window, cache, ve):  # type: ignore[no-untyped-def]
+                check(stop)
                 out = original(x, rope, window, cache, ve)
                 rec.out = out[0]
                 return out

@@ -483,10 +483,12 @@ class ChatController(QObject):
         self.reply_event.emit(ev)
 
     def _on_finished(self, stats: dict) -> None:
-        if self.session.reply is None:
+        reply_id = self.session.reply_id
+        if self.session.reply is None or reply_id is None:
             return
         self._save_reply(stats)
         self.session.finish_reply(stats)
+        self.inside.reply_done(reply_id)
 
     def _on_failed(self, reason: str) -> None:
         if self.session.reply is None:

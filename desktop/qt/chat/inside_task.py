@@ -1,10 +1,15 @@
 """A chat's Inside views (issue #45), for the chat controller: one pass of the reply's model over
 the whole conversation, on the model's own thread, then any token's numbers from it; the positions
 seen are kept with the reply in history, so it opens again after a restart without the model.
+
+While the raw tokens are shown (where a token's Inside button is), each reply's pass is prepared
+as soon as the reply ends, so a click opens the view at once. That pass gives way to whatever the
+user asks of the model next (a message, a load, another reply's Inside view).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,13 +20,17 @@ from desktop.qt.model.slot import ModelSlot
 from desktop.session.conversation import ConversationSession, ReplyInside
 from desktop.store import HistoryStore
 
+logger = logging.getLogger(__name__)
+
 
 class ChatInside(QObject):
     """Signals: inside_ready(object, int): a reply's Inside numbers (a ReplyInside) and the
-    position to show; inside_failed(str): why there is none, in one line."""
+    position to show; inside_failed(str): why there is none, in one line; inside_prepared(int):
+    a reply's pass is held, ready for a click (its message id)."""
 
     inside_ready = Signal(object, int)
     inside_failed = Signal(str)
+    inside_prepared = Signal(int)
 
     def __init__(
         self,
@@ -33,8 +42,11 @@ class ChatInside(QObject):
         super().__init__(parent)
         self.store, self.slot, self.session = store, slot, session
         self._kept: dict[int, ReplyInside] = {}  # reply id: its numbers (a live pass while held)
-        self._asked: dict[int, tuple[int, int]] = {}  # request id: (reply id, reply token)
+        # request id: (reply id, the reply token to show when it ends; None: nobody waits)
+        self._asked: dict[int, tuple[int, int | None]] = {}
+        self._prepared: dict[int, tuple[list[int], int]] = {}  # prepared request: (ids, reply start)
         self._prompt_ids: dict[int, tuple[int, ...]] = {}  # reply id: its prompt as generated
+        self.preparing = False  # prepare each reply's pass when it ends (the raw tokens are shown)
         slot.inside_ready.connect(self._ready)
         slot.inside_failed.connect(self._failed)
 
@@ -46,6 +58,35 @@ class ChatInside(QObject):
         """Another model loaded: the passes held were the last one's."""
         for kept in self._kept.values():
             kept.live = None
+
+    def set_preparing(self, on: bool) -> None:
+        """Prepare replies' passes from now on (``on``), starting with the last reply shown."""
+        self.preparing = on
+        if on:
+            last = next((mid for mid, m in reversed(self.session.path) if m.role == "assistant"), None)
+            if last is not None:
+                self.reply_done(last)
+
+    def reply_done(self, reply_id: int) -> None:
+        """A reply of this session ended: while preparing, its pass starts on the model's thread
+        (a reply this session generated, whose ids are known, not yet held or asked for)."""
+        prompt = self._prompt_ids.get(reply_id)
+        if not self.preparing or prompt is None or self.session.reply_id == reply_id:
+            return
+        kept = self._kept.get(reply_id)
+        held = kept is not None and kept.live is not None
+        if held or any(r == reply_id for r, _ in self._asked.values()):
+            return
+        reply = next((m for mid, m in self.session.path if mid == reply_id), None)
+        if reply is None or self._why_not(reply.meta):
+            return
+        events = reply.tokens.events(len(reply.tokens))
+        if not events or any(ev.id < 0 for ev in events):
+            return
+        ids = [*prompt, *(ev.id for ev in events if not ev.continues)]
+        request = self.slot.prepare_inside(ids, len(prompt))
+        self._asked[request] = (reply_id, None)
+        self._prepared[request] = (ids, len(prompt))
 
     def at(self, index: int, token: int) -> None:
         """The Inside view of the reply at ``index`` at its token ``token``: from what this
@@ -77,7 +118,7 @@ class ChatInside(QObject):
             self.inside_failed.emit(why)
             return
         for request, (asked_reply, _at) in self._asked.items():
-            if asked_reply == reply_id:  # its pass is under way: show this token when it ends
+            if asked_reply == reply_id:  # its pass is under way (or prepared): show this token when it ends
                 self._asked[request] = (reply_id, at)
                 return
         reply_ids = [ev.id for ev in events if not ev.continues]
@@ -104,6 +145,7 @@ class ChatInside(QObject):
 
     def _ready(self, request: int, cache: Any) -> None:
         asked = self._asked.pop(request, None)
+        self._prepared.pop(request, None)
         if asked is None:
             return
         reply_id, at = asked
@@ -114,11 +156,22 @@ class ChatInside(QObject):
         if old is not None:
             inside.saved = {**old.saved, **inside.saved}
         self._kept[reply_id] = inside
-        self._show(reply_id, inside, inside.position_of(at))
+        if at is None:
+            self.inside_prepared.emit(reply_id)
+        else:
+            self._show(reply_id, inside, inside.position_of(at))
 
     def _failed(self, request: int, reason: str) -> None:
-        if self._asked.pop(request, None) is not None:
+        asked, prepared = self._asked.pop(request, None), self._prepared.pop(request, None)
+        if asked is None:
+            return
+        reply_id, at = asked
+        if prepared is None:
             self.inside_failed.emit(reason)
+        elif at is not None:  # a click waited on a prepared pass that gave way: ask for it now
+            self._asked[self.slot.inside(*prepared)] = (reply_id, at)
+        else:
+            logger.info("the prepared Inside pass of reply %d ended: %s", reply_id, reason)
 
     def _show(self, reply_id: int, inside: ReplyInside, position: int) -> None:
         self.inside_ready.emit(inside, position)

@@ -407,6 +407,8 @@ class ChatPage(QWidget):
 
     def toggle_raw(self) -> None:
         self.chat.set_raw_mode(not self.chat.raw_mode)
+        # the raw tokens hold the Inside buttons: prepare replies' passes while they are shown
+        self.controller.inside.set_preparing(self.chat.raw_mode)
 
     def regenerate_last(self) -> None:
         last = len(self.controller.path) - 1

@@ -166,6 +166,13 @@ class ModelSlot(QObject):
         self.host.inside(request, ids, -1 if reply_start is None else reply_start)
         return request
 
+    def prepare_inside(self, ids: list[int], reply_start: int) -> int:
+        """As :meth:`inside`, for a pass nobody waits for yet: it gives way to any request sent
+        after it (``inside_failed`` then says so) and keeps at most a quarter of the free RAM."""
+        request = self._new_inside()
+        self.host.prepare_inside(request, ids, reply_start)
+        return request
+
     def reply_inside(self, conversation: list[Message], reply_ids: list[int]) -> int:
         """As :meth:`inside`, over ``conversation`` rendered as the prompt and then ``reply_ids``
         (the cache's ``reply_start`` says where the reply begins)."""

@@ -144,6 +144,7 @@ class ModelWorker(QObject):
     score_requested = Signal(int, object, object, object)
     unload_requested = Signal()
     inside_requested = Signal(int, object, int)
+    prepare_inside_requested = Signal(int, object, int, int)
     reply_inside_requested = Signal(int, object, object)
 
     def __init__(self, opener: Opener = default_opener) -> None:
@@ -152,6 +153,9 @@ class ModelWorker(QObject):
         # Set once, when the host shuts down: a load under way ends at its next stage (a load
         # reads no Stop: the user's Stop is for replies).
         self.closing = threading.Event()
+        # Requests the host has sent (written by the GUI thread only): a prepared Inside pass
+        # gives way when it grows past the count it was asked at.
+        self.asked = 0
         self.backend: Backend | None = None
         self._open = opener
         self.load_requested.connect(self._on_load)
@@ -159,6 +163,7 @@ class ModelWorker(QObject):
         self.score_requested.connect(self._on_score)
         self.unload_requested.connect(self._on_unload)
         self.inside_requested.connect(self._on_inside)
+        self.prepare_inside_requested.connect(self._on_prepare_inside)
         self.reply_inside_requested.connect(self._on_reply_inside)
 
     @Slot(str, object)
@@ -260,6 +265,18 @@ class ModelWorker(QObject):
         begins at ``reply_start`` (-1: past the end)."""
         self._inside(request_id, lambda backend: (list(ids), len(ids) if reply_start < 0 else reply_start))
 
+    @Slot(int, object, int, int)
+    def _on_prepare_inside(self, request_id: int, ids: list[int], reply_start: int, asked_at: int) -> None:
+        """As :meth:`_on_inside`, for a pass prepared before anyone asked: it keeps at most a
+        quarter of the free memory, and gives way (``inside_failed`` with
+        :class:`~desktop.engine.inside.PassYielded`'s line) within a block once the host sends
+        any other request, so the user never waits for it."""
+
+        def stop() -> bool:
+            return self.asked != asked_at or self.closing.is_set()
+
+        self._inside(request_id, lambda backend: (list(ids), reply_start), stop, memory_share=0.25)
+
     @Slot(int, object, object)
     def _on_reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
         """The pass over ``conversation`` rendered as a prompt (as a generation renders it), then
@@ -271,10 +288,16 @@ class ModelWorker(QObject):
 
         self._inside(request_id, ids_of)
 
-    def _inside(self, request_id: int, ids_of: Callable[[Backend], tuple[list[int], int]]) -> None:
-        try:
-            from desktop.engine.inside import inspect_all
+    def _inside(
+        self,
+        request_id: int,
+        ids_of: Callable[[Backend], tuple[list[int], int]],
+        stop: Callable[[], bool] | None = None,
+        memory_share: float = 0.5,
+    ) -> None:
+        from desktop.engine.inside import PassYielded, inspect_all
 
+        try:
             backend = self._require()
             info = backend.info()
             if info.family == "remote" or not info.capabilities.token_ids:
@@ -282,14 +305,15 @@ class ModelWorker(QObject):
                     f"{info.name}: a served model has no inside to show (its weights are on the server)"
                 )
             ids, reply_start = ids_of(backend)
-            cache: Any = inspect_all(backend, ids)
+            cache: Any = inspect_all(backend, ids, stop, memory_share)
             cache.reply_start = reply_start
             # how every token reads, for the lens's guesses (the GUI thread never asks the backend)
             cache.labels = [backend.token_label(i) for i in range(int(info.vocab_size or 0))]
         except BaseException as exc:
             if _fatal(exc):
                 raise
-            logger.warning("inside %d failed", request_id, exc_info=not isinstance(exc, NanoscopeError))
+            level = logging.INFO if isinstance(exc, PassYielded) else logging.WARNING
+            logger.log(level, "inside %d failed", request_id, exc_info=not isinstance(exc, NanoscopeError))
             self.inside_failed.emit(request_id, describe_failure(exc))
             return
         self.inside_ready.emit(request_id, cache)
@@ -318,6 +342,7 @@ class WorkerHost(QObject):
     ) -> None:
         """Queue a generation; a stop pressed before this call does not leak into it."""
         self.worker.cancel.clear()
+        self._ask()
         self.worker.generate_requested.emit(request_id, conversation, params, options, step_lock)
 
     def score(
@@ -330,22 +355,35 @@ class WorkerHost(QObject):
     ) -> None:
         """Queue a teacher-forced score of ``reply_ids`` as the reply to ``conversation``."""
         options = {"top": top, "skip": list(skip) if skip is not None else None}
+        self._ask()
         self.worker.score_requested.emit(request_id, conversation, list(reply_ids), options)
 
     def inside(self, request_id: int, ids: list[int], reply_start: int = -1) -> None:
         """Queue one hooked pass over ``ids`` (the Inside view's numbers)."""
+        self._ask()
         self.worker.inside_requested.emit(request_id, list(ids), reply_start)
+
+    def prepare_inside(self, request_id: int, ids: list[int], reply_start: int) -> None:
+        """Queue a pass over ``ids`` that gives way to every request sent after it."""
+        self.worker.prepare_inside_requested.emit(request_id, list(ids), reply_start, self.worker.asked)
 
     def reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
         """Queue one hooked pass over ``conversation``'s prompt and then ``reply_ids``."""
+        self._ask()
         self.worker.reply_inside_requested.emit(request_id, conversation, list(reply_ids))
 
     def load(self, target: str, options: LoadOptions) -> None:
+        self._ask()
         self.worker.load_requested.emit(target, options)
 
     def unload(self) -> None:
         """Free the loaded model (after the request in progress, if any)."""
+        self._ask()
         self.worker.unload_requested.emit()
+
+    def _ask(self) -> None:
+        """One more request on its way: a prepared pass running or queued gives way to it."""
+        self.worker.asked += 1
 
     def stop(self) -> None:
         """Ask the running generation (if any) to end after the current token."""

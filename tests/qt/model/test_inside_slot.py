@@ -83,3 +83,40 @@ def test_no_model_and_an_empty_sequence_fail_in_one_line(qtbot, slot):
     with qtbot.waitSignal(slot.inside_failed, timeout=WAIT) as got:
         slot.inside([])
     assert "empty" in got.args[1] and "\n" not in got.args[1]
+
+
+def gated(monkeypatch) -> threading.Event:
+    """The model's thread waits at the start of its next Inside pass until the returned event is
+    set: what the test sends meanwhile queues behind that pass, as a user's requests do."""
+    gate = threading.Event()
+    real = inside_module.inspect_all
+
+    def held(*args):
+        if not gate.is_set():
+            assert gate.wait(WAIT / 1000)
+        return real(*args)
+
+    monkeypatch.setattr("desktop.engine.inside.inspect_all", held)
+    return gate
+
+
+def test_a_prepared_pass_gives_way_to_a_message_sent_after_it(qtbot, slot, monkeypatch):
+    m = load_golden(qtbot, slot)
+    ids = list(m["cases"][0]["prompt_ids"])[:20]
+    gate = gated(monkeypatch)
+    order: list[str] = []
+    slot.inside_failed.connect(lambda _r, why: order.append(f"prepared: {why}"))
+    slot.finished.connect(lambda *_: order.append("reply"))
+    slot.inside(ids)  # held at the gate on the model's thread
+    prepared = slot.prepare_inside(ids, 10)
+    with qtbot.waitSignal(slot.inside_failed, timeout=WAIT) as gave_way:
+        slot.generate([Message.of_text("user", "hi")], SamplingParams(temperature=0.0, max_tokens=4))
+        gate.set()
+    assert gave_way.args[0] == prepared and "gave way" in gave_way.args[1]
+    qtbot.waitUntil(lambda: order[-1:] == ["reply"], timeout=WAIT)
+    assert order[0].startswith("prepared:")  # ended before the reply started, not after it
+
+    # Nothing sent after it: the prepared pass runs to its end.
+    with qtbot.waitSignal(slot.inside_ready, timeout=WAIT) as got:
+        request = slot.prepare_inside(ids, 10)
+    assert got.args[0] == request and got.args[1].reply_start == 10 and list(got.args[1].ids) == ids
