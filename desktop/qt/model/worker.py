@@ -275,7 +275,7 @@ class ModelWorker(QObject):
         def stop() -> bool:
             return self.asked != asked_at or self.closing.is_set()
 
-        self._inside(request_id, lambda backend: (list(ids), reply_start), stop, memory_share=0.25)
+        self._inside(request_id, lambda backend: (list(ids), reply_start), stop, memory_share=0.25, warm=True)
 
     @Slot(int, object, object)
     def _on_reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
@@ -294,7 +294,11 @@ class ModelWorker(QObject):
         ids_of: Callable[[Backend], tuple[list[int], int]],
         stop: Callable[[], bool] | None = None,
         memory_share: float = 0.5,
+        warm: bool = False,
     ) -> None:
+        """The pass (``stop`` and ``memory_share`` as :func:`~desktop.engine.inside.inspect_all`);
+        ``warm``: then the last reply token's numbers too, here, so that the kernels a position
+        needs are measured and chosen (the first time, a third of a second) before a click."""
         from desktop.engine.inside import PassYielded, inspect_all
 
         try:
@@ -306,6 +310,8 @@ class ModelWorker(QObject):
                 )
             ids, reply_start = ids_of(backend)
             cache: Any = inspect_all(backend, ids, stop, memory_share)
+            if warm and len(ids) > 1:
+                cache.at(len(ids) - 2)
             cache.reply_start = reply_start
             # how every token reads, for the lens's guesses (the GUI thread never asks the backend)
             cache.labels = [backend.token_label(i) for i in range(int(info.vocab_size or 0))]

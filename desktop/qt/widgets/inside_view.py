@@ -192,27 +192,35 @@ class TokenWeights(QWidget):
         self.reply_start = 0
         self.position = 0
         self._rects: list[QRect] = []
+        self._widths: list[int] = []  # each chip's width, measured once per set of labels
+        self._laid: tuple[int, int] = (-1, 0)  # (width laid out for, the height it took)
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
 
     def set_tokens(self, labels: list[str], weights: list[float], reply_start: int, position: int) -> None:
+        if labels != self.labels or not self._widths:
+            fm = QFontMetrics(self.font())
+            self._widths = [fm.horizontalAdvance(label) + 10 for label in labels]
+            self._laid = (-1, 0)
         self.labels, self.weights = labels, weights
         self.reply_start, self.position = reply_start, position
         self._layout(max(200, self.width()))
         self.update()
 
     def _layout(self, width: int) -> int:
-        fm = QFontMetrics(self.font())
+        """Chips in rows that fit ``width`` (a thousand-token conversation is laid out once a width)."""
+        if self._laid[0] == width:
+            return self._laid[1]
         x = y = 2
-        h = fm.height() + 6
+        h = QFontMetrics(self.font()).height() + 6
         self._rects = []
-        for label in self.labels:
-            w = fm.horizontalAdvance(label) + 10
+        for w in self._widths:
             if x + w > width - 2 and x > 2:
                 x, y = 2, y + h + 4
             self._rects.append(QRect(x, y, w, h))
             x += w + 3
         height = y + h + 4
+        self._laid = (width, height)
         self.setMinimumHeight(height)
         return height
 
