@@ -10,6 +10,7 @@ models add theirs without touching the UI.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -136,6 +137,13 @@ class Prompt:
         if self.ids is None:
             raise ContextError("this prompt has no token ids")
         return list(self.ids)
+
+    def digest(self) -> str | None:
+        """A short fingerprint of the exact ids (None without them): kept with a reply, it tells
+        whether the conversation rendered again is what the model was fed."""
+        if self.ids is None:
+            return None
+        return hashlib.sha256(",".join(map(str, self.ids)).encode()).hexdigest()[:16]
 
     def usage(self) -> dict[str, Any]:
         return {

@@ -412,6 +412,8 @@ class ChatController(QObject):
         }
         if fork is not None:
             meta["fork"] = fork
+        if system_prompt.strip():  # the reply's Inside view renders its prompt again with it
+            meta["system_prompt"] = system_prompt
         caps, chosen = self.slot.info.capabilities, self.settings.get("draft")
         if chosen and (why := caps.why_not("draft")):  # the footer says which draft, or why none
             meta["draft_skipped"] = f"draft not used: {why}"
@@ -455,7 +457,8 @@ class ChatController(QObject):
 
     def _on_context(self, prompt: Prompt) -> None:
         self.session.set_prompt(prompt.tokens, prompt.context_length)
-        if prompt.ids is not None and self.session.reply_id is not None:
+        if prompt.ids is not None and self.session.reply is not None and self.session.reply_id is not None:
+            self.session.reply.meta["prompt_digest"] = prompt.digest()
             self.inside.prompt_seen(self.session.reply_id, prompt.ids)
         if prompt.dropped_turns:
             self.notice.emit(

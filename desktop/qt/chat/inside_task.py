@@ -16,7 +16,9 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from desktop.engine.messages import Message
 from desktop.qt.model.slot import ModelSlot
+from desktop.qt.model.worker import UNSET_RESERVE
 from desktop.session.conversation import ConversationSession, ReplyInside
 from desktop.store import HistoryStore
 
@@ -125,9 +127,23 @@ class ChatInside(QObject):
         prompt = self._prompt_ids.get(reply_id)
         if prompt is not None:
             request = self.slot.inside([*prompt, *reply_ids], len(prompt))
-        else:  # a reply from history: its conversation rendered again, as a generation renders it
-            request = self.slot.reply_inside([m for _, m in self.session.path[:index]], reply_ids)
+        else:  # a reply from history: its conversation rendered again, as its generation rendered it
+            request = self._render_again(index, reply_ids)
         self._asked[request] = (reply_id, at)
+
+    def _render_again(self, index: int, reply_ids: list[int]) -> int:
+        """A pass over the conversation before the reply at ``index`` with the system prompt and
+        the room its generation kept, checked against the prompt's digest (when kept)."""
+        meta = self.session.path[index][1].meta
+        history = [m for _, m in self.session.path[:index]]
+        if str(meta.get("system_prompt") or "").strip():
+            history.insert(0, Message.of_text("system", str(meta["system_prompt"])))
+        sampling = meta.get("sampling")
+        reserve = (sampling.get("max_tokens") if isinstance(sampling, dict) else None) or UNSET_RESERVE
+        digest = meta.get("prompt_digest")
+        return self.slot.reply_inside(
+            history, reply_ids, int(reserve), str(digest) if isinstance(digest, str) else None
+        )
 
     def _why_not(self, meta: dict[str, Any]) -> str:
         """Why the model loaded now cannot give this reply's Inside view ("" when it can)."""

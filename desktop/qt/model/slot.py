@@ -173,11 +173,16 @@ class ModelSlot(QObject):
         self.host.prepare_inside(request, ids, reply_start)
         return request
 
-    def reply_inside(self, conversation: list[Message], reply_ids: list[int]) -> int:
-        """As :meth:`inside`, over ``conversation`` rendered as the prompt and then ``reply_ids``
-        (the cache's ``reply_start`` says where the reply begins)."""
+    def reply_inside(
+        self, conversation: list[Message], reply_ids: list[int], reserve: int = 0, digest: str | None = None
+    ) -> int:
+        """As :meth:`inside`, over ``conversation`` rendered as the prompt (``reserve`` tokens kept
+        for the reply, as its generation asked; 0: the reply's length) and then ``reply_ids``
+        (the cache's ``reply_start`` says where the reply begins). ``digest``: the prompt's
+        :meth:`~desktop.engine.backend.Prompt.digest` when the reply was written; a prompt that
+        renders otherwise now fails in one line."""
         request = self._new_inside()
-        self.host.reply_inside(request, [m.copy_text() for m in conversation], reply_ids)
+        self.host.reply_inside(request, [m.copy_text() for m in conversation], reply_ids, reserve, digest)
         return request
 
     def _new_inside(self) -> int:

@@ -44,6 +44,10 @@ Opener = Callable[[Path, LoadOptions, Progress], Backend]
 _left_running: list[WorkerHost] = []
 
 
+# The room a generation keeps for its reply when the user set no max_tokens (render()'s reserve).
+UNSET_RESERVE = 256
+
+
 def threads_left_running() -> int:
     """How many model threads outlived their shutdown and still run."""
     return sum(host.model_thread.isRunning() for host in _left_running)
@@ -145,7 +149,7 @@ class ModelWorker(QObject):
     unload_requested = Signal()
     inside_requested = Signal(int, object, int)
     prepare_inside_requested = Signal(int, object, int, int)
-    reply_inside_requested = Signal(int, object, object)
+    reply_inside_requested = Signal(int, object, object, int, object)
 
     def __init__(self, opener: Opener = default_opener) -> None:
         super().__init__()
@@ -217,7 +221,7 @@ class ModelWorker(QObject):
         try:
             backend = self._require()
             try:
-                prompt = backend.render(conversation, params.max_tokens or 256, cancel=self.cancel)
+                prompt = backend.render(conversation, params.max_tokens or UNSET_RESERVE, cancel=self.cancel)
             except EncodingCancelled:  # Stop pressed while a long prompt was being tokenized
                 stats.stopped = "cancelled"
                 self.finished.emit(request_id, stats.to_dict())
@@ -277,13 +281,29 @@ class ModelWorker(QObject):
 
         self._inside(request_id, lambda backend: (list(ids), reply_start), stop, memory_share=0.25, warm=True)
 
-    @Slot(int, object, object)
-    def _on_reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
-        """The pass over ``conversation`` rendered as a prompt (as a generation renders it), then
-        ``reply_ids``: the reply's ids as the model saw them."""
+    @Slot(int, object, object, int, object)
+    def _on_reply_inside(
+        self,
+        request_id: int,
+        conversation: list[Message],
+        reply_ids: list[int],
+        reserve: int,
+        digest: str | None,
+    ) -> None:
+        """The pass over ``conversation`` rendered as a prompt (as a generation renders it, with
+        ``reserve`` tokens kept for the reply), then ``reply_ids``: the reply's ids as the model
+        saw them. With the prompt's ``digest`` (kept with the reply), a prompt that renders
+        otherwise now is one line, not a view of what the model never saw."""
 
         def ids_of(backend: Backend) -> tuple[list[int], int]:
-            prompt = backend.render(conversation, max(1, len(reply_ids))).require_ids()
+            rendered = backend.render(conversation, max(1, reserve or len(reply_ids)))
+            if digest is not None and rendered.digest() != digest:
+                raise NanoscopeError(
+                    "the conversation renders otherwise now than when this reply was written "
+                    "(another chat template, tokenizer or context): its Inside view would not "
+                    "show what the model saw"
+                )
+            prompt = rendered.require_ids()
             return prompt + list(reply_ids), len(prompt)
 
         self._inside(request_id, ids_of)
@@ -373,10 +393,17 @@ class WorkerHost(QObject):
         """Queue a pass over ``ids`` that gives way to every request sent after it."""
         self.worker.prepare_inside_requested.emit(request_id, list(ids), reply_start, self.worker.asked)
 
-    def reply_inside(self, request_id: int, conversation: list[Message], reply_ids: list[int]) -> None:
+    def reply_inside(
+        self,
+        request_id: int,
+        conversation: list[Message],
+        reply_ids: list[int],
+        reserve: int = 0,
+        digest: str | None = None,
+    ) -> None:
         """Queue one hooked pass over ``conversation``'s prompt and then ``reply_ids``."""
         self._ask()
-        self.worker.reply_inside_requested.emit(request_id, conversation, list(reply_ids))
+        self.worker.reply_inside_requested.emit(request_id, conversation, list(reply_ids), reserve, digest)
 
     def load(self, target: str, options: LoadOptions) -> None:
         self._ask()

@@ -135,3 +135,47 @@ def test_a_model_without_an_inside_view_says_so_in_the_popup(qtbot, windows):
     with qtbot.waitSignal(win.controller.inside.inside_failed, timeout=WAIT) as failed:
         open_inside(qtbot, win, 1)
     assert "served model" in failed.args[0] and win.controller.slot.inside_passes == passes
+
+
+def test_a_reply_from_history_is_looked_inside_with_the_prompt_its_model_was_fed(
+    qtbot, windows, loop, monkeypatch
+):
+    win = start_with_base(qtbot, windows, monkeypatch, DEMO_BASE, fake=False)
+    win.sampling.set_values(
+        {**win.sampling.values(), "temperature": 0.0, "max_tokens": 12, "system_prompt": "Answer in rhyme."}
+    )
+    send(qtbot, win, "Hello there")
+    conv_id, reply_id = win.controller.conv_id, win.controller.path[-1][0]
+    reply = win.controller.path[-1][1]
+    assert reply.meta["system_prompt"] == "Answer in rhyme." and reply.meta["prompt_digest"]
+
+    # Restart and load the same model: the reply's conversation is rendered again for the pass,
+    # with its system prompt and the room its generation kept, so the numbers are the reply's own.
+    win = restart(qtbot, windows, fake=False)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=LONG):
+        win.start()
+    win.controller.open_conversation(conv_id)
+    action(win, "Raw tokens").trigger()
+    qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
+    i = 4
+    with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=LONG) as ready:
+        open_inside(qtbot, win, i)
+    inside = win.chat_page.inside_view.inside
+    assert ready.args[0].ids[ready.args[1] + 1] == reply.tokens.ids[i]
+    assert inside.lens[-1].produced_prob == pytest.approx(math.exp(reply.tokens.logprobs[i][0]), rel=1e-3)
+
+    # A conversation that renders otherwise now (here: its system prompt edited in history) is
+    # one line in the popup, not numbers the model never computed.
+    stored = dict(win.controller.store.active_path(conv_id))[reply_id]
+    stored.meta["system_prompt"] = "Answer in prose."
+    win.controller.store.update_message(reply_id, stored, complete=True)
+    win = restart(qtbot, windows, fake=False)
+    with qtbot.waitSignal(win.controller.model_loaded, timeout=LONG):
+        win.start()
+    win.controller.open_conversation(conv_id)
+    action(win, "Raw tokens").trigger()
+    qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
+    with qtbot.waitSignal(win.controller.inside.inside_failed, timeout=LONG) as failed:
+        popup = open_inside(qtbot, win, i + 1)
+    assert "renders otherwise" in failed.args[0] and popup.inside_note.text() == failed.args[0]
+    assert win.chat_page.inside_view is None
