@@ -279,7 +279,7 @@ class ModelWorker(QObject):
         def stop() -> bool:
             return self.asked != asked_at or self.closing.is_set()
 
-        self._inside(request_id, lambda backend: (list(ids), reply_start), stop, memory_share=0.25, warm=True)
+        self._inside(request_id, lambda backend: (list(ids), reply_start), stop, memory_share=0.25)
 
     @Slot(int, object, object, int, object)
     def _on_reply_inside(
@@ -314,11 +314,10 @@ class ModelWorker(QObject):
         ids_of: Callable[[Backend], tuple[list[int], int]],
         stop: Callable[[], bool] | None = None,
         memory_share: float = 0.5,
-        warm: bool = False,
     ) -> None:
-        """The pass (``stop`` and ``memory_share`` as :func:`~desktop.engine.inside.inspect_all`);
-        ``warm``: then the last reply token's numbers too, here, so that the kernels a position
-        needs are measured and chosen (the first time, a third of a second) before a click."""
+        """The pass (``stop`` and ``memory_share`` as :func:`~desktop.engine.inside.inspect_all`),
+        then the last token's numbers too, here: the kernels a position needs are measured and
+        chosen on this thread (the first time, about 0.4 s at depth 12), not on the GUI's."""
         from desktop.engine.inside import PassYielded, inspect_all
 
         try:
@@ -330,7 +329,7 @@ class ModelWorker(QObject):
                 )
             ids, reply_start = ids_of(backend)
             cache: Any = inspect_all(backend, ids, stop, memory_share)
-            if warm and len(ids) > 1:
+            if len(ids) > 1:
                 cache.at(len(ids) - 2)
             cache.reply_start = reply_start
             # how every token reads, for the lens's guesses (the GUI thread never asks the backend)
