@@ -430,6 +430,7 @@ class CompareController(QObject):
 
     def _pane_context(self, pane: Pane, prompt: Prompt) -> None:
         pane.run.context = prompt.usage()
+        pane.run.prompt_ids = prompt.ids
         if prompt.truncated and (i := self.index_of(pane)) is not None:
             self.notice.emit(
                 "warning",
@@ -511,7 +512,12 @@ class CompareController(QObject):
                 col.line = "the model loaded is not the one that wrote this reply: load it to look inside"
             else:
                 col.line = ASKING
-                inside.asked[i] = pane.reply_inside(self.messages, list(run.trace.ids))
+                reply_ids = list(run.trace.ids)
+                inside.asked[i] = (
+                    pane.inside([*run.prompt_ids, *reply_ids], len(run.prompt_ids))
+                    if run.prompt_ids is not None  # the ids the pane's model was fed
+                    else pane.reply_inside(self.messages, reply_ids)
+                )
         self.inside_changed.emit(inside)
         return inside
 

@@ -51,6 +51,7 @@ class PaneRun:
     reply: Message = field(default_factory=lambda: Message("assistant"))
     stats: dict[str, Any] = field(default_factory=dict)
     context: dict[str, Any] = field(default_factory=dict)  # Prompt.usage()
+    prompt_ids: tuple[int, ...] | None = None  # the exact ids the pane's model was fed (local models)
     cross_scores: dict[str, dict] = field(default_factory=dict)  # scoring pane letter -> score
     error: str | None = None
     running: bool = False

@@ -69,6 +69,8 @@ def test_inside_in_compare_is_one_column_per_step_each_from_its_own_reply(qtbot,
         inside = column.view.inside
         assert inside is not None and col.source is column.view.source
         assert inside.produced == trace.ids[token]  # this pane's own reply, not pane A's
+        # after the very ids the pane's model was fed
+        assert col.source.ids[: col.source.reply_start] == slot.run.prompt_ids
         lp = trace.logprobs[token]
         if lp is not None:
             assert inside.lens[-1].produced_prob == pytest.approx(math.exp(lp[0]), rel=1e-3)
