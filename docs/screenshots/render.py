@@ -45,20 +45,27 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-async def scenario(window, out: Path, theme: str, size: tuple[int, int]) -> None:
-    from desktop.config.paths import demo_checkpoint
-    from desktop.engine.nanochat.checkpoint import model_steps
+async def started(window, theme: str, size: tuple[int, int] = (1360, 860)) -> None:
+    """Show the window in ``theme`` at ``size`` and start it as the app does: the first scan
+    lists the checkpoints and the newest one loads."""
     from desktop.qt.widgets.theme import apply_theme
-    from desktop.session.compare.analysis import sweep_steps
 
     window.settings.set("theme", theme)  # start() applies the theme of the settings
     apply_theme(QApplication.instance(), theme)
     window.resize(*size)
     window.show()
-    c = window.controller
-    loaded = _next(c.model_loaded)
-    window.start()  # lists the checkpoints and loads the newest demo step
+    loaded = _next(window.controller.model_loaded)
+    window.start()
     await loaded
+
+
+async def scenario(window, out: Path, theme: str, size: tuple[int, int]) -> None:
+    from desktop.config.paths import demo_checkpoint
+    from desktop.engine.nanochat.checkpoint import model_steps
+    from desktop.session.compare.analysis import sweep_steps
+
+    await started(window, theme, size)  # the newest demo step
+    c = window.controller
     await _settle()
     window.grab().save(str(out / f"empty-{theme}.png"))
 

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QApplication, QFileDialog
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
-from render import _next, _settle  # noqa: E402
+from render import _next, _settle, started  # noqa: E402
 
 HF = ROOT / "tests" / "golden" / "transformers" / "llama-bf16"
 
@@ -46,14 +46,7 @@ async def look_inside(window, token: int, out: Path, name: str | None) -> None:
 
 
 async def scenario(window, out: Path, theme: str) -> None:
-    from desktop.qt.widgets.theme import apply_theme
-
-    window.resize(1360, 860)
-    window.show()
-    loaded = _next(window.controller.model_loaded)
-    window.start()
-    await loaded
-    apply_theme(QApplication.instance(), theme)
+    await started(window, theme)
     window.sampling.set_values({**window.sampling.values(), "temperature": 0.0, "max_tokens": 16})
     window.chat_page.toggle_raw()
     prepared = _next(window.controller.inside.inside_prepared)

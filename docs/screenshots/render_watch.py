@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QApplication
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
-from render import _next, _settle  # noqa: E402
+from render import _next, _settle, started  # noqa: E402
 from support.live_training import LiveTraining, nanochat_checkpoints, start_nanochat_training  # noqa: E402
 
 LOOKS = 40  # looks a quarter second apart while waiting for the window to show what landed
@@ -30,14 +30,8 @@ LOOKS = 40  # looks a quarter second apart while waiting for the window to show 
 
 async def scenario(window, run: LiveTraining, out: Path, theme: str) -> None:
     from desktop.qt.widgets.checkpoint_picker import FOLLOW
-    from desktop.qt.widgets.theme import apply_theme
 
-    window.resize(1360, 860)
-    window.show()
-    loaded = _next(window.controller.model_loaded)
-    window.start()
-    await loaded
-    apply_theme(QApplication.instance(), theme)
+    await started(window, theme)
     folder = nanochat_checkpoints(run.folder)
     window.picker.select(folder, FOLLOW)
     loaded = _next(window.controller.model_loaded)

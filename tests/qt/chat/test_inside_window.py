@@ -50,6 +50,38 @@ def open_inside(qtbot, win: MainWindow, index: int):
     return popup
 
 
+def pick_hover_and_move(qtbot, view, source) -> int:
+    """In the Inside view: pick the last layer and head in the grid, hover the token two before
+    the position (its weight, as the engine says), click it: the view moves to that token's own
+    position, from the same pass. Returns that position."""
+    inside, position = view.inside, view.position
+    layer, head = len(inside.attention) - 1, len(inside.attention[0]) - 1
+    qtbot.mouseClick(view.grid, Qt.MouseButton.LeftButton, pos=view.grid.cell(layer, head).center())
+    assert (view.layer, view.head) == (layer, head)
+    j = position - 2
+    hover(view.tokens, view.tokens.chip(j).center())
+    want = inside.attention[layer][head][j]
+    assert f"weight {want:.4f}" in view.tokens.toolTip()
+    assert view.weight(j) == want
+    with qtbot.waitSignal(view.position_changed) as moved:
+        qtbot.mouseClick(view.tokens, Qt.MouseButton.LeftButton, pos=view.tokens.chip(j).center())
+    assert moved.args == [j] and view.inside.position == j and view.inside.produced == source.ids[j + 1]
+    return j
+
+
+def reopen(qtbot, windows, conv_id: int, load: bool) -> MainWindow:
+    """Quit and start the app again (loading its newest model when ``load``), open the
+    conversation and show the raw tokens."""
+    win = restart(qtbot, windows, fake=False)
+    if load:
+        with qtbot.waitSignal(win.controller.model_loaded, timeout=LONG):
+            win.start()
+    win.controller.open_conversation(conv_id)
+    action(win, "Raw tokens").trigger()
+    qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
+    return win
+
+
 def test_inside_a_reply_token_then_an_earlier_one_then_again_after_a_restart(
     qtbot, windows, loop, monkeypatch
 ):
@@ -77,20 +109,7 @@ def test_inside_a_reply_token_then_an_earlier_one_then_again_after_a_restart(
     assert view.lens.rowCount() == len(inside.lens)
     assert view.lens.item(len(inside.lens) - 1, 7).text() == f"{inside.lens[-1].produced_prob:.4f}"
 
-    # Pick a layer and a head in the grid, hover an earlier token: its weight, as the engine says.
-    layer, head = len(inside.attention) - 1, len(inside.attention[0]) - 1
-    qtbot.mouseClick(view.grid, Qt.MouseButton.LeftButton, pos=view.grid.cell(layer, head).center())
-    assert (view.layer, view.head) == (layer, head)
-    j = position - 2
-    hover(view.tokens, view.tokens.chip(j).center())
-    want = inside.attention[layer][head][j]
-    assert f"weight {want:.4f}" in view.tokens.toolTip()
-    assert view.weight(j) == want
-
-    # Click it: the view moves to that token's own position, from the same pass.
-    with qtbot.waitSignal(view.position_changed) as moved:
-        qtbot.mouseClick(view.tokens, Qt.MouseButton.LeftButton, pos=view.tokens.chip(j).center())
-    assert moved.args == [j] and view.inside.position == j and view.inside.produced == source.ids[j + 1]
+    j = pick_hover_and_move(qtbot, view, source)
     assert win.controller.slot.inside_passes == 1
 
     # Both positions are kept with the reply in history.
@@ -100,10 +119,7 @@ def test_inside_a_reply_token_then_an_earlier_one_then_again_after_a_restart(
     assert {p for p, _ in kept} == {position, j}
 
     # Restart (no model loaded this time): the same token's Inside opens from history.
-    win = restart(qtbot, windows, fake=False)
-    win.controller.open_conversation(conv_id)
-    action(win, "Raw tokens").trigger()
-    qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
+    win = reopen(qtbot, windows, conv_id, load=False)
     with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=WAIT) as again:
         open_inside(qtbot, win, i)
     assert again.args[1] == position and win.controller.slot.inside_passes == 0
@@ -151,12 +167,7 @@ def test_a_reply_from_history_is_looked_inside_with_the_prompt_its_model_was_fed
 
     # Restart and load the same model: the reply's conversation is rendered again for the pass,
     # with its system prompt and the room its generation kept, so the numbers are the reply's own.
-    win = restart(qtbot, windows, fake=False)
-    with qtbot.waitSignal(win.controller.model_loaded, timeout=LONG):
-        win.start()
-    win.controller.open_conversation(conv_id)
-    action(win, "Raw tokens").trigger()
-    qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
+    win = reopen(qtbot, windows, conv_id, load=True)
     i = 4
     with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=LONG) as ready:
         open_inside(qtbot, win, i)
@@ -169,12 +180,7 @@ def test_a_reply_from_history_is_looked_inside_with_the_prompt_its_model_was_fed
     stored = dict(win.controller.store.active_path(conv_id))[reply_id]
     stored.meta["system_prompt"] = "Answer in prose."
     win.controller.store.update_message(reply_id, stored, complete=True)
-    win = restart(qtbot, windows, fake=False)
-    with qtbot.waitSignal(win.controller.model_loaded, timeout=LONG):
-        win.start()
-    win.controller.open_conversation(conv_id)
-    action(win, "Raw tokens").trigger()
-    qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
+    win = reopen(qtbot, windows, conv_id, load=True)
     with qtbot.waitSignal(win.controller.inside.inside_failed, timeout=LONG) as failed:
         popup = open_inside(qtbot, win, i + 1)
     assert "renders otherwise" in failed.args[0] and popup.inside_note.text() == failed.args[0]

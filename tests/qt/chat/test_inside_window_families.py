@@ -11,10 +11,9 @@ import math
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt
 from support.golden import GOLDEN, manifest
-from support.window import WAIT, action, open_folder, open_window, restart, send
-from test_inside_window import hover, open_inside
+from support.window import WAIT, action, open_folder, open_window, send
+from test_inside_window import open_inside, pick_hover_and_move, reopen
 
 from desktop.engine.inside import InsideCache
 
@@ -85,20 +84,8 @@ def test_inside_a_reply_token_of_another_family_then_an_earlier_one_then_after_a
     assert view.readout.text() == f"Read out: {inside.readout}"
     assert view.note.text().startswith(f"{inside.kind} · ") and inside.family in inside.kind
 
-    # Pick a layer and a head in the grid, hover an earlier token: its weight, as the engine says.
-    layer, head = len(inside.attention) - 1, len(inside.attention[0]) - 1
-    qtbot.mouseClick(view.grid, Qt.MouseButton.LeftButton, pos=view.grid.cell(layer, head).center())
-    assert (view.layer, view.head) == (layer, head)
-    j = position - 2
-    hover(view.tokens, view.tokens.chip(j).center())
-    want = inside.attention[layer][head][j]
-    assert f"weight {want:.4f}" in view.tokens.toolTip()
-    assert view.weight(j) == want
-
-    # Click it: the view moves to that token's own position, from the same pass.
-    with qtbot.waitSignal(view.position_changed) as moved:
-        qtbot.mouseClick(view.tokens, Qt.MouseButton.LeftButton, pos=view.tokens.chip(j).center())
-    assert moved.args == [j] and view.inside.position == j and view.inside.produced == source.ids[j + 1]
+    # Pick a layer and a head, hover an earlier token, click it to move there.
+    j = pick_hover_and_move(qtbot, view, source)
 
     # Both positions are kept with the reply in history.
     conv_id, reply_id = win.controller.conv_id, win.controller.path[-1][0]
@@ -106,11 +93,8 @@ def test_inside_a_reply_token_of_another_family_then_an_earlier_one_then_after_a
     assert {p for p, _ in InsideCache.saved(stored)} >= {position, j}
 
     # Restart (no model loaded this time): the same token's Inside opens from history.
-    win = restart(qtbot, windows, fake=False)
+    win = reopen(qtbot, windows, conv_id, load=False)
     assert win.controller.model_info is None
-    win.controller.open_conversation(conv_id)
-    action(win, "Raw tokens").trigger()
-    qtbot.waitUntil(lambda: bool(win.chat.widgets), timeout=WAIT)
     with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=WAIT) as again:
         open_inside(qtbot, win, i)
     assert again.args[1] == position
@@ -120,6 +104,4 @@ def test_inside_a_reply_token_of_another_family_then_an_earlier_one_then_after_a
     assert view.inside.produced == inside.produced
     assert view.inside.lens[-1].produced_prob == pytest.approx(inside.lens[-1].produced_prob)
     assert [x.produced_rank for x in view.inside.lens] == [x.produced_rank for x in inside.lens]
-    for got, had in zip(view.inside.attention, inside.attention, strict=True):
-        for got_row, had_row in zip(got, had, strict=True):
-            assert list(got_row) == pytest.approx(list(had_row), abs=1e-6)
+    assert view.inside.attention == inside.attention  # kept packed, bit for bit
