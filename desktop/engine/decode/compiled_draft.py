@@ -420,5 +420,8 @@ class Switched:
         cancel: threading.Event | None = None,
     ) -> torch.Tensor:
         if cache is not None and ids.shape[1] <= self.rows:
-            return self.compiled(ids, cache, last_only=last_only)
+            # A one-row pass's last row is all of it: the code was compiled (and guarded) for
+            # last_only=True there, so a plain reply's step (which passes False) must say True
+            # too, or every step silently runs the eager forward.
+            return self.compiled(ids, cache, last_only=last_only or ids.shape[1] == 1)
         return self.eager(ids, cache, last_only=last_only, cancel=cancel)

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from desktop.engine.kernels import fbgemm_ops
 from desktop.engine.kernels.native import MAX_ROWS as MAX_NATIVE_ROWS
 
 logger = logging.getLogger(__name__)
@@ -307,8 +308,11 @@ class PackedFp16Linear:
         self.out_features, self.in_features = weight.shape
         self.weight_nbytes = weight.numel() * 2
         self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), None)
+        self._handle = fbgemm_ops.register(self)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # the packed weight is not traceable; its handle is
+            return fbgemm_ops.fp16_linear(x, self._handle, self.out_features)
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
 
 
@@ -326,8 +330,11 @@ class Int8Linear:
             warnings.simplefilter("ignore", UserWarning)
             q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(q, None)
+        self._handle = fbgemm_ops.register(self)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # the packed weight is not traceable; its handle is
+            return fbgemm_ops.int8_linear(x, self._handle, self.out_features)
         return torch.ops.quantized.linear_dynamic(x, self._packed)
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from support.backend_helpers import reply_ids
 
 from desktop.config.paths import DEMO_DIR, resource_path
 from desktop.engine.backend import GenerationStats, LoadOptions
 from desktop.engine.decode.compiled_draft import why_not_compiled
 from desktop.engine.decode.compiled_step import COMPILED, COMPILING, SLOWER
+from desktop.engine.decode.generation import stream_reply
 from desktop.engine.nanochat.backend import NanochatBackend
 from desktop.engine.params import SamplingParams
 from desktop.engine.registry import open_backend
@@ -35,6 +37,15 @@ def reply(backend: NanochatBackend) -> tuple[list[int], GenerationStats]:
     stats = GenerationStats()
     ids = backend.encode("The capital of France is")
     return reply_ids(backend, ids, GREEDY, stats=stats), stats
+
+
+def compiled_steps_of(model, backend: NanochatBackend) -> int:
+    """How many passes of a greedy reply through ``model`` ran compiled code (run-only mode
+    falls back to the eager forward, silently, whenever a guard fails)."""
+    prompt = backend.encode("The capital of France is")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        list(stream_reply(model, backend.tok, prompt, GREEDY))
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("Torch-Compiled Region"))
 
 
 def test_exact_mode_never_compiles_its_steps(tmp_path):
@@ -70,6 +81,7 @@ def test_int8_steps_compile_and_the_next_session_keeps_the_decision(tmp_path):
         twin = backend._step.twin
         assert twin is not None and twin.done.wait(COMPILE_WAIT_S), "the compile did not end"
         assert twin.error is None, twin.error
+        assert compiled_steps_of(twin.switched(backend.model), backend) >= GREEDY.max_tokens - 1
         ids, stats = reply(backend)  # the reply's start adopts it, if faster here
         kept = backend._step.decisions.recall(COMPILED)
         assert kept["compiled"] in (0.0, 1.0)
