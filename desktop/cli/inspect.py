@@ -152,8 +152,7 @@ def human_lines(
         text = ", ".join(f"{_q(labels[ids[j]])}@{j} {row[j]:.3f}" for j in best)
         lines.append(f"  L{layer:<3} head {head}: {text}")
     att = inside.attribution
-    logit = f" before softcap: {att.pre_softcap:.4f} (softcapped: {att.logit:.4f})" if att.softcap else ""
-    lines += ["", f"attribution of the logit of {_q(labels[produced])}{logit or f': {att.pre_softcap:.4f}'}"]
+    lines += ["", f"attribution of the logit of {_q(labels[produced])} {att.logit_words}"]
     for term in att.terms:
         heads = ""
         if term.kind == "attn" and 0 <= term.layer < len(att.heads):

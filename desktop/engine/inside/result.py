@@ -112,6 +112,14 @@ class Attribution:
     heads: tuple[tuple[float, ...], ...]
     residual: float
 
+    @property
+    def logit_words(self) -> str:
+        """The logit the terms decompose, in words: "before softcap (16.8385; softcapped
+        12.1269)", or "(11.2014)" for a model without a softcap."""
+        if self.softcap:
+            return f"before softcap ({self.pre_softcap:.4f}; softcapped {self.logit:.4f})"
+        return f"({self.pre_softcap:.4f})"
+
 
 @dataclass(frozen=True)
 class Inside:

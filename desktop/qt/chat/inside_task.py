@@ -76,16 +76,15 @@ class ChatInside(QObject):
         if not self.preparing or prompt is None or self.session.reply_id == reply_id:
             return
         kept = self._kept.get(reply_id)
-        held = kept is not None and kept.live is not None
-        if held or any(r == reply_id for r, _ in self._asked.values()):
+        if (kept is not None and kept.live is not None) or self._asked_for(reply_id) is not None:
             return
         reply = next((m for mid, m in self.session.path if mid == reply_id), None)
         if reply is None or self._why_not(reply.meta):
             return
-        events = reply.tokens.events(len(reply.tokens))
-        if not events or any(ev.id < 0 for ev in events):
+        reply_ids = _ids_of(reply)
+        if not reply_ids or min(reply_ids) < 0:  # a served model's reply: no ids
             return
-        ids = [*prompt, *(ev.id for ev in events if not ev.continues)]
+        ids = [*prompt, *reply_ids]
         request = self.slot.prepare_inside(ids, len(prompt))
         self._asked[request] = (reply_id, None)
         self._prepared[request] = (ids, len(prompt))
@@ -119,17 +118,21 @@ class ChatInside(QObject):
         if why:
             self.inside_failed.emit(why)
             return
-        for request, (asked_reply, _at) in self._asked.items():
-            if asked_reply == reply_id:  # its pass is under way (or prepared): show this token when it ends
-                self._asked[request] = (reply_id, at)
-                return
-        reply_ids = [ev.id for ev in events if not ev.continues]
+        under_way = self._asked_for(reply_id)
+        if under_way is not None:  # its pass is under way (or prepared): show this token when it ends
+            self._asked[under_way] = (reply_id, at)
+            return
+        reply_ids = _ids_of(reply)
         prompt = self._prompt_ids.get(reply_id)
         if prompt is not None:
             request = self.slot.inside([*prompt, *reply_ids], len(prompt))
         else:  # a reply from history: its conversation rendered again, as its generation rendered it
             request = self._render_again(index, reply_ids)
         self._asked[request] = (reply_id, at)
+
+    def _asked_for(self, reply_id: int) -> int | None:
+        """The request of the pass under way (or prepared) over this reply, if any."""
+        return next((request for request, (asked, _at) in self._asked.items() if asked == reply_id), None)
 
     def _render_again(self, index: int, reply_ids: list[int]) -> int:
         """A pass over the conversation before the reply at ``index`` with the system prompt and
@@ -207,3 +210,8 @@ class ChatInside(QObject):
 
     def reply_id_of(self, inside: ReplyInside) -> int | None:
         return next((rid for rid, kept in self._kept.items() if kept is inside), None)
+
+
+def _ids_of(reply: Message) -> list[int]:
+    """A reply's token ids as the model produced them (a decoder's flushed tail is no token)."""
+    return [ev.id for ev in reply.tokens.events(len(reply.tokens)) if not ev.continues]

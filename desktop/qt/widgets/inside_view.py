@@ -512,12 +512,7 @@ class InsideView(QFrame):
         if inside is None:
             return
         a = inside.attribution
-        capped = f" before softcap ({a.pre_softcap:.4f}; softcapped {a.logit:.4f})" if a.softcap else ""
-        self.attr_title.setText(
-            f"How each path pushes the logit of {self._quoted(a.token)}"
-            + (capped or f" ({a.pre_softcap:.4f})")
-            + ":"
-        )
+        self.attr_title.setText(f"How each path pushes the logit of {self._quoted(a.token)} {a.logit_words}:")
         heads_on = self.heads_btn.isChecked()
         t = self.attribution
         t.setColumnHidden(2, not heads_on)

@@ -50,6 +50,24 @@ def open_inside(qtbot, win: MainWindow, index: int):
     return popup
 
 
+def open_and_check(qtbot, win: MainWindow, reply, i: int):
+    """Click the reply's token ``i``, then Inside, and wait for the view: it shows the position
+    that predicted that token, and its lens's last layer is the model's own distribution there
+    (the reply's own probability of the token, in the table too). (source, position, view)."""
+    with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=LONG) as ready:
+        open_inside(qtbot, win, i)
+    source, position = ready.args
+    view = win.chat_page.inside_view
+    assert view is not None and view.isVisible() and view.position == position
+    assert position == source.reply_start + i - 1 and source.ids[position + 1] == reply.tokens.ids[i]
+    inside = view.inside
+    assert inside.produced == reply.tokens.ids[i]
+    assert inside.lens[-1].produced_prob == pytest.approx(math.exp(reply.tokens.logprobs[i][0]), rel=1e-3)
+    assert view.lens.rowCount() == len(inside.lens)
+    assert view.lens.item(len(inside.lens) - 1, 7).text() == f"{inside.lens[-1].produced_prob:.4f}"
+    return source, position, view
+
+
 def pick_hover_and_move(qtbot, view, source) -> int:
     """In the Inside view: pick the last layer and head in the grid, hover the token two before
     the position (its weight, as the engine says), click it: the view moves to that token's own
@@ -94,20 +112,9 @@ def test_inside_a_reply_token_then_an_earlier_one_then_again_after_a_restart(
     assert len(reply.tokens) > i and reply.tokens.logprobs[i] is not None
 
     # Click a reply token, then Inside: one pass, off the GUI thread, then the view.
-    with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=LONG) as ready:
-        open_inside(qtbot, win, i)
-    source, position = ready.args
+    source, position, view = open_and_check(qtbot, win, reply, i)
     assert win.controller.slot.inside_passes == 1
-    view = win.chat_page.inside_view
-    assert view is not None and view.isVisible() and view.position == position
-    assert position == source.reply_start + i - 1 and source.ids[position + 1] == reply.tokens.ids[i]
-
-    # The lens's last layer is the model's own distribution: the reply's probability of its token.
     inside = view.inside
-    assert inside.produced == reply.tokens.ids[i]
-    assert inside.lens[-1].produced_prob == pytest.approx(math.exp(reply.tokens.logprobs[i][0]), rel=1e-3)
-    assert view.lens.rowCount() == len(inside.lens)
-    assert view.lens.item(len(inside.lens) - 1, 7).text() == f"{inside.lens[-1].produced_prob:.4f}"
 
     j = pick_hover_and_move(qtbot, view, source)
     assert win.controller.slot.inside_passes == 1

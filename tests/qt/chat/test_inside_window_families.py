@@ -7,13 +7,12 @@ there; restart: the same token's Inside view opens again from history, without t
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 from support.golden import GOLDEN, manifest
 from support.window import WAIT, action, open_folder, open_window, send
-from test_inside_window import open_inside, pick_hover_and_move, reopen
+from test_inside_window import open_and_check, open_inside, pick_hover_and_move, reopen
 
 from desktop.engine.inside import InsideCache
 
@@ -65,20 +64,10 @@ def test_inside_a_reply_token_of_another_family_then_an_earlier_one_then_after_a
     assert len(events) > i and not any(ev.continues for ev in events[: i + 1])
     assert reply.tokens.logprobs[i] is not None
 
-    # Click a reply token, then Inside: the view at the position that predicted it.
-    with qtbot.waitSignal(win.controller.inside.inside_ready, timeout=LONG) as ready:
-        open_inside(qtbot, win, i)
-    source, position = ready.args
-    view = win.chat_page.inside_view
-    assert view is not None and view.isVisible() and view.position == position
-    assert position == source.reply_start + i - 1 and source.ids[position + 1] == reply.tokens.ids[i]
-
-    # The lens's last layer is the model's own distribution; the readout is this family's.
+    # Click a reply token, then Inside: the view at the position that predicted it, its last
+    # layer the model's own distribution; the readout is this family's.
+    source, position, view = open_and_check(qtbot, win, reply, i)
     inside = view.inside
-    assert inside.produced == reply.tokens.ids[i]
-    assert inside.lens[-1].produced_prob == pytest.approx(math.exp(reply.tokens.logprobs[i][0]), rel=1e-3)
-    assert view.lens.rowCount() == len(inside.lens)
-    assert view.lens.item(len(inside.lens) - 1, 7).text() == f"{inside.lens[-1].produced_prob:.4f}"
     assert inside.family == info.family and inside.exact
     assert inside.readout.startswith(readout)
     assert view.readout.text() == f"Read out: {inside.readout}"
